@@ -1,0 +1,37 @@
+"""Streamlit entry point: a router over the top-level ``pages/`` (st.navigation).
+
+Run with ``rwb app`` (or ``streamlit run app/main.py``).  The router owns the
+shared session state (workspace, acting user); pages only read inputs, call one
+``core`` function and render.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import resources  # noqa: E402
+
+# (file in pages/, title, url path, icon) — one line per page, in menu order.
+PAGES: list[tuple[str, str, str, str]] = [
+    ("episodes.py", "Episodes", "episodes", ":material/list_alt:"),
+]
+
+
+def main() -> None:
+    st.set_page_config(page_title="Reward Workbench", page_icon=":material/balance:", layout="wide")
+    resources.ensure_session()
+    nav = st.navigation([
+        st.Page(ROOT / "pages" / file, title=title, url_path=url, icon=icon)
+        for file, title, url, icon in PAGES
+    ])
+    nav.run()
+
+
+main()

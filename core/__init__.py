@@ -1,0 +1,1 @@
+"""Reward Workbench core library."""

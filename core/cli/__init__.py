@@ -1,0 +1,98 @@
+"""The ``rwb`` command: thin parsers over ``core`` functions of the same name.
+
+Each area lives in its own module (``core/cli/<area>.py``) exposing a ``typer.Typer``
+named ``app`` (or top-level commands registered by ``register(root)``); the list
+below is the one place that wires them together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from core.errors import RwbError
+
+root = typer.Typer(
+    name="rwb",
+    help="Reward Workbench: reward engineering for tool-using agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_STATE: dict[str, Any] = {"workspace": None}
+
+
+@root.callback()
+def _main(
+    workspace: Optional[Path] = typer.Option(
+        None, "--workspace", "-w", envvar="RWB_WORKSPACE",
+        help="Workspace folder (default ./workspace)."),
+) -> None:
+    _STATE["workspace"] = workspace
+
+
+def open_workspace():
+    """The workspace selected by ``--workspace`` / ``RWB_WORKSPACE`` / ``./workspace``."""
+    from core.store import Workspace
+
+    return Workspace.open(_STATE["workspace"])
+
+
+def print_json(obj: Any) -> None:
+    """Print one JSON object on stdout (the ``--json`` contract)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+
+
+# (module, sub-command name or None for top-level commands registered by register(root))
+AREAS: list[tuple[str, str | None]] = [
+]
+
+
+def _wire() -> None:
+    for module_name, name in AREAS:
+        module = importlib.import_module(f"core.cli.{module_name}")
+        if name is None:
+            module.register(root)
+        else:
+            root.add_typer(module.app, name=name)
+
+
+_wire()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; user errors print a message and exit non-zero."""
+    try:
+        root(args=argv, standalone_mode=False)
+    except RwbError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:  # typer/click usage errors already printed
+        return int(exc.code or 0)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            typer.echo("Aborted.", err=True)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def console() -> None:  # pragma: no cover - console-script shim
+    sys.exit(main())

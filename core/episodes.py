@@ -1,0 +1,199 @@
+"""Episode / Step schema (DESIGN.md §3), validated once at the edge.
+
+An *episode* is one recorded agent run: the user's task, the steps the agent
+took (tool calls, replies, the final answer), what the tools answered, and the
+outcome.  Importers (``core.importers``) map foreign log formats onto this
+schema and keep the raw record in ``source.raw``.
+
+Example::
+
+    >>> ep = Episode(episode_id="e1", domain="finance",
+    ...              task=Task(query="Analyse Moutai Q3"),
+    ...              steps=[Step(t=0, action=Action(kind="tool_call", tool="get_stock_data",
+    ...                                              params={"symbol": "600519"}))])
+    >>> ep.n_steps
+    1
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ActionKind = Literal["tool_call", "reply", "final_answer", "terminate", "escalate"]
+ACTION_KINDS: tuple[str, ...] = ("tool_call", "reply", "final_answer", "terminate", "escalate")
+
+#: Longest text accepted in any single field; longer input is rejected, not truncated.
+MAX_TEXT_CHARS = 1_000_000
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Refuse NaN/inf anywhere inside a JSON-like value (they are not JSON)."""
+    stack = [(value, where)]
+    while stack:
+        v, w = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"non-finite number {v!r} in {w}")
+        if isinstance(v, str) and len(v) > MAX_TEXT_CHARS:
+            raise ValueError(f"text of {len(v)} characters in {w} exceeds {MAX_TEXT_CHARS}")
+        if isinstance(v, dict):
+            stack.extend((x, f"{w}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{w}[{i}]") for i, x in enumerate(v))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Action(_Model):
+    """What the agent did at one step."""
+
+    kind: ActionKind
+    tool: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: The arguments exactly as logged when they were not a JSON object (kept for the normalizer).
+    raw_arguments: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_iff_call(self) -> "Action":
+        if self.kind == "tool_call" and not self.tool:
+            raise ValueError("a tool_call action needs a tool name")
+        _check_finite(self.params, "params")
+        return self
+
+
+class Step(_Model):
+    """One step of an episode."""
+
+    t: int = Field(ge=0)
+    observation: Any = None
+    action: Action
+    tool_result: Any = None
+    #: Error text when the tool call failed (None when it succeeded or was not a call).
+    tool_error: str | None = None
+    #: False when the result could not be replayed (e.g. a tau2 write action).
+    result_replayed: bool = True
+    output_text: str | None = None
+    latency_ms: float | None = Field(default=None, ge=0)
+    timestamp: str | None = None
+
+    @field_validator("observation", "tool_result")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        _check_finite(v, "value")
+        return v
+
+    @field_validator("latency_ms")
+    @classmethod
+    def _finite_latency(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("latency_ms must be a finite number")
+        return v
+
+    @field_validator("output_text", "tool_error", "timestamp")
+    @classmethod
+    def _text_size(cls, v: str | None) -> str | None:
+        if v is not None and len(v) > MAX_TEXT_CHARS:
+            raise ValueError(f"text of {len(v)} characters exceeds {MAX_TEXT_CHARS}")
+        return v
+
+
+class Task(_Model):
+    """The user's request."""
+
+    query: str = ""
+    task_type: str | None = None
+    intents: list[str] = Field(default_factory=list)
+
+
+class Outcome(_Model):
+    """How the episode ended. Any field may be unknown (None)."""
+
+    resolved: bool | None = None
+    final_reward: float | None = None
+    business_metric: float | None = None
+    sentiment: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("final_reward", "business_metric", "sentiment")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class Source(_Model):
+    """Where the episode came from; ``raw`` keeps the foreign record as read."""
+
+    file: str | None = None
+    format: str | None = None
+    line: int | None = None
+    record: int | None = None
+    raw: Any = None
+
+
+class Episode(_Model):
+    """One recorded agent run."""
+
+    episode_id: str = Field(min_length=1, max_length=512)
+    domain: str = "generic"
+    task: Task = Field(default_factory=Task)
+    steps: list[Step] = Field(default_factory=list)
+    outcome: Outcome = Field(default_factory=Outcome)
+    source: Source = Field(default_factory=Source)
+    #: Label of the behaviour policy that produced the episode, when known (generated data).
+    behaviour: str | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _steps_in_order(self) -> "Episode":
+        for i, s in enumerate(self.steps):
+            if s.t != i:
+                raise ValueError(f"steps[{i}].t is {s.t}; steps must be numbered 0..n-1 in order")
+        _check_finite(self.meta, "meta")
+        return self
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    def to_json(self) -> str:
+        """Canonical one-line JSON (the workbench's own JSONL format)."""
+        return json.dumps(self.model_dump(mode="json"), ensure_ascii=False, sort_keys=True,
+                          separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON without the source (same content → same hash)."""
+        body = self.model_dump(mode="json", exclude={"source"})
+        text = json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ToolSchema(_Model):
+    """A tool as an agent sees it: OpenAI function-calling JSON schema."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    #: Optional workbench extensions: risk level, parameter presets, etc.
+    risk: Literal["low", "medium", "high"] = "low"
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_openai(cls, obj: dict[str, Any]) -> "ToolSchema":
+        """Accept ``{"type":"function","function":{...}}`` or a bare function object."""
+        fn = obj.get("function", obj) if isinstance(obj, dict) else obj
+        if not isinstance(fn, dict):
+            raise ValueError("tool schema must be an object")
+        known = {k: fn[k] for k in ("name", "description", "parameters", "risk", "meta") if k in fn}
+        if "parameters" in known and not isinstance(known["parameters"], dict):
+            raise ValueError("tool schema 'parameters' must be an object")
+        if known.get("description") is None:
+            known["description"] = ""
+        return cls(**known)

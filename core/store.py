@@ -1,0 +1,346 @@
+"""The workspace: one folder with an SQLite database (WAL) and an artifacts folder.
+
+The database is plain SQLite that ``sqlite-utils`` and Datasette open as is.
+Its schema carries a version number and moves forward by the migrations in
+``MIGRATIONS`` (never backwards; a database newer than this code is refused).
+
+Example::
+
+    >>> ws = Workspace.open("/tmp/ws-doc")          # doctest: +SKIP
+    >>> ws.db["episodes"].count                      # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from core.episodes import Episode, ToolSchema
+
+DEFAULT_WORKSPACE = "workspace"
+DB_NAME = "workbench.db"
+
+
+class WorkspaceError(Exception):
+    """The workspace cannot be used as asked (newer schema, missing dataset…)."""
+
+
+def default_workspace_path() -> Path:
+    """``$RWB_WORKSPACE`` or ``./workspace``."""
+    return Path(os.environ.get("RWB_WORKSPACE") or DEFAULT_WORKSPACE).resolve()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --------------------------------------------------------------------------- migrations
+# Each migration takes the raw connection inside an open transaction.  Append only:
+# never edit a migration that has shipped; add the next one at the end of MIGRATIONS
+# (all of them live here, so the version number never depends on import order).
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run ``;``-separated DDL inside the current transaction (executescript would commit)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _m1_initial(conn: sqlite3.Connection) -> None:
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS datasets (
+            name TEXT PRIMARY KEY,
+            domain TEXT,
+            description TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS episodes (
+            uid INTEGER PRIMARY KEY AUTOINCREMENT,
+            dataset TEXT NOT NULL REFERENCES datasets(name),
+            episode_id TEXT NOT NULL,
+            domain TEXT,
+            task_type TEXT,
+            query TEXT,
+            behaviour TEXT,
+            n_steps INTEGER NOT NULL,
+            resolved INTEGER,
+            final_reward REAL,
+            business_metric REAL,
+            content_hash TEXT NOT NULL,
+            source_file TEXT,
+            source_format TEXT,
+            source_line INTEGER,
+            import_id INTEGER REFERENCES imports(id),
+            body TEXT NOT NULL,
+            UNIQUE (dataset, episode_id)
+        );
+        CREATE INDEX IF NOT EXISTS idx_episodes_dataset ON episodes(dataset);
+        CREATE TABLE IF NOT EXISTS steps (
+            episode_uid INTEGER NOT NULL REFERENCES episodes(uid),
+            t INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            tool TEXT,
+            params TEXT,
+            tool_error TEXT,
+            output_text TEXT,
+            latency_ms REAL,
+            PRIMARY KEY (episode_uid, t)
+        );
+        CREATE TABLE IF NOT EXISTS tools (
+            dataset TEXT NOT NULL REFERENCES datasets(name),
+            name TEXT NOT NULL,
+            schema TEXT NOT NULL,
+            PRIMARY KEY (dataset, name)
+        );
+        CREATE TABLE IF NOT EXISTS imports (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            dataset TEXT NOT NULL,
+            file TEXT NOT NULL,
+            file_sha256 TEXT NOT NULL,
+            format TEXT NOT NULL,
+            options TEXT,
+            n_episodes INTEGER NOT NULL,
+            n_steps INTEGER NOT NULL,
+            report TEXT,
+            at TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_imports_sha ON imports(file_sha256, dataset);
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class DatasetInfo:
+    name: str
+    domain: str | None
+    n_episodes: int
+    n_steps: int
+    created_at: str
+
+
+class Workspace:
+    """A workspace folder: ``workbench.db`` plus ``artifacts/``."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, root: Path, db: sqlite_utils.Database):
+        self.root = root
+        self.db = db
+        self.artifacts = root / "artifacts"
+
+    # ----------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, path: str | Path | None = None, *, create: bool = True) -> "Workspace":
+        """Open (and create or migrate) the workspace at ``path`` (default: see
+        :func:`default_workspace_path`)."""
+        root = Path(path).resolve() if path else default_workspace_path()
+        if not root.exists():
+            if not create:
+                raise WorkspaceError(f"no workspace at {root}")
+            root.mkdir(parents=True)
+        (root / "artifacts").mkdir(exist_ok=True)
+        conn = sqlite3.connect(root / DB_NAME, timeout=30, check_same_thread=False,
+                               isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=30000")
+        ws = cls(root, sqlite_utils.Database(conn))
+        ws.migrate()
+        return ws
+
+    @classmethod
+    def memory(cls, root: str | Path) -> "Workspace":
+        """A workspace whose folder is ``root`` (for tests); same as :meth:`open`."""
+        return cls.open(root)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return self.db.conn
+
+    def schema_version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def migrate(self) -> int:
+        """Apply forward migrations; refuse a database from newer code."""
+        with self._lock:
+            current = self.schema_version()
+            if current > len(MIGRATIONS):
+                raise WorkspaceError(
+                    f"workspace {self.root} has schema version {current}, newer than this "
+                    f"Reward Workbench ({len(MIGRATIONS)}); upgrade the package")
+            for version in range(current, len(MIGRATIONS)):
+                with self.transaction() as conn:
+                    MIGRATIONS[version](conn)
+                    conn.execute(f"PRAGMA user_version={version + 1}")
+            return self.schema_version()
+
+    # ----------------------------------------------------------------- transactions
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One all-or-nothing write: BEGIN IMMEDIATE … COMMIT, ROLLBACK on any error.
+
+        Nested use joins the outer transaction (a SAVEPOINT), so a helper that writes
+        inside an import is rolled back with it."""
+        conn = self.conn
+        if conn.in_transaction:
+            name = f"sp{id(conn)}_{time.monotonic_ns()}"
+            conn.execute(f"SAVEPOINT {name}")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+                raise
+            conn.execute(f"RELEASE {name}")
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # ----------------------------------------------------------------- artifacts
+    def artifact_dir(self, *parts: str) -> Path:
+        p = self.artifacts.joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    # ----------------------------------------------------------------- datasets & episodes
+    def ensure_dataset(self, conn: sqlite3.Connection, name: str, domain: str | None) -> None:
+        conn.execute(
+            "INSERT OR IGNORE INTO datasets(name, domain, description, created_at) VALUES (?,?,?,?)",
+            (name, domain, None, _now()))
+
+    def datasets(self) -> list[DatasetInfo]:
+        rows = self.conn.execute(
+            """SELECT d.name, d.domain, d.created_at, COUNT(e.uid), COALESCE(SUM(e.n_steps), 0)
+               FROM datasets d LEFT JOIN episodes e ON e.dataset = d.name
+               GROUP BY d.name ORDER BY d.name""").fetchall()
+        return [DatasetInfo(name=r[0], domain=r[1], created_at=r[2], n_episodes=r[3], n_steps=r[4])
+                for r in rows]
+
+    def has_dataset(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM datasets WHERE name=?", (name,)).fetchone() is not None
+
+    def require_dataset(self, name: str) -> None:
+        if not self.has_dataset(name):
+            known = ", ".join(d.name for d in self.datasets()) or "none yet"
+            raise WorkspaceError(f"no dataset named {name!r} in {self.root}; known: {known}")
+
+    def insert_episodes(self, conn: sqlite3.Connection, dataset: str, episodes: Iterable[Episode],
+                        import_id: int | None = None) -> tuple[int, int]:
+        """Insert episodes (and their steps) inside the caller's transaction.
+
+        Returns (episodes, steps) inserted.  A repeated ``(dataset, episode_id)`` raises
+        ``sqlite3.IntegrityError`` — callers decide ids before they get here."""
+        ep_rows: list[tuple[Any, ...]] = []
+        step_rows: list[tuple[Any, ...]] = []
+        eps = list(episodes)
+        for ep in eps:
+            body = ep.to_json()
+            o = ep.outcome
+            ep_rows.append((
+                dataset, ep.episode_id, ep.domain, ep.task.task_type, ep.task.query, ep.behaviour,
+                ep.n_steps, None if o.resolved is None else int(o.resolved), o.final_reward,
+                o.business_metric, ep.content_hash(), ep.source.file, ep.source.format,
+                ep.source.line, import_id, body))
+        first = conn.execute("SELECT COALESCE(MAX(uid), 0) FROM episodes").fetchone()[0]
+        conn.executemany(
+            """INSERT INTO episodes(dataset, episode_id, domain, task_type, query, behaviour, n_steps,
+                   resolved, final_reward, business_metric, content_hash, source_file,
+                   source_format, source_line, import_id, body)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""", ep_rows)
+        uids = [r[0] for r in conn.execute(
+            "SELECT uid FROM episodes WHERE uid > ? AND dataset = ? ORDER BY uid", (first, dataset))]
+        if len(uids) != len(eps):  # pragma: no cover - guarded by the transaction's write lock
+            raise WorkspaceError("concurrent insert changed episode ids; retry the import")
+        for uid, ep in zip(uids, eps):
+            for s in ep.steps:
+                a = s.action
+                step_rows.append((uid, s.t, a.kind, a.tool,
+                                  json.dumps(a.params, ensure_ascii=False, sort_keys=True)
+                                  if a.params else None,
+                                  s.tool_error, s.output_text, s.latency_ms))
+        conn.executemany(
+            """INSERT INTO steps(episode_uid, t, kind, tool, params, tool_error, output_text, latency_ms)
+               VALUES (?,?,?,?,?,?,?,?)""", step_rows)
+        return len(eps), len(step_rows)
+
+    def upsert_tools(self, conn: sqlite3.Connection, dataset: str, tools: Iterable[ToolSchema]) -> int:
+        n = 0
+        for tool in tools:
+            conn.execute("INSERT OR REPLACE INTO tools(dataset, name, schema) VALUES (?,?,?)",
+                         (dataset, tool.name, tool.model_dump_json()))
+            n += 1
+        return n
+
+    def tools(self, dataset: str) -> list[ToolSchema]:
+        return [ToolSchema.model_validate_json(r[0]) for r in self.conn.execute(
+            "SELECT schema FROM tools WHERE dataset=? ORDER BY name", (dataset,))]
+
+    def episode_ids(self, dataset: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT episode_id FROM episodes WHERE dataset=? ORDER BY uid", (dataset,))]
+
+    def load_episodes(self, dataset: str, *, limit: int | None = None,
+                      episode_ids: list[str] | None = None) -> list[Episode]:
+        """Episodes of a dataset in import order."""
+        self.require_dataset(dataset)
+        sql = "SELECT body FROM episodes WHERE dataset=?"
+        args: list[Any] = [dataset]
+        if episode_ids is not None:
+            sql += f" AND episode_id IN ({','.join('?' * len(episode_ids))})"
+            args.extend(episode_ids)
+        sql += " ORDER BY uid"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [Episode.model_validate_json(r[0]) for r in self.conn.execute(sql, args)]
+
+    def get_episode(self, dataset: str, episode_id: str) -> Episode:
+        row = self.conn.execute("SELECT body FROM episodes WHERE dataset=? AND episode_id=?",
+                                (dataset, episode_id)).fetchone()
+        if row is None:
+            raise WorkspaceError(f"no episode {episode_id!r} in dataset {dataset!r}")
+        return Episode.model_validate_json(row[0])
+
+    def episode_summaries(self, dataset: str | None = None) -> list[dict[str, Any]]:
+        sql = ("SELECT dataset, episode_id, domain, task_type, behaviour, n_steps, resolved, "
+               "final_reward, business_metric, query FROM episodes")
+        args: tuple[Any, ...] = ()
+        if dataset:
+            sql += " WHERE dataset=?"
+            args = (dataset,)
+        sql += " ORDER BY uid"
+        cols = ["dataset", "episode_id", "domain", "task_type", "behaviour", "n_steps", "resolved",
+                "final_reward", "business_metric", "query"]
+        out = []
+        for r in self.conn.execute(sql, args):
+            d = dict(zip(cols, r))
+            d["resolved"] = None if d["resolved"] is None else bool(d["resolved"])
+            d["outcome"] = {"resolved": d["resolved"], "final_reward": d["final_reward"],
+                            "business_metric": d["business_metric"]}
+            out.append(d)
+        return out
