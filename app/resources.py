@@ -7,10 +7,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from core.catalog import Catalog, catalog_for_dataset
+from core.episode_views import dataset_version
 from core.store import Workspace, default_workspace_path
+from core.workspace_setup import WorkspaceStatus, init_workspace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.statemap import StateMapReport
 
 
 def workspace_path() -> str:
@@ -22,11 +29,61 @@ def _workspace(path: str) -> Workspace:
     return Workspace.open(path)
 
 
+def _session_path() -> str:
+    return st.session_state.get("workspace_path") or workspace_path()
+
+
 def workspace() -> Workspace:
     """The workspace of this app session (``RWB_WORKSPACE`` or ./workspace)."""
-    return _workspace(st.session_state.get("workspace_path") or workspace_path())
+    return _workspace(_session_path())
 
 
 def ensure_session() -> None:
     """Shared session state owned by the router."""
     st.session_state.setdefault("workspace_path", workspace_path())
+
+
+# --------------------------------------------------------------------------- workspace set-up
+@st.cache_resource(show_spinner=False)
+def _workspace_initialised(path: str) -> WorkspaceStatus:
+    # Once per workspace and server process; a failure is not cached, so the next run retries.
+    return init_workspace(_workspace(path))
+
+
+def initialise_workspace() -> WorkspaceStatus:
+    """Create the workspace and import the sample datasets into an empty one (first start)."""
+    return _workspace_initialised(_session_path())
+
+
+# --------------------------------------------------------------------------- episodes
+@st.cache_resource(show_spinner="Building the action catalog…")
+def _catalog(path: str, dataset: str, version: str) -> Catalog:
+    # `version` changes with the dataset's episodes and tools, so an import rebuilds it.
+    return catalog_for_dataset(_workspace(path), dataset)
+
+
+def catalog(dataset: str) -> Catalog:
+    """The action catalog of ``dataset`` (its tool schemas, or the calls observed in it)."""
+    return _catalog(_session_path(), dataset, dataset_version(workspace(), dataset))
+
+
+# --------------------------------------------------------------------------- state explorer
+@st.cache_data(show_spinner=False, max_entries=8)
+def _states_map(path: str, dataset: str, version: str, space: str, gating: str, intent: str,
+                max_points: int, clusters: int, seed: int) -> "StateMapReport":
+    # `version` changes with the dataset, so an import recomputes; the core function also
+    # keeps the map as a workspace artifact, so a restarted app loads it instead of redoing it.
+    # Imported here: the encoder pulls in torch, which the other pages do not need.
+    from core.state import StateEncoderConfig
+    from core.statemap import TsneConfig, states_map
+
+    return states_map(_workspace(path), dataset=dataset, space=space,
+                      encoder=StateEncoderConfig(gating=gating, intent=intent, seed=seed),  # type: ignore[arg-type]
+                      tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters)
+
+
+def state_map(dataset: str, *, space: str = "encoded", gating: str = "on", intent: str = "on",
+              max_points: int = 20000, clusters: int = 8, seed: int = 0) -> "StateMapReport":
+    """The state map, fidelity and entropy of ``dataset`` (computed once, then cached)."""
+    return _states_map(_session_path(), dataset, dataset_version(workspace(), dataset), space, gating,
+                       intent, max_points, clusters, seed)

@@ -33,6 +33,17 @@ MAX_TEXT_CHARS = 1_000_000
 
 def _check_finite(value: Any, where: str) -> None:
     """Refuse NaN/inf anywhere inside a JSON-like value (they are not JSON)."""
+    if value is None or (isinstance(value, (dict, list)) and not value):
+        return
+    try:
+        # Fast path (import speed): the C encoder refuses NaN/inf itself, and a dump no
+        # longer than the limit cannot hold a longer string.  Anything it rejects or
+        # cannot judge (a long dump, non-JSON types, deep nesting) takes the walk below,
+        # which says where the problem is.
+        if len(json.dumps(value, allow_nan=False, ensure_ascii=False)) <= MAX_TEXT_CHARS:
+            return
+    except (ValueError, TypeError, RecursionError):
+        pass
     stack = [(value, where)]
     while stack:
         v, w = stack.pop()

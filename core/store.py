@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,7 +121,116 @@ def _m1_initial(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial]
+def _m2_users_review_audit(conn: sqlite3.Connection) -> None:
+    """Users (core.users), the review queue (core.review) and the audit trail (core.audit)."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS users (
+            name TEXT PRIMARY KEY,
+            role TEXT NOT NULL CHECK (role IN ('analyst', 'reviewer', 'approver', 'admin')),
+            email TEXT UNIQUE,
+            oidc_sub TEXT UNIQUE,
+            password_hash TEXT,
+            disabled INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL,
+            created_by TEXT NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS review_items (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            origin TEXT NOT NULL CHECK (origin IN ('training', 'serving')),
+            reason TEXT NOT NULL,
+            dataset TEXT,
+            task_type TEXT,
+            state TEXT NOT NULL,
+            key_features TEXT,
+            token_id INTEGER NOT NULL,
+            token_name TEXT,
+            action_label TEXT,
+            tool TEXT,
+            risk TEXT,
+            reward_components TEXT NOT NULL,
+            confidence REAL,
+            run_id TEXT,
+            episode_id TEXT,
+            step_t INTEGER,
+            decision_id TEXT,
+            source_key TEXT UNIQUE,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'claimed', 'decided')),
+            created_at REAL NOT NULL,
+            created_by TEXT NOT NULL,
+            claimed_by TEXT,
+            claimed_at REAL,
+            claim_expires REAL,
+            decision TEXT CHECK (decision IN ('approve', 'reject')),
+            decided_by TEXT,
+            decided_at REAL,
+            comment TEXT,
+            CHECK ((status = 'decided') = (decision IS NOT NULL))
+        );
+        CREATE INDEX IF NOT EXISTS idx_review_items_status ON review_items(status, id);
+        CREATE INDEX IF NOT EXISTS idx_review_items_dataset ON review_items(dataset, decision);
+        CREATE TABLE IF NOT EXISTS review_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            item_id INTEGER NOT NULL REFERENCES review_items(id),
+            event TEXT NOT NULL CHECK (event IN ('enqueued', 'claimed', 'released', 'decided')),
+            actor TEXT NOT NULL,
+            at REAL NOT NULL,
+            detail TEXT
+        );
+        CREATE INDEX IF NOT EXISTS idx_review_events_item ON review_events(item_id, id);
+        CREATE TABLE IF NOT EXISTS mask_rules_from_reviews (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            item_id INTEGER NOT NULL UNIQUE REFERENCES review_items(id),
+            dataset TEXT,
+            task_type TEXT,
+            pattern TEXT NOT NULL,
+            token_id INTEGER NOT NULL,
+            token_name TEXT,
+            tool TEXT,
+            rule TEXT NOT NULL,
+            comment TEXT,
+            created_at REAL NOT NULL,
+            created_by TEXT NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            decision_id TEXT NOT NULL UNIQUE,
+            timestamp TEXT NOT NULL,
+            episode_id TEXT,
+            policy_version TEXT,
+            input_hash TEXT NOT NULL,
+            final_action TEXT NOT NULL,
+            record TEXT NOT NULL,
+            request TEXT,
+            action TEXT,
+            written_by TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_audit_episode ON audit(episode_id, timestamp, seq);
+        CREATE INDEX IF NOT EXISTS idx_audit_time ON audit(timestamp);
+        CREATE INDEX IF NOT EXISTS idx_audit_policy ON audit(policy_version, seq);
+        """
+    )
+    # Triggers run one statement each (_run_script splits on ';', which trigger bodies
+    # contain).  They make the logs append-only in the database itself, whoever writes.
+    for name, when, message in (
+        ("review_items_decided_is_final", "UPDATE ON review_items WHEN OLD.status = 'decided'",
+         "review item already decided; a decision is final"),
+        ("review_items_no_delete", "DELETE ON review_items", "review items are never deleted"),
+        ("review_events_no_update", "UPDATE ON review_events", "review events are append-only"),
+        ("review_events_no_delete", "DELETE ON review_events", "review events are append-only"),
+        ("audit_no_update", "UPDATE ON audit", "audit records are append-only"),
+        ("audit_no_delete", "DELETE ON audit", "audit records are append-only"),
+        # INSERT OR REPLACE deletes the old row without firing DELETE triggers: refuse it.
+        ("audit_no_replace", "INSERT ON audit WHEN EXISTS (SELECT 1 FROM audit WHERE "
+         "decision_id = NEW.decision_id)",
+         "audit records are append-only; this decision is already recorded"),
+    ):
+        conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} BEFORE {when} "
+                     f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -250,21 +359,26 @@ class Workspace:
             raise WorkspaceError(f"no dataset named {name!r} in {self.root}; known: {known}")
 
     def insert_episodes(self, conn: sqlite3.Connection, dataset: str, episodes: Iterable[Episode],
-                        import_id: int | None = None) -> tuple[int, int]:
+                        import_id: int | None = None,
+                        prepared: Sequence[tuple[str, str]] | None = None) -> tuple[int, int]:
         """Insert episodes (and their steps) inside the caller's transaction.
 
+        ``prepared``: optional ``(ep.to_json(), ep.content_hash())`` per episode, when the
+        caller already computed them (the importers do, to locate errors and save a dump).
         Returns (episodes, steps) inserted.  A repeated ``(dataset, episode_id)`` raises
         ``sqlite3.IntegrityError`` — callers decide ids before they get here."""
         ep_rows: list[tuple[Any, ...]] = []
         step_rows: list[tuple[Any, ...]] = []
         eps = list(episodes)
-        for ep in eps:
-            body = ep.to_json()
+        if prepared is not None and len(prepared) != len(eps):
+            raise ValueError("prepared must hold one (body, content_hash) pair per episode")
+        for i, ep in enumerate(eps):
+            body, digest = prepared[i] if prepared is not None else (ep.to_json(), ep.content_hash())
             o = ep.outcome
             ep_rows.append((
                 dataset, ep.episode_id, ep.domain, ep.task.task_type, ep.task.query, ep.behaviour,
                 ep.n_steps, None if o.resolved is None else int(o.resolved), o.final_reward,
-                o.business_metric, ep.content_hash(), ep.source.file, ep.source.format,
+                o.business_metric, digest, ep.source.file, ep.source.format,
                 ep.source.line, import_id, body))
         first = conn.execute("SELECT COALESCE(MAX(uid), 0) FROM episodes").fetchone()[0]
         conn.executemany(

@@ -51,6 +51,16 @@ def print_json(obj: Any) -> None:
 
 # (module, sub-command name or None for top-level commands registered by register(root))
 AREAS: list[tuple[str, str | None]] = [
+    ("episodes", "episodes"),
+    ("datasets", "datasets"),
+    ("states", "states"),
+    ("app_cmd", None),
+    ("workspace_cmd", "workspace"),
+    ("review", "review"),
+    ("users", "users"),
+    ("audit", "audit"),
+    ("catalog", "catalog"),
+    ("reward", "reward"),
 ]
 
 

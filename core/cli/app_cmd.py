@@ -1,0 +1,82 @@
+"""``rwb app``: start the Streamlit app on the selected workspace.
+
+The app is ``app/main.py`` of the installed package (an editable install points
+into the checkout); Streamlit runs it with usage statistics off.  The workspace
+chosen with ``--workspace`` / ``RWB_WORKSPACE`` reaches the app through the
+``RWB_WORKSPACE`` environment variable, as an absolute path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from core.cli import open_workspace
+from core.errors import RwbError
+
+
+def app_entry() -> Path:
+    """``app/main.py`` of the installed ``app`` package."""
+    spec = importlib.util.find_spec("app")
+    if spec is None or not spec.submodule_search_locations:
+        raise RwbError("the 'app' package is not installed; reinstall Reward Workbench "
+                       "(pip install -e .) from its checkout")
+    main = Path(next(iter(spec.submodule_search_locations))) / "main.py"
+    if not main.is_file():
+        raise RwbError(f"{main} is missing; reinstall Reward Workbench from its checkout")
+    return main
+
+
+def has_display() -> bool:
+    """Whether a browser window can be opened here (always on macOS/Windows; X11 or
+    Wayland on Linux)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def streamlit_argv(main: Path, *, port: int, host: str, headless: bool) -> list[str]:
+    """The ``python -m streamlit run`` command line for ``main``."""
+    return [sys.executable, "-m", "streamlit", "run", str(main),
+            "--server.port", str(port), "--server.address", host,
+            "--server.headless", "true" if headless else "false",
+            "--browser.gatherUsageStats", "false"]
+
+
+def app_command(
+    port: int = typer.Option(8501, "--port", help="Port to serve the app on."),
+    host: str = typer.Option("127.0.0.1", "--host",
+                             help="Address to listen on (0.0.0.0 to share on the network)."),
+    headless: bool = typer.Option(False, "--headless",
+                                  help="Do not open a browser window (servers, CI)."),
+) -> None:
+    """Start the Reward Workbench app (Streamlit) on the selected workspace."""
+    ws = open_workspace()  # creates/migrates it, and refuses a newer schema before serving
+    root = ws.root
+    ws.close()
+    main = app_entry()
+    if not headless and not has_display():
+        # Without a screen Streamlit would fall back to a terminal browser, if any.
+        typer.echo("No display found: not opening a browser (as with --headless).", err=True)
+        headless = True
+    argv = streamlit_argv(main, port=port, host=host, headless=headless)
+    env = {**os.environ, "RWB_WORKSPACE": str(root),
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    # Streamlit reads .streamlit/config.toml (theme, upload size) from its working folder.
+    checkout = main.parent.parent
+    if (checkout / ".streamlit" / "config.toml").is_file():
+        os.chdir(checkout)
+    typer.echo(f"Reward Workbench on http://{host}:{port} — workspace {root}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Replace this process: Ctrl-C and SIGTERM reach Streamlit directly, no orphan server.
+    os.execve(sys.executable, argv, env)
+
+
+def register(root: typer.Typer) -> None:
+    """Add the top-level ``app`` command."""
+    root.command("app")(app_command)

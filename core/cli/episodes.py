@@ -1,0 +1,199 @@
+"""``rwb episodes``: import recorded episodes, list them, show one, export a dataset.
+
+Thin over ``core.importers`` (import/export), the workspace (list) and
+``core.episode_views`` (show).  Bad input exits with status 2 and a message naming the
+file, line or record, and field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from core.cli import open_workspace, print_json
+from core.errors import InputError
+
+app = typer.Typer(help="Recorded episodes: import, list, show, export.", no_args_is_help=True)
+
+#: Files at least this big get a progress bar (on stderr, when it is a terminal).
+PROGRESS_MIN_BYTES = 2_000_000
+
+
+@contextlib.contextmanager
+def _workspace_errors() -> Iterator[None]:
+    """Workspace look-up failures (no such dataset/episode) are the user's input errors."""
+    from core.store import WorkspaceError
+
+    try:
+        yield
+    except WorkspaceError as exc:
+        raise InputError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _progress(path: Path) -> Iterator[Any]:
+    """A rich progress bar on stderr for big files; yields the ``progress(done, total)`` callback."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    try:
+        big = path.stat().st_size >= PROGRESS_MIN_BYTES
+    except OSError:
+        big = False
+    if not (big and console.is_terminal):
+        yield None
+        return
+    with Progress(TextColumn("importing {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("records"), TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(path.name, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+@app.command("import")
+def import_cmd(
+    file: Path = typer.Argument(..., help="File of recorded episodes (JSON, JSON Lines)."),
+    format: str = typer.Option("auto", "--format", "-f",
+                               help="openai, openai-legacy, tau2, bfcl, rwb, or auto (detect)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
+                                          help="Dataset to import into (default: the file stem)."),
+    messages_key: Optional[str] = typer.Option(
+        None, "--messages-key", help="Dotted path of the message list in each record (openai)."),
+    reward_key: Optional[str] = typer.Option(
+        None, "--reward-key", help="Dotted path of the outcome: number → reward, bool → resolved."),
+    id_key: Optional[str] = typer.Option(
+        None, "--id-key", help="Dotted path of the episode id (default: generated)."),
+    skip_invalid: bool = typer.Option(
+        False, "--skip-invalid", help="Import the good records; report the rejected ones."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
+    from core.importers import import_file
+
+    ws = open_workspace()
+    with _progress(file) as progress:
+        result = import_file(ws, file, format=format, dataset=dataset, messages_key=messages_key,
+                             reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
+                             progress=progress)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    if result.already_imported:
+        typer.echo(f"{file} was already imported into dataset '{result.dataset}' "
+                   f"(import #{result.import_id}); nothing changed.")
+        return
+    typer.echo(f"Imported {result.episodes:,} episodes ({result.steps:,} steps, {result.tool_calls:,} "
+               f"tool calls, {result.invalid_tokens:,} invalid tokens) from {file} ({result.format}) "
+               f"into dataset '{result.dataset}'.")
+    if result.invalid_reasons:
+        typer.echo("  invalid: " + ", ".join(f"{r} ×{n}" for r, n in result.invalid_reasons.items()))
+    for warning in result.warnings:
+        typer.echo(f"  note: {warning}")
+    if result.rejected:
+        typer.echo(f"  {len(result.rejected)} record(s) rejected; report: {result.report_path}")
+        for r in result.rejected[:5]:
+            typer.echo(f"    {r['message']}")
+
+
+def _outcome_text(outcome: dict[str, Any]) -> str:
+    parts = []
+    if outcome.get("resolved") is not None:
+        parts.append("resolved" if outcome["resolved"] else "failed")
+    if outcome.get("final_reward") is not None:
+        parts.append(f"reward {outcome['final_reward']:.3g}")
+    return ", ".join(parts) or "unknown"
+
+
+@app.command("list")
+def list_cmd(
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Only this dataset."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most this many episodes."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List episodes (id, steps, outcome), in import order."""
+    ws = open_workspace()
+    with _workspace_errors():
+        if dataset is not None:
+            ws.require_dataset(dataset)
+        rows = ws.episode_summaries(dataset)
+    if limit is not None:
+        rows = rows[:limit]
+    if as_json:
+        print_json({"dataset": dataset, "count": len(rows), "episodes": rows})
+        return
+    if not rows:
+        typer.echo("no episodes" + (f" in dataset '{dataset}'" if dataset else "")
+                   + "; import some with: rwb episodes import FILE")
+        return
+    width = max(len(r["episode_id"]) for r in rows)
+    for r in rows:
+        query = " ".join((r["query"] or "").split())[:60]
+        typer.echo(f"{r['dataset']:<24} {r['episode_id']:<{width}} {r['n_steps']:>4} steps  "
+                   f"{_outcome_text(r['outcome']):<22} {query}")
+
+
+@app.command("show")
+def show_cmd(
+    episode_id: str = typer.Argument(..., help="Episode id."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
+                                          help="Dataset (needed when the id is in several)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show one episode: task, steps (action token, result), outcome."""
+    from core.catalog import catalog_for_dataset
+    from core.episode_views import show_episode
+    from core.importers import find_episode
+
+    ws = open_workspace()
+    with _workspace_errors():
+        dataset = find_episode(ws, episode_id, dataset)
+        detail = show_episode(ws, dataset, episode_id, catalog_for_dataset(ws, dataset))
+        if as_json:
+            episode = ws.get_episode(dataset, episode_id)
+            print_json({"dataset": dataset, "episode": episode.model_dump(mode="json"),
+                        "tokens": [s.token for s in detail.steps],
+                        "invalid_reasons": [s.invalid_reason for s in detail.steps]})
+            return
+    typer.echo(f"{detail.episode_id}  [{detail.dataset}]  {detail.summary_line}")
+    typer.echo(f"task: {detail.query}")
+    typer.echo("outcome: " + ", ".join(f"{k} {v}" for k, v in detail.outcome_figures))
+    for s in detail.steps:
+        for m in s.messages:
+            typer.echo(f"      {m.role}: {m.text[:200]}")
+        typer.echo(f"  t={s.t:<3} {s.token or '':<8} {s.action_label[:100]}  [{s.status}]")
+        if s.output_text:
+            typer.echo(f"        says: {s.output_text[:200]}")
+        if s.tool_error:
+            typer.echo(f"        error: {s.tool_error[:200]}")
+        elif s.tool_result is not None:
+            result = s.tool_result if isinstance(s.tool_result, str) else json.dumps(
+                s.tool_result, ensure_ascii=False)
+            typer.echo(f"        result: {result[:200]}")
+
+
+@app.command("export")
+def export_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (workbench JSON Lines)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
+                                          help="Dataset (needed when there are several)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Write a dataset as the workbench's JSON Lines (re-importable, byte-identical round trip)."""
+    from core.importers import export_episodes, single_dataset
+
+    ws = open_workspace()
+    dataset = dataset or single_dataset(ws)
+    n = export_episodes(ws, dataset, out)
+    if as_json:
+        print_json({"dataset": dataset, "out": str(out), "episodes": n})
+        return
+    typer.echo(f"Exported {n:,} episodes of dataset '{dataset}' to {out}.")

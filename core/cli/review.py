@@ -1,0 +1,156 @@
+"""``rwb review``: work the review queue of high-risk actions (``core.review``).
+
+``claim`` takes the oldest open item (or the one named) for a lease; ``decide``
+approves it ("reasonable exploration": it becomes training data) or rejects it
+(it becomes a mask rule), exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+
+from core import review
+from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
+from core.errors import InputError
+
+app = typer.Typer(help="The review queue of high-risk actions: list, claim, decide, stats.",
+                  no_args_is_help=True)
+
+
+def _line(item: dict[str, Any]) -> str:
+    status = item["status"] + (" (expired)" if item["claim_expired"] else "")
+    who = item["decided_by"] or item["claimed_by"] or "-"
+    what = item["action_label"] or item["token_name"] or f"token {item['token_id']}"
+    return (f"#{item['id']:<6} {status:<18} {item['origin']:<9} {item['dataset'] or '-':<18} "
+            f"{item['task_type'] or '-':<16} {what:<32} {who:<12} {item['reason']}")
+
+
+def _show(item: dict[str, Any]) -> None:
+    typer.echo(_line(item))
+    typer.echo(f"  state: {json.dumps(item['state'], ensure_ascii=False)}")
+    comps = ", ".join(f"{c['name']}={c['value']:.3g}" for c in item["reward_components"])
+    typer.echo(f"  reward components: {comps or '-'}")
+    if item["claim_expires"] and item["status"] == "claimed":
+        typer.echo(f"  claimed by {item['claimed_by']} until {item['claim_expires']}")
+    if item["decision"]:
+        typer.echo(f"  {item['decision']} by {item['decided_by']} at {item['decided_at']}: "
+                   f"{item['comment'] or ''}")
+
+
+@app.command("list")
+def list_items(
+    status: Optional[str] = typer.Option(
+        None, "--status", help="pending, claimed, decided, or open (pending or claim expired)."),
+    origin: Optional[str] = typer.Option(None, "--origin", help="training or serving."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Only this dataset."),
+    limit: int = typer.Option(100, "--limit", help="At most this many items."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List review items, oldest first."""
+    ws = open_workspace()
+    items = review.list_items(ws, status=status, origin=origin, dataset=dataset, limit=limit)
+    if as_json:
+        print_json({"items": items})
+        return
+    if not items:
+        typer.echo("no review items" + (f" with status {status}" if status else ""))
+    for item in items:
+        typer.echo(_line(item))
+
+
+@app.command("show")
+def show(
+    item_id: int = typer.Argument(..., help="Review item id."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show one item with its state, reward components and event log."""
+    item = review.get_item(open_workspace(), item_id)
+    if as_json:
+        print_json(item)
+        return
+    _show(item)
+    for e in item["events"]:
+        typer.echo(f"  {e['at']} {e['event']:<9} {e['actor']}")
+
+
+@app.command("claim")
+def claim(
+    item_id: Optional[int] = typer.Argument(None, help="Item to claim (default: oldest open)."),
+    lease: float = typer.Option(review.DEFAULT_LEASE_SECONDS, "--lease",
+                                help="Seconds the claim lasts."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Only from this dataset."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Claim an item to decide it (atomic; the claim expires after --lease seconds)."""
+    ws = open_workspace()
+    item = review.claim(ws, acting_user(ws, as_name), item_id, lease, dataset=dataset)
+    if as_json:
+        print_json({"item": item})
+    elif item is None:
+        typer.echo("nothing to claim: the queue has no open items")
+    else:
+        _show(item)
+
+
+@app.command("decide")
+def decide(
+    item_id: int = typer.Argument(..., help="The claimed item."),
+    decision: str = typer.Argument(..., help="approve or reject."),
+    comment: str = typer.Option("", "--comment", "-m",
+                                help="Why (required to reject: it stays with the mask rule)."),
+    pattern: Optional[str] = typer.Option(
+        None, "--pattern", help="Reject only: the state pattern to mask, as a JSON mask "
+                                "condition (default: the item's state, numbers ±10%)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Decide a claimed item once: approve (training data) or reject (mask rule)."""
+    ws = open_workspace()
+    when = None
+    if pattern is not None:
+        try:
+            when = json.loads(pattern)
+        except ValueError as exc:
+            raise InputError(f"--pattern is not JSON: {exc}", field="pattern") from exc
+    item = review.decide(ws, acting_user(ws, as_name), item_id, decision, comment,
+                         pattern=when)
+    if as_json:
+        print_json(item)
+    else:
+        outcome = ("labelled as reasonable exploration" if decision == "approve"
+                   else "now a mask rule")
+        typer.echo(f"#{item['id']} {item['decision']}d by {item['decided_by']}: {outcome}")
+
+
+@app.command("release")
+def release(
+    item_id: int = typer.Argument(..., help="The claimed item."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Give a claimed item back to the queue undecided."""
+    ws = open_workspace()
+    item = review.release(ws, acting_user(ws, as_name), item_id)
+    print_json(item) if as_json else typer.echo(f"#{item['id']} is back in the queue")
+
+
+@app.command("stats")
+def stats(
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Only this dataset."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Queue statistics: pending, claimed, decided, oldest open age, approve rate."""
+    s = review.stats(open_workspace(), dataset)
+    if as_json:
+        print_json(s)
+        return
+    rate = "-" if s["approve_rate"] is None else f"{s['approve_rate']:.0%}"
+    age = "-" if s["oldest_pending_age_s"] is None else f"{s['oldest_pending_age_s']:.0f}s"
+    typer.echo(f"pending {s['pending']}  claimed {s['claimed']}  expired claims "
+               f"{s['expired_claims']}  decided {s['decided']} (approved {s['approved']}, "
+               f"rejected {s['rejected']}, approve rate {rate})  oldest open {age}")

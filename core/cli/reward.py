@@ -1,0 +1,111 @@
+"""``rwb reward``: validate a reward template, score episodes with it, check its expectations.
+
+``validate`` reads a template (a file or a shipped name such as ``finance_risk``)
+and names the key and line of any problem; ``score`` prints per-component
+statistics and episode returns (``--out`` writes the per-step table as CSV or
+Parquet); ``check`` prints each expectation as PASS/FAIL with the numbers and
+exits 1 when one fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from core import rewards
+from core.cli import open_workspace, print_json
+
+app = typer.Typer(help="Reward pyramids: validate templates, score episodes, check expectations.",
+                  no_args_is_help=True)
+
+TEMPLATE_HELP = "Template file, or the name of a shipped template (finance_risk, …)."
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+@app.command("validate")
+def validate(
+    template: str = typer.Argument(..., help=TEMPLATE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Validate a template; errors name the key and the line."""
+    info = rewards.validate(template)
+    if as_json:
+        print_json(info)
+        return
+    n = sum(len(lv["components"]) for lv in info["levels"]) + len(info["penalties"]) + \
+        len(info["episode_terms"])
+    typer.echo(f"ok: template {info['name']!r} (format version {info['version']}): "
+               f"{len(info['levels'])} levels, {n} components, "
+               f"{len(info['expectations'])} expectations, gating {'on' if info['gating'] else 'off'}")
+    for lv in info["levels"]:
+        comps = ", ".join(f"{k}={v:g}" for k, v in lv["components"].items())
+        gate = f" gate {lv['gate']:g}" if lv["gate"] is not None else ""
+        typer.echo(f"  {lv['key']} {lv['title']}{gate}: {comps}")
+    if info["penalties"]:
+        typer.echo("  penalties: " + ", ".join(f"{k}={v:g}" for k, v in info["penalties"].items()))
+    if info["episode_terms"]:
+        typer.echo("  episode terms: " + ", ".join(f"{k}={v:g}" for k, v in info["episode_terms"].items()))
+
+
+def _summary_json(result: rewards.ScoreResult) -> dict[str, Any]:
+    out = result.summary()
+    out["episode_returns"] = result.episode_returns
+    return out
+
+
+@app.command("score")
+def score(
+    template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
+    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Episodes file (any importable format)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Workspace dataset name."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the per-step table (.csv or .parquet)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary + episode returns)."),
+) -> None:
+    """Score episodes: per-step component values, gated level totals, rewards, episode returns."""
+    result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes)
+    written = result.write(out) if out is not None else None
+    if as_json:
+        body = _summary_json(result)
+        if written is not None:
+            body["out"] = str(written)
+        print_json(body)
+        return
+    s = result.summary()
+    typer.echo(f"template {s['template']!r}: {s['n_episodes']} episodes, {s['n_steps']} steps")
+    typer.echo(f"  {'component':<26}{'level':<9}{'weight':>8}{'mean':>10}{'std':>10}{'min':>10}{'max':>10}")
+    for name, c in s["components"].items():
+        typer.echo(f"  {name:<26}{c['level']:<9}{c['weight']:>8.3g}{_fmt(c['mean']):>10}"
+                   f"{_fmt(c['std']):>10}{_fmt(c['min']):>10}{_fmt(c['max']):>10}")
+    r = s["returns"]
+    typer.echo(f"  episode return: mean {_fmt(r['mean'])}, std {_fmt(r['std'])}, "
+               f"min {_fmt(r['min'])}, max {_fmt(r['max'])}")
+    if written is not None:
+        typer.echo(f"wrote {written}")
+
+
+@app.command("check")
+def check(
+    template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
+    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Episodes file (any importable format)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Workspace dataset name."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Evaluate the template's expectations; exit 1 when one fails."""
+    report = rewards.check(open_workspace(), template, dataset=dataset, episodes=episodes)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for r in report.results:
+            typer.echo(f"{'PASS' if r.passed else 'FAIL'}  {r.name}: {r.message}")
+        if not report.results:
+            typer.echo(f"template {report.template!r} has no expectations")
+        else:
+            typer.echo(f"{len(report.results) - len(report.failed)} of {len(report.results)} "
+                       f"expectations pass")
+    if not report.passed:
+        raise typer.Exit(1)

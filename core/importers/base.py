@@ -1,0 +1,456 @@
+"""The importer contract: one small class per foreign log format, registered by name.
+
+An importer turns the records of one file into validated :class:`~core.episodes.Episode`
+objects and the :class:`~core.episodes.ToolSchema` list that came with them.  It never
+touches the database: :func:`core.importers.import_file` does that, in one transaction.
+
+To add a format, subclass :class:`Importer`, set ``format`` and ``description``, implement
+``sniff`` (does a parsed file look like mine?) and ``read``, and decorate it with
+:func:`register`::
+
+    @register
+    class MyImporter(Importer):
+        format = "my-format"
+        description = "One JSON object per line with 'turns'."
+
+        def sniff(self, doc: Document, options: ReadOptions) -> bool:
+            return isinstance(doc.first, dict) and "turns" in doc.first
+
+        def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
+            ...
+
+Record numbering: ``record`` is the 0-based index of the record in the file (the index
+``jq '.[N]'`` uses for a JSON list), ``line`` the 1-based line of a JSON Lines file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import ValidationError
+
+from core.episodes import Episode, ToolSchema
+from core.errors import InputError
+
+#: ``progress(done, total)``: called now and then while a file is read and stored.
+ProgressFn = Callable[[int, int], None]
+
+
+# --------------------------------------------------------------------------- safe JSON
+def _reject_constant(name: str) -> Any:
+    # Python's json accepts NaN/Infinity by default; they are not JSON and would
+    # poison every sum downstream, so a file that holds them is refused.
+    raise ValueError(f"non-finite number {name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # e.g. 1e400 overflows to inf
+        raise ValueError(f"number {text[:40]} is too large to represent")
+    return value
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to inf."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def dumps_canonical(obj: Any) -> str:
+    """The workbench's canonical JSON text (same as ``Episode.to_json``), refusing NaN/inf."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False)
+
+
+_KEY_TEXT: dict[str, str] = {}
+
+
+def canonical_body(ep: Episode) -> tuple[str, str]:
+    """``(ep.to_json(), ep.content_hash())`` from one ``model_dump``, refusing what the
+    database cannot hold: NaN/inf anywhere (ValueError) and unpaired surrogates
+    (UnicodeEncodeError, a ValueError too).
+
+    The canonical text is ``{"k1":v1,"k2":v2,…}`` with keys sorted, so it is assembled
+    from one dump per top-level value; the hash text is the same without ``source``."""
+    d = ep.model_dump(mode="json")
+    parts = []
+    for k in sorted(d):
+        head = _KEY_TEXT.get(k)
+        if head is None:
+            head = _KEY_TEXT[k] = dumps_canonical(k) + ":"
+        parts.append((k, head + dumps_canonical(d[k])))
+    body = "{" + ",".join(p for _, p in parts) + "}"
+    hashed = "{" + ",".join(p for k, p in parts if k != "source") + "}"
+    body.encode("utf-8")
+    return body, hashlib.sha256(hashed.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- documents
+class RawRecord:
+    """One record of a file with where it sits; ``error`` when it does not parse.
+
+    JSON Lines records keep their ``text`` and are parsed on first use of ``value`` (the
+    ``rwb`` reader validates the text directly and never needs the dict)."""
+
+    __slots__ = ("record", "line", "text", "file", "_value", "_error", "_parsed")
+
+    def __init__(self, value: Any, record: int, line: int | None = None, *,
+                 text: str | None = None, file: str | None = None):
+        self.record, self.line, self.text, self.file = record, line, text, file
+        self._value: Any = value
+        self._error: InputError | None = None
+        self._parsed = text is None
+
+    def _parse(self) -> None:
+        self._parsed = True
+        try:
+            self._value = loads(self.text or "")
+        except (ValueError, RecursionError) as exc:
+            self._error = InputError(_json_error_message(exc), file=self.file, line=self.line,
+                                     record=self.record)
+
+    @property
+    def value(self) -> Any:
+        """The parsed JSON value (None when it did not parse; see ``error``)."""
+        if not self._parsed:
+            self._parse()
+        return self._value
+
+    @property
+    def error(self) -> InputError | None:
+        """Why the record's JSON does not parse, located; None when it does."""
+        if not self._parsed:
+            self._parse()
+        return self._error
+
+
+@dataclass
+class Document:
+    """A file read once: its records (a JSON list, a JSON Lines file or one JSON object)."""
+
+    path: Path
+    data: bytes
+    layout: str  # "json-list" | "json-object" | "jsonl"
+    records: list[RawRecord]
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    @property
+    def first(self) -> Any:
+        """The first record that parsed (None when none did) — what ``sniff`` looks at."""
+        for r in self.records:
+            if r.error is None:
+                return r.value
+        return None
+
+    def error(self, message: str, rec: RawRecord | None = None, field: str | None = None) -> InputError:
+        """An :class:`InputError` located at ``rec`` (and ``field``) of this file."""
+        return InputError(message, file=self.name, line=None if rec is None else rec.line,
+                          record=None if rec is None else rec.record, field=field)
+
+
+def _json_error_message(exc: json.JSONDecodeError | ValueError | RecursionError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON: {exc.msg} (column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return "invalid JSON: nested too deeply"
+    return f"invalid JSON: {exc}"
+
+
+def load_document(path: str | Path, data: bytes | None = None) -> Document:
+    """Read ``path`` (or the given bytes) as a JSON list, one JSON object, or JSON Lines.
+
+    A syntax error in a JSON document is fatal (raised, located by line); in a JSON
+    Lines file it only spoils that line's record (kept with ``error`` set), so that
+    ``skip_invalid`` can import the others."""
+    path = Path(path)
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError("file not found", file=str(path)) from None
+        except IsADirectoryError:
+            raise InputError("is a folder; give one file", file=str(path)) from None
+        except OSError as exc:
+            raise InputError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=str(path), line=line) from None
+    stripped = text.lstrip()
+    if not stripped:
+        raise InputError("file is empty", file=str(path))
+    if stripped[0] == "[":
+        try:
+            value = loads(text)
+        except (ValueError, RecursionError) as exc:
+            line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
+            raise InputError(_json_error_message(exc), file=str(path), line=line) from None
+        return Document(path, data, "json-list",
+                        [RawRecord(v, i) for i, v in enumerate(value)])
+    if stripped[0] == "{" and "\n" in stripped.rstrip():
+        # One pretty-printed object, or JSON Lines?  A whole-document parse decides;
+        # JSON Lines fail it right after their first line ("Extra data").
+        try:
+            return Document(path, data, "json-object", [RawRecord(loads(text), 0)])
+        except (ValueError, RecursionError) as exc:
+            if not _looks_like_jsonl(stripped):
+                line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
+                raise InputError(_json_error_message(exc), file=str(path), line=line) from None
+    return _load_jsonl(path, data, text)
+
+
+def _looks_like_jsonl(text: str) -> bool:
+    """True when one of the first two non-blank lines is a JSON object on its own."""
+    lines = [ln for ln in text.split("\n", 8)[:8] if ln.strip()][:2]
+    for ln in lines:
+        try:
+            if isinstance(loads(ln), dict):
+                return True
+        except (ValueError, RecursionError):
+            continue
+    return False
+
+
+def _load_jsonl(path: Path, data: bytes, text: str) -> Document:
+    records: list[RawRecord] = []
+    # split on "\n" only: str.splitlines would also cut at U+2028 & co., which JSON
+    # strings may hold unescaped.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            records.append(RawRecord(None, len(records), lineno, text=line, file=str(path)))
+    return Document(path, data, "jsonl", records)
+
+
+# --------------------------------------------------------------------------- options & result
+@dataclass
+class ReadOptions:
+    """How to read a file; the ``*_key`` options are dotted paths into each record."""
+
+    messages_key: str | None = None
+    reward_key: str | None = None
+    id_key: str | None = None
+    skip_invalid: bool = False
+    progress: ProgressFn | None = None
+
+
+@dataclass
+class ParsedFile:
+    """What one file holds once read and validated (nothing stored yet)."""
+
+    format: str
+    episodes: list[Episode]
+    tools: list[ToolSchema]
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    #: ``(canonical JSON, content hash)`` of each episode, computed while reading (see
+    #: :func:`canonical_body`); None when the importer did not compute them.
+    bodies: list[tuple[str, str]] | None = None
+    #: Ids that repeated within the file (each later copy was renamed, see ``renamed``).
+    duplicate_ids: list[str] = field(default_factory=list)
+    #: new id -> original id, for every episode renamed because its id repeated.
+    renamed: dict[str, str] = field(default_factory=dict)
+    #: Dataset name to use when the caller gives none (the file stem unless the format knows better).
+    default_dataset: str | None = None
+    #: Domain of the dataset, when the file says (rwb header) or all episodes agree.
+    domain: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- registry
+class Importer(ABC):
+    """One foreign log format.  Subclasses are small and stateless."""
+
+    #: Registry name, used by ``--format``.
+    format: ClassVar[str]
+    #: One line for ``rwb episodes import --help`` and the app.
+    description: ClassVar[str]
+    #: Which of ``messages_key``/``reward_key``/``id_key`` the format understands.
+    accepts_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @abstractmethod
+    def sniff(self, doc: Document, options: ReadOptions) -> bool:
+        """True when ``doc`` looks like this format (used by ``--format auto``); ``options``
+        carries the keys the user gave (``messages_key``…)."""
+
+    @abstractmethod
+    def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
+        """Convert every record of ``doc``; raise :class:`InputError` on the first bad one
+        unless ``options.skip_invalid``, in which case collect it in ``rejected``."""
+
+
+IMPORTERS: dict[str, Importer] = {}
+
+
+def register(cls: type[Importer]) -> type[Importer]:
+    """Class decorator: make ``cls`` available under ``cls.format``."""
+    IMPORTERS[cls.format] = cls()
+    return cls
+
+
+def get_importer(name: str) -> Importer:
+    """The importer registered as ``name`` (InputError listing the known ones otherwise)."""
+    try:
+        return IMPORTERS[name]
+    except KeyError:
+        known = ", ".join(["auto", *IMPORTERS])
+        raise InputError(f"unknown format {name!r}; known formats: {known}",
+                         field="format") from None
+
+
+# --------------------------------------------------------------------------- helpers
+_MISSING = object()
+
+
+def get_path(obj: Any, dotted: str, default: Any = _MISSING) -> Any:
+    """``obj["a"]["b"]`` for ``dotted="a.b"``; list items by number (``"turns.0"``).
+
+    A key that itself contains dots is found too (``{"meta.score": 1}``)."""
+    if isinstance(obj, dict) and dotted in obj:
+        return obj[dotted]
+    cur = obj
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            if default is _MISSING:
+                raise KeyError(dotted)
+            return default
+    return cur
+
+
+def validation_to_input_error(exc: ValidationError, doc: Document, rec: RawRecord,
+                              field_map: Callable[[tuple[Any, ...]], str] | None = None) -> InputError:
+    """The first pydantic error as an :class:`InputError` naming the field."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err.get("loc", ()))
+    if field_map is not None:
+        where = field_map(loc)
+    else:
+        where = loc_to_path(loc)
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return doc.error(msg, rec, where or None)
+
+
+def loc_to_path(loc: tuple[Any, ...]) -> str:
+    """``("steps", 3, "action", "params")`` -> ``"steps[3].action.params"``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def assign_unique_ids(episodes: list[Episode], taken: set[str]) -> tuple[list[str], dict[str, str]]:
+    """Rename every episode whose id is already in ``taken`` (or repeats) to ``id~2``, ``id~3``…
+
+    Never drops nor merges: each episode keeps its place; the renaming is deterministic
+    (file order, smallest free suffix).  Returns (the repeated original ids, new -> old)."""
+    duplicates: list[str] = []
+    renamed: dict[str, str] = {}
+    for ep in episodes:
+        original = ep.episode_id
+        if original not in taken:
+            taken.add(original)
+            continue
+        if original not in duplicates:
+            duplicates.append(original)
+        k = 2
+        while f"{original}~{k}" in taken:
+            k += 1
+        new = f"{original}~{k}"
+        ep.episode_id = new
+        taken.add(new)
+        renamed[new] = original
+    return duplicates, renamed
+
+
+def iter_good_records(doc: Document, options: ReadOptions, rejected: list[dict[str, Any]],
+                      parse: bool = True) -> Iterator[RawRecord]:
+    """Records that parsed; an unparsable JSON Lines record is raised, or rejected when
+    ``options.skip_invalid``.  ``parse=False`` hands the records over unparsed (the
+    converter reads ``rec.text`` itself and reports bad JSON)."""
+    total = len(doc.records)
+    step = max(1, total // 100)
+    for i, rec in enumerate(doc.records):
+        if options.progress is not None and i % step == 0:
+            options.progress(i, total)
+        if parse and rec.error is not None:
+            if not options.skip_invalid:
+                raise rec.error
+            rejected.append(rec.error.to_dict())
+            continue
+        yield rec
+    if options.progress is not None:
+        options.progress(total, total)
+
+
+def convert_records(doc: Document, options: ReadOptions, convert: Callable[[RawRecord], Episode],
+                    parse: bool = True
+                    ) -> tuple[list[Episode], list[tuple[str, str]], list[dict[str, Any]]]:
+    """Apply ``convert`` to each record and compute its canonical body.
+
+    Returns (episodes, their ``canonical_body``, rejected).  Errors raise, or are collected
+    in rejected with ``skip_invalid``."""
+    episodes: list[Episode] = []
+    bodies: list[tuple[str, str]] = []
+    rejected: list[dict[str, Any]] = []
+    for rec in iter_good_records(doc, options, rejected, parse):
+        try:
+            try:
+                ep = convert(rec)
+                body = canonical_body(ep)
+            except UnicodeEncodeError:
+                raise doc.error("text holds an unpaired surrogate (not valid Unicode)", rec) from None
+            except (ValueError, RecursionError, OverflowError) as exc:
+                raise doc.error(f"value cannot be stored as JSON ({type(exc).__name__}: "
+                                f"{str(exc)[:80]})", rec) from None
+        except InputError as exc:
+            if not options.skip_invalid:
+                raise
+            rejected.append(exc.to_dict())
+            continue
+        episodes.append(ep)
+        bodies.append(body)
+    return episodes, bodies, rejected
+
+
+def common_domain(episodes: list[Episode]) -> str | None:
+    """The domain shared by all episodes, or None when they differ (or there are none)."""
+    domains = {ep.domain for ep in episodes}
+    return domains.pop() if len(domains) == 1 else None
+
+
+def check_keys_supported(importer: Importer, options: ReadOptions) -> None:
+    """Refuse ``--messages-key`` & co. for formats that have no use for them (no silent ignore)."""
+    for name in ("messages_key", "reward_key", "id_key"):
+        if getattr(options, name) is not None and name not in importer.accepts_keys:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"{flag} does not apply to format {importer.format!r}; it is for "
+                             f"the openai formats", field=name)
+
+
+def dedupe_tools(tools: list[ToolSchema]) -> list[ToolSchema]:
+    """Tools by name, first definition wins, order kept."""
+    seen: dict[str, ToolSchema] = {}
+    for t in tools:
+        seen.setdefault(t.name, t)
+    return list(seen.values())
+
+
+def is_finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,31 @@
+"""The reward pyramid (DESIGN.md §5): components, templates, scoring, expectations.
+
+* :mod:`~core.rewards.frame` — the steps frame (all steps as numpy columns);
+* :mod:`~core.rewards.components` — registered components, one small class each;
+* :mod:`~core.rewards.template` — YAML templates, validated with line numbers;
+* :mod:`~core.rewards.pyramid` — component matrix, gating, returns, explanations;
+* :mod:`~core.rewards.cache` — component columns cached in the workspace;
+* :mod:`~core.rewards.expectations` — reward unit tests and hacking probes;
+* :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
+  :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
+"""
+
+from core.rewards.api import (as_template, check, frame_from_episodes, frame_from_file, load_frame,
+                              reweight, score, validate)
+from core.rewards.cache import ComponentCache
+from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component, ScoringContext,
+                                     available_components, register)
+from core.rewards.expectations import CheckReport, ExpectationResult, evaluate_expectations
+from core.rewards.frame import StepsFrame, build_frame
+from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult
+from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
+                                   list_templates, load_template, parse_template, templates_dir)
+
+__all__ = [
+    "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
+    "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec", "LevelSpec",
+    "Pyramid", "ScoreResult", "ScoringContext", "StepsFrame", "Template", "TemplateError",
+    "as_template", "available_components", "build_frame", "check", "evaluate_expectations",
+    "frame_from_episodes", "frame_from_file", "list_templates", "load_frame", "load_template",
+    "parse_template", "register", "reweight", "score", "templates_dir", "validate",
+]

@@ -1,0 +1,130 @@
+"""The reward functions behind ``rwb reward …`` and the Reward Pyramid page.
+
+Each UI/CLI action is one function here: :func:`validate`, :func:`score`,
+:func:`reweight`, :func:`check`.  Data comes from a workspace dataset, from an
+episodes file (any format the importers read), or from a steps frame the caller
+already holds (the page keeps one per dataset so that edits re-use it).
+
+Example::
+
+    >>> ws = Workspace.open("workspace")                                    # doctest: +SKIP
+    >>> result = score(ws, "finance_risk", dataset="finance")               # doctest: +SKIP
+    >>> result.reweight({"tool_validity": 0.5}).episode_returns["fin-0001"] # doctest: +SKIP
+    0.93
+    >>> check(ws, "finance_risk", dataset="finance").passed                 # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from core.episodes import Episode, ToolSchema
+from core.errors import InputError
+from core.rewards.cache import ComponentCache
+from core.rewards.components import ScoringContext
+from core.rewards.expectations import CheckReport, evaluate_expectations
+from core.rewards.frame import StepsFrame, build_frame
+from core.rewards.pyramid import Pyramid, ScoreResult
+from core.rewards.template import Template, load_template
+
+TemplateLike = Template | str | Path
+
+
+def as_template(template: TemplateLike) -> Template:
+    """A :class:`Template` from a template, a file path or a shipped template name."""
+    return template if isinstance(template, Template) else load_template(template)
+
+
+def frame_from_episodes(episodes: Sequence[Episode], tools: Sequence[ToolSchema] | None = None
+                        ) -> StepsFrame:
+    """Steps frame of in-memory episodes; the catalog comes from ``tools`` (or, without
+    schemas, from the logged calls)."""
+    from core.catalog import build_catalog
+
+    return build_frame(episodes, build_catalog(list(tools or []), episodes))
+
+
+def frame_from_file(path: str | Path) -> StepsFrame:
+    """Steps frame of an episodes file in any importable format (nothing is stored)."""
+    from core.importers import read_file
+
+    parsed = read_file(path)
+    return frame_from_episodes(parsed.episodes, parsed.tools)
+
+
+def load_frame(ws, dataset: str) -> StepsFrame:
+    """Steps frame of a workspace dataset, normalised with the dataset's catalog."""
+    from core.catalog import catalog_for_dataset
+
+    catalog = catalog_for_dataset(ws, dataset)
+    return build_frame(ws.load_episodes(dataset), catalog)
+
+
+def _frame(ws, dataset: str | None, episodes: str | Path | None,
+           frame: StepsFrame | None) -> StepsFrame:
+    given = [x is not None for x in (dataset, episodes, frame)]
+    if sum(given) != 1:
+        raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file "
+                         "(--episodes FILE)")
+    if frame is not None:
+        return frame
+    if episodes is not None:
+        return frame_from_file(episodes)
+    if ws is None:
+        raise InputError("scoring a dataset needs a workspace")
+    return load_frame(ws, dataset)
+
+
+def validate(template: TemplateLike) -> dict[str, Any]:
+    """Validate a template (raises :class:`~core.rewards.template.TemplateError` naming the key
+    and line) and describe it: levels, components, weights, expectations."""
+    t = as_template(template)
+    return {
+        "ok": True, "name": t.name, "version": t.version, "source": t.source,
+        "gating": t.gating, "return": {"a": t.a, "b": t.b, "gamma": t.gamma},
+        "levels": [{"key": lv.key, "title": lv.title, "gate": lv.gate,
+                    "components": {c.name: c.weight for c in lv.components}} for lv in t.levels],
+        "penalties": {c.name: c.weight for c in t.penalties},
+        "episode_terms": {c.name: c.weight for c in t.episode_terms},
+        "schedules": sorted(t.schedules),
+        "expectations": [e.name for e in t.expectations],
+    }
+
+
+def score(ws, template: TemplateLike, *, dataset: str | None = None,
+          episodes: str | Path | None = None, frame: StepsFrame | None = None,
+          use_cache: bool = True) -> ScoreResult:
+    """Score a dataset, an episodes file or a frame with a template.
+
+    With a workspace, component columns are cached under ``artifacts/reward_matrix`` and
+    text embeddings under ``artifacts/embeddings``: scoring the same data again with other
+    weights, or with one component's parameters changed, recomputes only what changed."""
+    t = as_template(template)
+    data = _frame(ws, dataset, episodes, frame)
+    if ws is not None:
+        from core.embed import workspace_embedder
+
+        ctx = ScoringContext(embedder=workspace_embedder(ws))
+    else:
+        ctx = ScoringContext()
+    cache = ComponentCache.for_workspace(ws) if (ws is not None and use_cache) else None
+    return Pyramid(t).score(data, ctx=ctx, cache=cache)
+
+
+def reweight(result: ScoreResult, weights: Mapping[str, float]) -> ScoreResult:
+    """New weights on an existing score: a matrix product, no component is recomputed."""
+    return result.reweight(weights)
+
+
+def check(ws, template: TemplateLike, *, dataset: str | None = None,
+          episodes: str | Path | None = None, frame: StepsFrame | None = None,
+          result: ScoreResult | None = None) -> CheckReport:
+    """Score (unless ``result`` is given) and evaluate the template's expectations."""
+    if result is None:
+        result = score(ws, template, dataset=dataset, episodes=episodes, frame=frame)
+    elif not isinstance(template, Template) or template != result.template:
+        result = result.with_template(as_template(template))
+    return evaluate_expectations(result)

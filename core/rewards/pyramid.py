@@ -1,0 +1,307 @@
+"""The pyramid: component matrix → gated level totals → step rewards → episode returns.
+
+Scoring happens in two stages, so that weight edits are instant:
+
+1. :meth:`Pyramid.compute_matrix` evaluates every component once over the steps
+   frame (or loads its column from the :class:`~core.rewards.cache.ComponentCache`):
+   a step matrix ``M [n_steps, n_step_components]`` of raw values and an episode
+   matrix ``E [n_episodes, n_episode_terms]``.
+2. :class:`ScoreResult` combines them with the weights — a matrix product plus
+   gating masks — and is what :meth:`ScoreResult.reweight` rebuilds from the same
+   matrices without calling any component.
+
+The combination, for step i with level sums ``S[i, l] = Σ_{c ∈ l} w_c·M[i, c]``:
+
+* level l *passes* when its weighted mean ``S[i, l] / Σ_{c ∈ l} w_c`` ≥ its gate;
+* with gating on, level l counts only if every level below it passed
+  (S000's 逐级约束: a step that fails L1 earns nothing from L2–L4);
+* ``r_i = Σ_l earn[i, l]·S[i, l] + Σ_{penalties} w_c·M[i, c]``;
+* ``R_final = Σ_k w_k·E[e, k]`` (episode terms) and the episode return is
+  ``a·Σ_i γ^t_i·r_i + b·R_final`` (S001: a = 0.7, b = 0.3, γ = 0.95).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from core.errors import InputError
+from core.rewards.cache import ComponentCache
+from core.rewards.components import Component, ScoringContext
+from core.rewards.frame import StepsFrame
+from core.rewards.template import Template, TemplateError, build_component
+
+GATE_TOLERANCE = 1e-9  # level means are sums of products; don't fail a gate on rounding
+
+
+@dataclass(eq=False)
+class ComponentMatrix:
+    """Raw component values of one frame under one template's component parameters."""
+
+    step_names: list[str]
+    step_values: np.ndarray          # [n_steps, n_step_components] float64
+    episode_names: list[str]
+    episode_values: np.ndarray       # [n_episodes, n_episode_terms] float64
+    components_hash: str
+    computed: list[str] = field(default_factory=list)   # evaluated in this call
+    cached: list[str] = field(default_factory=list)     # loaded from the cache
+    seconds: dict[str, float] = field(default_factory=dict)
+    embed_stats: dict[str, float] = field(default_factory=dict)
+    _discount: dict[float, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def discount(self, frame: StepsFrame, gamma: float) -> np.ndarray:
+        """γ^t per step (memoised per γ: re-weighting does not recompute powers)."""
+        if gamma not in self._discount:
+            self._discount[gamma] = np.power(gamma, frame.t.astype(np.float64))
+        return self._discount[gamma]
+
+
+class Pyramid:
+    """A template made executable: its component instances, ready to score frames."""
+
+    def __init__(self, template: Template):
+        self.template = template
+        self.components: dict[str, Component] = {
+            spec.name: build_component(spec) for spec in template.all_components}
+
+    def compute_matrix(self, frame: StepsFrame, *, ctx: ScoringContext | None = None,
+                       cache: ComponentCache | None = None) -> ComponentMatrix:
+        """Evaluate (or load from ``cache``) every component over ``frame``."""
+        ctx = ctx or ScoringContext()
+        t = self.template
+        step_specs, ep_specs = t.step_components, t.episode_terms
+        step_values = np.empty((frame.n_steps, len(step_specs)), dtype=np.float64)
+        ep_values = np.empty((frame.n_episodes, len(ep_specs)), dtype=np.float64)
+        matrix = ComponentMatrix([s.name for s in step_specs], step_values,
+                                 [s.name for s in ep_specs], ep_values, t.components_hash())
+        for specs, out, size in ((step_specs, step_values, frame.n_steps),
+                                 (ep_specs, ep_values, frame.n_episodes)):
+            for j, spec in enumerate(specs):
+                comp = self.components[spec.name]
+                values = cache.get(frame, comp) if cache is not None else None
+                if values is None:
+                    t0 = time.perf_counter()
+                    values = np.asarray(comp(frame, ctx), dtype=np.float64)
+                    matrix.seconds[spec.name] = time.perf_counter() - t0
+                    if values.shape != (size,):
+                        raise RuntimeError(f"component {spec.component} returned shape "
+                                           f"{values.shape}, expected ({size},)")
+                    if not np.isfinite(values).all():
+                        raise RuntimeError(f"component {spec.component} returned NaN/inf values")
+                    matrix.computed.append(spec.name)
+                    if cache is not None:
+                        cache.put(frame, comp, values)
+                else:
+                    matrix.cached.append(spec.name)
+                out[:, j] = values
+        matrix.embed_stats = dict(ctx.stats)
+        return matrix
+
+    def score(self, frame: StepsFrame, *, ctx: ScoringContext | None = None,
+              cache: ComponentCache | None = None) -> "ScoreResult":
+        """Component matrix plus weights: the full :class:`ScoreResult`."""
+        return ScoreResult(self.template, frame, self.compute_matrix(frame, ctx=ctx, cache=cache))
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"mean": None, "std": None, "min": None, "max": None}
+    return {"mean": float(values.mean()), "std": float(values.std()),
+            "min": float(values.min()), "max": float(values.max())}
+
+
+class ScoreResult:
+    """Every step's component values, gated level totals and reward, and every episode's return.
+
+    Built from a :class:`ComponentMatrix` by weights alone; :meth:`reweight` gives a new
+    result from the same matrix (no component is called)."""
+
+    def __init__(self, template: Template, frame: StepsFrame, matrix: ComponentMatrix,
+                 weights: Mapping[str, float] | None = None):
+        if weights is not None:
+            template = template.with_weights(weights)
+        if matrix.step_names != [c.name for c in template.step_components] or \
+                matrix.episode_names != [c.name for c in template.episode_terms]:
+            raise TemplateError("the template's components differ from the scored matrix; "
+                                "score again with the new template")
+        self.template, self.frame, self.matrix = template, frame, matrix
+        self._combine()
+
+    # ------------------------------------------------------------------ combination
+    def _combine(self) -> None:
+        t, frame, M = self.template, self.frame, self.matrix.step_values
+        levels = t.levels
+        n_levels = len(levels)
+        specs = t.step_components
+        w = np.array([c.weight for c in specs], dtype=np.float64)
+        col_level = np.array([next((i for i, lv in enumerate(levels) if lv.key == c.group), n_levels)
+                              for c in specs], dtype=np.int64)
+        # one matmul gives every level's weighted sum and the penalty sum: [N, L+1]
+        W = np.zeros((len(specs), n_levels + 1))
+        W[np.arange(len(specs)), col_level] = w
+        S = M @ W if M.shape[1] else np.zeros((frame.n_steps, n_levels + 1))
+        wsum = W.sum(axis=0)
+        passed = np.ones((frame.n_steps, n_levels), dtype=bool)
+        for li, lv in enumerate(levels):
+            if lv.gate is not None and wsum[li] > 0:
+                passed[:, li] = S[:, li] >= (lv.gate - GATE_TOLERANCE) * wsum[li]
+        earn = np.ones((frame.n_steps, n_levels), dtype=bool)
+        if t.gating:
+            for li in range(1, n_levels):
+                earn[:, li] = earn[:, li - 1] & passed[:, li - 1]
+        self.passed = passed
+        self.earn = earn
+        self.level_totals = np.where(earn, S[:, :n_levels], 0.0)    # [N, L] gated
+        self.penalties = S[:, n_levels]                              # [N]
+        self.step_reward = self.level_totals.sum(axis=1) + self.penalties
+        we = np.array([c.weight for c in t.episode_terms], dtype=np.float64)
+        self.final = self.matrix.episode_values @ we if we.size else np.zeros(frame.n_episodes)
+        disc = self.matrix.discount(frame, t.gamma)
+        self.discounted = np.zeros(frame.n_episodes)
+        has = frame.ep_len > 0
+        if has.any():
+            self.discounted[has] = np.add.reduceat(self.step_reward * disc, frame.ep_start[has])
+        self.returns = t.a * self.discounted + t.b * self.final
+
+    # ------------------------------------------------------------------ re-weighting
+    def reweight(self, weights: Mapping[str, float]) -> "ScoreResult":
+        """The same scores under new weights: a matrix product, no component is called."""
+        return ScoreResult(self.template, self.frame, self.matrix, weights)
+
+    def with_template(self, template: Template) -> "ScoreResult":
+        """Apply another template's weights, gating and return coefficients to this matrix.
+
+        Refused when the template's components or parameters differ (score again then)."""
+        if template.components_hash() != self.matrix.components_hash:
+            raise TemplateError("component parameters changed; score again to recompute them")
+        return ScoreResult(template, self.frame, self.matrix)
+
+    # ------------------------------------------------------------------ lookups
+    def _row(self, episode_id: str, t: int) -> tuple[int, int]:
+        e = self.frame.episode_index().get(episode_id)
+        if e is None:
+            raise InputError(f"no episode {episode_id!r} in the scored data", field="episode_id")
+        if not 0 <= t < int(self.frame.ep_len[e]):
+            raise InputError(f"episode {episode_id!r} has no step {t} "
+                             f"(it has {int(self.frame.ep_len[e])})", field="t")
+        return e, int(self.frame.ep_start[e]) + t
+
+    def contributions(self) -> np.ndarray:
+        """Weighted, gated contribution of every step component: [n_steps, n_step_components]."""
+        specs = self.template.step_components
+        w = np.array([c.weight for c in specs])
+        level_of = {lv.key: i for i, lv in enumerate(self.template.levels)}
+        gate = np.ones((self.frame.n_steps, len(specs)), dtype=bool)
+        for j, c in enumerate(specs):
+            if c.group in level_of:
+                gate[:, j] = self.earn[:, level_of[c.group]]
+        return self.matrix.step_values * w * gate
+
+    def explain(self, episode_id: str, t: int) -> list[dict[str, Any]]:
+        """The audit schema's ``reward_components``: ``[{"name", "value"}]`` for one step.
+
+        Values are weighted and gated contributions, so the step components sum to the
+        step reward; on an episode's last step the weighted episode terms follow."""
+        e, row = self._row(episode_id, t)
+        specs = self.template.step_components
+        level_of = {lv.key: i for i, lv in enumerate(self.template.levels)}
+        out = []
+        for j, c in enumerate(specs):
+            earn = bool(self.earn[row, level_of[c.group]]) if c.group in level_of else True
+            out.append({"name": c.name, "value": float(c.weight * self.matrix.step_values[row, j] * earn)})
+        if t == int(self.frame.ep_len[e]) - 1:
+            for k, c in enumerate(self.template.episode_terms):
+                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[e, k])})
+        return out
+
+    # ------------------------------------------------------------------ tables
+    @property
+    def episode_returns(self) -> dict[str, float]:
+        """Episode id → return."""
+        return dict(zip(self.frame.episode_ids.tolist(), self.returns.tolist()))
+
+    def steps_table(self) -> pd.DataFrame:
+        """One row per step: episode_id, t, action, raw component values, gated level
+        totals, penalties, total (the step reward)."""
+        f = self.frame
+        data: dict[str, Any] = {"episode_id": f.episode_ids[f.episode], "t": f.t,
+                                "action": f.action_labels()}
+        for j, name in enumerate(self.matrix.step_names):
+            data[name] = self.matrix.step_values[:, j]
+        for li, lv in enumerate(self.template.levels):
+            data[lv.key] = self.level_totals[:, li]
+        data["penalties"] = self.penalties
+        data["total"] = self.step_reward
+        return pd.DataFrame(data)
+
+    def episodes_table(self) -> pd.DataFrame:
+        """One row per episode: id, labels, outcome, raw episode terms, Σγ^t r, R_final, return."""
+        df = self.frame.episodes_table()
+        for k, name in enumerate(self.matrix.episode_names):
+            df[name] = self.matrix.episode_values[:, k]
+        df["discounted"] = self.discounted
+        df["final"] = self.final
+        df["return"] = self.returns
+        return df
+
+    def episode_steps(self, episode_id: str) -> pd.DataFrame:
+        """Drill-down of one episode: per step the action, each component's raw value and
+        weighted contribution, the level totals and the step reward."""
+        e = self.frame.episode_index().get(episode_id)
+        if e is None:
+            raise InputError(f"no episode {episode_id!r} in the scored data", field="episode_id")
+        rows = slice(int(self.frame.ep_start[e]), int(self.frame.ep_start[e] + self.frame.ep_len[e]))
+        table = self.steps_table().iloc[rows].reset_index(drop=True)
+        contrib = self.contributions()[rows]
+        for j, name in enumerate(self.matrix.step_names):
+            table[f"{name} (weighted)"] = contrib[:, j]
+        return table
+
+    def summary(self) -> dict[str, Any]:
+        """Per-component mean/std/min/max (raw values), level totals, rewards and returns."""
+        t = self.template
+        comps: dict[str, Any] = {}
+        for j, c in enumerate(t.step_components):
+            comps[c.name] = {"level": c.group, "component": c.component, "weight": c.weight,
+                             **_stats(self.matrix.step_values[:, j])}
+        for k, c in enumerate(t.episode_terms):
+            comps[c.name] = {"level": "episode", "component": c.component, "weight": c.weight,
+                             **_stats(self.matrix.episode_values[:, k])}
+        return {
+            "template": t.name, "n_episodes": self.frame.n_episodes, "n_steps": self.frame.n_steps,
+            "components": comps,
+            "levels": {lv.key: {"title": lv.title, "gate": lv.gate,
+                                "pass_rate": float(self.passed[:, i].mean()) if self.frame.n_steps else None,
+                                **_stats(self.level_totals[:, i])}
+                       for i, lv in enumerate(t.levels)},
+            "penalties": _stats(self.penalties),
+            "step_reward": _stats(self.step_reward),
+            "returns": _stats(self.returns),
+            "return_formula": {"a": t.a, "b": t.b, "gamma": t.gamma},
+        }
+
+    def write(self, out: str | Path) -> Path:
+        """Write the per-step table (with episode returns joined on) to ``.csv`` or ``.parquet``,
+        atomically."""
+        out = Path(out)
+        if out.suffix not in (".csv", ".parquet"):
+            raise InputError(f"output file must end in .csv or .parquet, got {out.name!r}",
+                             file=str(out))
+        table = self.steps_table()
+        table["episode_return"] = self.returns[self.frame.episode]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        if out.suffix == ".csv":
+            table.to_csv(tmp, index=False)
+        else:
+            table.to_parquet(tmp, index=False)
+        tmp.replace(out)
+        return out
+
+
+__all__ = ["Pyramid", "ScoreResult", "ComponentMatrix"]

@@ -1,0 +1,268 @@
+"""Slow, obvious per-step implementations of the components, for tests and the benchmark.
+
+Each function walks the steps one by one in plain Python, the way one would
+write the component without numpy.  The vectorised classes in
+:mod:`core.rewards.components` must agree with them (tests) and beat them by a
+wide margin (``benchmarks/bench_rewards.py``).  Not used when scoring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+
+import numpy as np
+
+from core.rewards.components import (ActionSmoothing, BusinessImpact, EndsWithAnswer,
+                                     EvidenceReliability, LatencyPenalty, LengthPenalty,
+                                     OutputConsistency, ParamReasonableness, RepeatedFailures,
+                                     ResolvedBonus, SentimentBonus, TerminalOutcome, ToolValidity)
+from core.rewards.frame import KINDS, StepsFrame
+
+
+def _steps(frame: StepsFrame):
+    """Plain per-step records: what a hand-written scorer would loop over."""
+    names = frame.tool_names
+    num = defaultdict(dict)
+    for s, k, v in zip(frame.num_step.tolist(), frame.num_key.tolist(), frame.num_value.tolist()):
+        num[s][frame.num_keys[k]] = v
+    cat = defaultdict(dict)
+    for s, k, v in zip(frame.cat_step.tolist(), frame.cat_key.tolist(), frame.cat_value.tolist()):
+        cat[s][frame.cat_keys[k]] = frame.cat_values[v]
+    for i in range(frame.n_steps):
+        tool = int(frame.tool[i])
+        yield {
+            "i": i, "episode": int(frame.episode[i]), "t": int(frame.t[i]),
+            "kind": KINDS[frame.kind[i]], "tool": names[tool] if tool >= 0 else None,
+            "known": bool(frame.tool_known[i]), "args_ok": bool(frame.args_ok[i]),
+            "error": bool(frame.tool_error[i]), "latency": float(frame.latency_ms[i]),
+            "output": frame.output_text[i], "result": frame.tool_text[i],
+            "call": frame.call_key[i], "num": num.get(i, {}), "cat": cat.get(i, {}),
+        }
+
+
+def tool_validity(frame: StepsFrame, c: ToolValidity) -> np.ndarray:
+    out = []
+    for s in _steps(frame):
+        if s["kind"] != "tool_call":
+            out.append(c.not_call_value)
+        elif s["error"]:
+            out.append(c.error_value)
+        else:
+            v = c.tool_part if s["known"] else 0.0
+            v += c.args_part if (s["known"] and s["args_ok"]) else 0.0
+            out.append(v)
+    return np.array(out, dtype=np.float64)
+
+
+def param_reasonableness(frame: StepsFrame, c: ParamReasonableness) -> np.ndarray:
+    steps = list(_steps(frame))
+    by_time = [steps[i] for i in frame.time_order.tolist()]
+    # which categorical parameters are judged (low cardinality over the whole data)
+    seen_values: dict[tuple, set] = defaultdict(set)
+    counts: dict[tuple, int] = defaultdict(int)
+    for s in steps:
+        for k, v in s["cat"].items():
+            seen_values[k].add(v)
+            counts[k] += 1
+    judged = {k for k in counts if c.categorical == "all" or (
+        c.categorical == "low_cardinality" and len(seen_values[k]) / counts[k] <= c.max_distinct_ratio)}
+    history: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=c.window))
+    out = np.zeros(frame.n_steps)
+    for s in by_time:
+        if s["kind"] != "tool_call":
+            out[s["i"]] = c.neutral
+            continue
+        scores = []
+        for k, x in s["num"].items():
+            if k[1] in c.ignore:
+                continue
+            window = list(history[("num",) + k])
+            if len(window) < c.min_history:
+                scores.append(c.max_value)
+            else:
+                mean = sum(window) / len(window)
+                std = math.sqrt(sum((w - mean) ** 2 for w in window) / len(window))
+                std = max(std, c.min_std, c.rel_std * abs(mean))
+                z = abs(x - mean) / std
+                if z <= c.z_ok:
+                    scores.append(c.max_value)
+                else:
+                    scores.append(min(max(c.max_value * (1 - (z - c.z_ok) / (c.z_zero - c.z_ok)), 0.0),
+                                      c.max_value))
+        for k, v in s["cat"].items():
+            if k[1] in c.ignore or k not in judged or c.categorical == "none":
+                continue
+            window = list(history[("cat",) + k])
+            if len(window) < c.min_history:
+                scores.append(c.max_value)
+            else:
+                freq = window.count(v) / len(window)
+                scores.append(c.max_value * min(1.0, freq / c.min_freq))
+        out[s["i"]] = min(scores) if scores else c.max_value
+        for k, x in s["num"].items():
+            history[("num",) + k].append(x)
+        for k, v in s["cat"].items():
+            history[("cat",) + k].append(v)
+    return out
+
+
+def _evidence_before(frame: StepsFrame, c) -> dict[int, list[int]]:
+    """For each output step row: rows of earlier tool results in its episode (last N)."""
+    out: dict[int, list[int]] = {}
+    evidence: dict[int, list[int]] = defaultdict(list)
+    for s in _steps(frame):
+        if s["kind"] in c.apply_to and s["output"]:
+            rows = list(evidence[s["episode"]])
+            out[s["i"]] = rows[-c.context_calls:] if c.context_calls else rows
+        if s["kind"] == "tool_call" and s["result"]:
+            evidence[s["episode"]].append(s["i"])
+    return out
+
+
+def output_consistency(frame: StepsFrame, c: OutputConsistency, embedder) -> np.ndarray:
+    out = np.full(frame.n_steps, c.neutral)
+    for row, ev in _evidence_before(frame, c).items():
+        if not ev:
+            out[row] = c.no_evidence_value
+            continue
+        a = embedder.encode([frame.output_text[row][:c.max_chars]])[0].astype(np.float64)
+        sims = [float(np.dot(a, embedder.encode([frame.tool_text[j][:c.max_chars]])[0].astype(np.float64)))
+                for j in ev]
+        cos = max(sims) if c.aggregate == "max" else sum(sims) / len(sims)
+        if c.curve == "step" or cos > c.threshold:
+            out[row] = c.high if cos > c.threshold else c.low
+        else:
+            ramp = c.low + (c.high - c.low) * (cos - c.ramp_from) / (c.threshold - c.ramp_from)
+            out[row] = min(max(ramp, min(c.low, c.high)), max(c.low, c.high))
+    return out
+
+
+def evidence_reliability(frame: StepsFrame, c: EvidenceReliability) -> np.ndarray:
+    out = np.full(frame.n_steps, c.neutral)
+    for row, ev in _evidence_before(frame, c).items():
+        if not ev:
+            out[row] = c.no_evidence_value
+            continue
+        flagged = [any(m in frame.tool_text[j] for m in c.markers) for j in ev]
+        share = sum(flagged) / len(flagged)
+        out[row] = c.high - (c.high - c.low) * (1.0 if (c.any_flag and share > 0) else share)
+    return out
+
+
+def business_impact(frame: StepsFrame, c: BusinessImpact) -> np.ndarray:
+    out = []
+    last = {int(e): int(s + n - 1) for e, (s, n) in enumerate(zip(frame.ep_start, frame.ep_len))}
+    for s in _steps(frame):
+        x = getattr(frame, c.field)[s["episode"]]
+        if math.isnan(x) and c.fallback_field:
+            x = getattr(frame, c.fallback_field)[s["episode"]]
+        v = c.missing_value if math.isnan(x) else min(max(c.scale * x + c.offset, c.low), c.high)
+        out.append(v if c.on == "all" or s["i"] == last[s["episode"]] else 0.0)
+    return np.array(out, dtype=np.float64)
+
+
+def latency_penalty(frame: StepsFrame, c: LatencyPenalty) -> np.ndarray:
+    out = []
+    for s in _steps(frame):
+        units = 0.0 if math.isnan(s["latency"]) else s["latency"] / c.unit_ms
+        if c.cap_units is not None:
+            units = min(units, c.cap_units)
+        out.append(-c.per * units + 0.0)
+    return np.array(out, dtype=np.float64)
+
+
+def action_smoothing(frame: StepsFrame, c: ActionSmoothing) -> np.ndarray:
+    out = np.zeros(frame.n_steps)
+    calls_so_far: dict[int, list[str]] = defaultdict(list)
+    opposite = {(a, b) for a, b in c.opposites} | {(b, a) for a, b in c.opposites}
+    for s in _steps(frame):
+        if s["kind"] != "tool_call":
+            continue
+        key = s["tool"]
+        if c.key_param is not None:
+            for (tool, param), v in s["cat"].items():
+                if param == c.key_param:
+                    key = f"{tool}:{v}"
+        past = calls_so_far[s["episode"]]
+        if c.opposites and not any(key == x for pair in opposite for x in pair):
+            continue  # actions without an opposite do not take part
+        if c.opposites:
+            if past and (key, past[-1]) in opposite:
+                out[s["i"]] = -c.per
+        elif len(past) >= 2 and past[-2] == key and past[-1] != key:
+            out[s["i"]] = -c.per
+        past.append(key)
+    return out
+
+
+def repeated_failures(frame: StepsFrame, c: RepeatedFailures) -> np.ndarray:
+    out = np.zeros(frame.n_steps)
+    failures: dict[tuple, int] = defaultdict(int)
+    for s in _steps(frame):
+        if s["kind"] != "tool_call":
+            continue
+        failed = s["error"] or (c.count_invalid and not (s["known"] and s["args_ok"]))
+        if not failed:
+            continue
+        key = (s["episode"], s["call"] if c.match == "call" else s["tool"])
+        out[s["i"]] = -c.per * min(failures[key], c.cap) + 0.0
+        failures[key] += 1
+    return out
+
+
+def _episode_values(frame: StepsFrame, fn) -> np.ndarray:
+    return np.array([fn(e) for e in range(frame.n_episodes)], dtype=np.float64)
+
+
+def resolved_bonus(frame: StepsFrame, c: ResolvedBonus) -> np.ndarray:
+    def one(e):
+        r = frame.resolved[e]
+        return c.missing_value if math.isnan(r) else c.resolved_value if r else c.unresolved_value
+    return _episode_values(frame, one)
+
+
+def sentiment_bonus(frame: StepsFrame, c: SentimentBonus) -> np.ndarray:
+    return _episode_values(frame, lambda e: c.missing_value if math.isnan(frame.sentiment[e])
+                           else c.per * frame.sentiment[e])
+
+
+def length_penalty(frame: StepsFrame, c: LengthPenalty) -> np.ndarray:
+    def one(e):
+        kinds = [KINDS[k] for k in frame.kind[frame.episode == e]]
+        n = {"steps": len(kinds), "tool_calls": kinds.count("tool_call"),
+             "replies": kinds.count("reply") + kinds.count("final_answer")}[c.count]
+        return -c.per * max(n - c.free, 0) + 0.0
+    return _episode_values(frame, one)
+
+
+def terminal_outcome(frame: StepsFrame, c: TerminalOutcome) -> np.ndarray:
+    def one(e):
+        x = getattr(frame, c.field)[e]
+        if math.isnan(x) and c.fallback_field:
+            x = getattr(frame, c.fallback_field)[e]
+        return c.missing_value if math.isnan(x) else min(max(c.scale * x + c.offset, c.low), c.high)
+    return _episode_values(frame, one)
+
+
+def ends_with_answer(frame: StepsFrame, c: EndsWithAnswer) -> np.ndarray:
+    def one(e):
+        n = frame.ep_len[e]
+        if n == 0:
+            return c.no_answer_value
+        last = frame.ep_start[e] + n - 1
+        ok = KINDS[frame.kind[last]] in ("final_answer", "reply") and len(frame.output_text[last]) >= c.min_chars
+        return c.answer_value if ok else c.no_answer_value
+    return _episode_values(frame, one)
+
+
+#: component name -> reference function (text components also take the embedder).
+REFERENCES = {
+    "tool_validity": tool_validity, "param_reasonableness": param_reasonableness,
+    "output_consistency": output_consistency, "evidence_reliability": evidence_reliability,
+    "business_impact": business_impact, "latency_penalty": latency_penalty,
+    "action_smoothing": action_smoothing, "repeated_failures": repeated_failures,
+    "resolved_bonus": resolved_bonus, "sentiment_bonus": sentiment_bonus,
+    "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
+    "ends_with_answer": ends_with_answer,
+}

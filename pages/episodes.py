@@ -1,0 +1,220 @@
+"""Episodes: import recorded agent runs, browse them, read one step by step."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core.episode_views import (
+    EpisodeFilter,
+    dataset_label,
+    episode_filter_choices,
+    import_formats,
+    import_summary,
+    import_upload,
+    list_episodes,
+    show_episode,
+)
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+
+st.title("Episodes")
+st.caption("Recorded agent runs: import a log file, browse its episodes, and read one step by step — "
+           "what the agent saw, the action it took (and its catalog token), what the tool answered, "
+           "and how the episode ended.")
+
+ws = resources.workspace()
+browse_tab, import_tab = st.tabs(["Browse", "Import a file"])
+
+
+# --------------------------------------------------------------------------- import
+with import_tab:
+    st.write("Upload a log file: the workbench's own JSONL, OpenAI chat-completions logs "
+             "(new `tool_calls` or legacy `function_call`), tau2-bench tasks or BFCL questions.")
+    with st.form("episodes_import", clear_on_submit=False):
+        upload = st.file_uploader("Log file", key="episodes_upload",
+                                  help="JSON or JSONL; one episode per record.")
+        formats = import_formats()
+        fmt = st.selectbox("Format", list(formats), key="episodes_format",
+                           format_func=lambda name: f"{name} — {formats[name]}")
+        with st.expander("Options"):
+            dataset_name = st.text_input("Dataset name", key="episodes_import_dataset",
+                                         placeholder="default: the file name without extension")
+            messages_key = st.text_input("Messages key", key="episodes_messages_key",
+                                         placeholder="messages",
+                                         help="Key of the message list in each record (--messages-key).")
+            reward_key = st.text_input("Reward key", key="episodes_reward_key",
+                                       placeholder="reward / success",
+                                       help="Key of the episode outcome (--reward-key).")
+            id_key = st.text_input("Id key", key="episodes_id_key", placeholder="generated",
+                                   help="Key of the episode id (--id-key); repeated ids are renamed "
+                                        "and reported, never merged.")
+            skip_invalid = st.checkbox(
+                "Skip invalid records", key="episodes_skip_invalid",
+                help="Import the good records and report the rejected ones. Off: one bad record "
+                     "stops the import and nothing is imported.")
+        submitted = st.form_submit_button("Import", type="primary")
+
+    if submitted:
+        if upload is None:
+            st.warning("Choose a file to import first.")
+        else:
+            bar = st.progress(0.0, text=f"Importing {upload.name}…")
+            try:
+                result = import_upload(
+                    ws, upload.name, upload.getvalue(), format=fmt, dataset=dataset_name,
+                    messages_key=messages_key, reward_key=reward_key, id_key=id_key,
+                    skip_invalid=skip_invalid,
+                    progress=lambda done, total: bar.progress(done / max(total, 1),
+                                                              text=f"Importing {upload.name}…"))
+            except USER_ERRORS as exc:
+                bar.empty()
+                st.session_state["episodes_import_outcome"] = ("error", str(exc))
+            else:
+                st.session_state["episodes_import_outcome"] = ("ok", import_summary(result))
+                # Show the imported dataset in Browse (applied before its picker is drawn).
+                st.session_state["episodes_goto_dataset"] = result.dataset
+                st.rerun()
+
+    outcome = st.session_state.get("episodes_import_outcome")
+    if outcome and outcome[0] == "error":
+        st.error(outcome[1])
+    elif outcome:
+        summary = outcome[1]
+        (st.info if summary.already_imported else st.success)(summary.headline)
+        for column, (label, value) in zip(st.columns(len(summary.figures)), summary.figures):
+            column.metric(label, f"{value:,}")
+        for warning in summary.warnings:
+            st.warning(warning)
+        if summary.invalid_reasons:
+            st.write("Why tool calls map to INVALID:")
+            st.dataframe(summary.invalid_reasons, hide_index=True)
+        if summary.rejected:
+            st.write("Rejected records (not imported):")
+            st.dataframe(summary.rejected, hide_index=True)
+        if summary.report_path:
+            st.caption(f"Report of the rejected records: {summary.report_path}")
+        if summary.duplicate_ids:
+            st.write("Repeated episode ids, renamed so that no episode was dropped or merged:")
+            st.dataframe([{"episode_id": i} for i in summary.duplicate_ids], hide_index=True)
+
+
+# --------------------------------------------------------------------------- browse
+with browse_tab:
+    datasets = {d.name: d for d in ws.datasets()}
+    if not datasets:
+        st.info("No episodes yet. Import a log file in the **Import a file** tab, or run "
+                "`rwb workspace init` to import the sample datasets.")
+        st.stop()
+
+    goto = st.session_state.pop("episodes_goto_dataset", None)
+    if goto in datasets:
+        st.session_state["episodes_dataset"] = goto
+    dataset = st.selectbox("Dataset", list(datasets), key="episodes_dataset",
+                           format_func=lambda name: dataset_label(datasets[name]))
+
+    choices = episode_filter_choices(ws, dataset)
+    c_task, c_behaviour, c_resolved, c_search = st.columns([3, 3, 2, 3])
+    task_types = c_task.multiselect("Task type", choices.task_types, key="episodes_task_types",
+                                    placeholder="all")
+    behaviours = c_behaviour.multiselect("Behaviour", choices.behaviours, key="episodes_behaviours",
+                                         placeholder="all")
+    resolved = c_resolved.selectbox("Resolved", ["any", "resolved", "failed", "unknown"],
+                                    key="episodes_resolved")
+    search = c_search.text_input("Search id or request", key="episodes_search")
+
+    table = list_episodes(ws, dataset, EpisodeFilter(task_types=task_types, behaviours=behaviours,
+                                                      resolved=resolved, search=search))
+    if not table.rows:
+        st.info("No episode matches these filters; clear some of them.")
+        st.stop()
+    shown = (f"{table.matched:,} of {table.total:,} episodes" if table.matched == len(table.rows)
+             else f"first {len(table.rows):,} of {table.matched:,} matching episodes — narrow the filters")
+    st.caption(shown)
+    st.dataframe(
+        table.rows, hide_index=True,
+        column_config={
+            "episode_id": st.column_config.TextColumn("episode"),
+            "task_type": st.column_config.TextColumn("task type"),
+            "behaviour": st.column_config.TextColumn("behaviour"),
+            "steps": st.column_config.NumberColumn("steps"),
+            "resolved": st.column_config.CheckboxColumn("resolved"),
+            "final_reward": st.column_config.NumberColumn("final reward", format="%.3f"),
+            "query": st.column_config.TextColumn("request", width="large"),
+        })
+
+    episode_id = st.selectbox("Open episode", table.episode_ids, index=None, key="episodes_open",
+                              placeholder="Choose an episode to read its steps")
+    if episode_id is None:
+        st.stop()
+
+    try:
+        catalog = resources.catalog(dataset)
+    except USER_ERRORS as exc:
+        catalog = None
+        st.error(f"No action catalog for dataset '{dataset}', so steps are shown without "
+                 f"tokens: {exc}")
+    detail = show_episode(ws, dataset, episode_id, catalog)
+
+    st.subheader(f"Episode {detail.episode_id}")
+    st.caption(detail.summary_line)
+    if detail.query:
+        st.text(detail.query)
+    for column, (label, value) in zip(st.columns(len(detail.outcome_figures)), detail.outcome_figures):
+        column.metric(label, value)
+    if detail.outcome_extra:
+        st.caption("Other outcome fields")
+        st.json(detail.outcome_extra, expanded=1)
+    if detail.meta:
+        with st.expander("Episode metadata"):
+            st.json(detail.meta)
+
+    if not detail.steps:
+        st.info("This episode has no steps.")
+        st.stop()
+    st.dataframe(detail.step_rows, hide_index=True,
+                 column_config={"latency_ms": st.column_config.NumberColumn("latency (ms)")})
+
+    for step in detail.steps:
+        token = f" · {step.token}" if step.token else ""
+        with st.expander(f"t={step.t} · {step.action_label}{token} · {step.status}",
+                         expanded=step.token == "INVALID"):
+            seen, did = st.columns(2)
+            with seen:
+                st.markdown("**Observation**")
+                if not (step.messages or step.state or step.observation_extra is not None):
+                    st.caption("nothing recorded")
+                for line in step.messages:
+                    st.text(f"{line.role}: {line.text}")
+                if step.state:
+                    st.caption("State")
+                    st.json(step.state, expanded=1)
+                if step.observation_extra is not None:
+                    st.caption("Other observation fields")
+                    st.json(step.observation_extra, expanded=1)
+            with did:
+                st.markdown("**Action**")
+                st.code(step.action_label, language=None, wrap_lines=True)
+                if step.token == "INVALID":
+                    st.warning(f"INVALID: {step.invalid_reason}")
+                elif step.token:
+                    st.caption(f"token {step.token} — {step.token_label} · risk {step.risk}")
+                st.markdown("**Tool result**")
+                if step.tool_error:
+                    st.warning(f"Tool error: {step.tool_error}")
+                if not step.result_replayed:
+                    st.caption("result not replayed (the tool writes; its result was not recorded)")
+                if step.tool_result is None:
+                    st.caption("none")
+                elif isinstance(step.tool_result, (dict, list)):
+                    st.json(step.tool_result, expanded=2)
+                else:
+                    st.text(str(step.tool_result))
+                if step.output_text:
+                    st.markdown("**Agent output**")
+                    st.text(step.output_text)
+                timing = [f"{step.latency_ms:,.0f} ms" if step.latency_ms is not None else None,
+                          step.timestamp]
+                st.caption(" · ".join(t for t in timing if t) or "no timing recorded")

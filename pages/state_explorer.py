@@ -1,0 +1,100 @@
+"""State Explorer: the t-SNE map of encoded states, the encoder's fidelity verdict, action entropy."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+
+st.title("State Explorer")
+st.caption("Where the agent's states lie: a t-SNE map of the encoded states (each point is one step), "
+           "whether task types separate — the state encoder's fidelity check — and how varied the "
+           "logged actions are (entropy overall, per tool, per state cluster).")
+
+ws = resources.workspace()
+datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
+if not datasets:
+    st.info("No dataset with steps yet: import episodes on the Episodes page "
+            "(or `rwb episodes import FILE`), then come back to map their states.")
+    st.stop()
+
+# --------------------------------------------------------------------------- what to map
+with st.form("states_settings"):
+    left, right = st.columns(2)
+    dataset = left.selectbox("Dataset", datasets, key="states_dataset")
+    space = right.radio("States", ["encoded", "raw"], horizontal=True, key="states_space",
+                        help="encoded: the state encoder's 512-d output (seeded, untrained); "
+                             "raw: the concatenated raw features, without learned weights.")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    gating = c1.radio("Gated fusion", ["on", "off"], horizontal=True, key="states_gating",
+                      help="off: intent, tool context and trace get equal weights (the seed's ablation).")
+    intent = c2.radio("Intent encoder", ["on", "off"], horizontal=True, key="states_intent",
+                      help="off: leave the user's request out of the state.")
+    max_points = c3.number_input("Points on the map", min_value=100, max_value=50000, value=20000,
+                                 step=1000, key="states_max_points",
+                                 help="A seeded random sample of the steps when there are more.")
+    clusters = c4.number_input("State clusters", min_value=2, max_value=50, value=8,
+                               key="states_clusters", help="k-means clusters for the entropy per cluster.")
+    seed = c5.number_input("Seed", min_value=0, value=0, key="states_seed")
+    submitted = st.form_submit_button("Map the states", type="primary")
+
+if submitted:
+    st.session_state["states_request"] = {
+        "dataset": dataset, "space": space, "gating": gating, "intent": intent,
+        "max_points": int(max_points), "clusters": int(clusters), "seed": int(seed)}
+
+request = st.session_state.get("states_request")
+if not request:
+    st.info("Choose a dataset and press **Map the states**. A big map takes up to half a minute the "
+            "first time; after that it is read from the workspace.")
+    st.stop()
+
+try:
+    with st.spinner(f"Encoding and mapping the states of {request['dataset']}…"):
+        report = resources.state_map(**request)
+except USER_ERRORS as exc:
+    st.error(str(exc))
+    st.stop()
+
+# --------------------------------------------------------------------------- fidelity
+fid = report.fidelity
+show = {True: st.success, None: st.warning, False: st.error}[fid.separates]
+show(f"Fidelity: {fid.verdict}")
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Silhouette by task type", "—" if fid.silhouette is None else f"{fid.silhouette:.3f}",
+          help="In the original state space, on a sample of the steps.")
+m2.metric("Silhouette, shuffled labels", "—" if fid.silhouette_shuffled is None
+          else f"{fid.silhouette_shuffled:.3f}")
+m3.metric("Silhouette, intent encoder off", "—" if fid.silhouette_intent_off is None
+          else f"{fid.silhouette_intent_off:.3f}")
+m4.metric(f"kNN agreement (k={fid.k})", "—" if fid.knn_agreement is None else f"{fid.knn_agreement:.2f}",
+          help="Share of each step's nearest neighbours from other episodes with the same task type"
+               + ("" if fid.knn_chance is None else f"; chance: {fid.knn_chance:.2f}"))
+
+# --------------------------------------------------------------------------- the map
+fields = report.color_fields()
+color = st.selectbox("Colour by", fields, key="states_color",
+                     format_func=lambda f: f.replace("_", " "))
+st.plotly_chart(report.figure(color), width="stretch", key="states_map_chart")
+st.caption(f"{len(report.index)} of {report.n_steps} steps · hover a point for its episode, step, "
+           "action and rewards.")
+
+# --------------------------------------------------------------------------- entropy
+st.subheader("Action entropy")
+ent = report.entropy
+(st.warning if ent.overall < 1.0 else st.info)(ent.verdict)
+e1, e2, e3 = st.columns(3)
+e1.metric("Overall (nats)", f"{ent.overall:.3f}", help=f"Uniform over all tokens: {ent.max_overall:.3f}")
+e2.metric("Within state clusters (nats)", "—" if ent.conditional is None else f"{ent.conditional:.3f}",
+          help="H(action | cluster): how varied the actions are in similar states.")
+e3.metric("Invalid actions left out", f"{ent.n_invalid}")
+tool_tab, cluster_tab = st.tabs(["Per tool", "Per state cluster"])
+with tool_tab:
+    st.plotly_chart(report.entropy_figure("tool"), width="stretch", key="states_entropy_tool")
+with cluster_tab:
+    st.plotly_chart(report.entropy_figure("cluster"), width="stretch",
+                    key="states_entropy_cluster")

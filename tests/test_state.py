@@ -1,0 +1,302 @@
+"""The structured state encoder (core/state.py): intent rules, raw features against a slow
+reference, the gated fusion, persistence and the per-dataset cache."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import core.state as st_mod
+from core.catalog import build_catalog
+from core.errors import InputError
+from core.state import (
+    CONTEXT_DIM,
+    INTENT_RULE_DIM,
+    PAD_TOKEN,
+    TRACE_LEN,
+    URGENCY_INDEX,
+    RawStateFeatures,
+    StateEncoder,
+    StateEncoderConfig,
+    encode_states,
+    extract_features,
+    extract_intent,
+    load_encoder,
+    raw_features_for_dataset,
+    save_encoder,
+)
+from _state_fixtures import TOOLS, HashEmbedder, dataset_workspace, make_episodes
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return make_episodes(45)
+
+
+@pytest.fixture(scope="module")
+def catalog(episodes):
+    return build_catalog(TOOLS, episodes)
+
+
+@pytest.fixture(scope="module")
+def raw(episodes, catalog) -> RawStateFeatures:
+    return extract_features(episodes, catalog, HashEmbedder())
+
+
+# --------------------------------------------------------------------------- intent rules
+@pytest.mark.parametrize("query, verb, urgency, target_kind, target", [
+    ("Urgently reduce my exposure to 600519 by 20%", "reduce", "high", "portfolio", "600519"),
+    ("紧急减持 600519", "reduce", "high", "stock", "600519"),
+    ("Please analyse Moutai's Q3 report, no rush", "analyse", "low", "other", None),
+    ("Sell $AAPL today", "sell", "medium", "stock", "AAPL"),
+    ("Rebalance my portfolio", "rebalance", "none", "portfolio", "portfolio"),
+    ("check the quote of 02318 right now", "check", "high", "stock", "02318"),
+    ("", "other", "none", "other", None),
+])
+def test_extract_intent(query, verb, urgency, target_kind, target):
+    r = extract_intent(query)
+    assert (r.verb, r.urgency, r.target_kind, r.target) == (verb, urgency, target_kind, target)
+
+
+def test_intent_amounts():
+    assert extract_intent("trim 12.5% of the book").percent == pytest.approx(0.125)
+    assert extract_intent("invest $2.5m in bonds").amount == pytest.approx(2.5e6)
+    assert extract_intent("buy 3000 yuan of 600036").amount == pytest.approx(3000)
+
+
+# --------------------------------------------------------------------------- raw features
+def _naive_context(episodes, catalog, stats) -> np.ndarray:
+    """Slow obvious reference of the context block: per step, scan back for the latest
+    result, flatten it, and write every key field one by one."""
+    out = []
+    for ep in episodes:
+        for t, step in enumerate(ep.steps):
+            row = np.zeros(CONTEXT_DIM, dtype=np.float64)
+            j = next((j for j in range(t - 1, -1, -1)
+                      if ep.steps[j].tool_result is not None or ep.steps[j].tool_error is not None), None)
+            if j is not None:
+                prev = ep.steps[j]
+                tool = prev.action.tool or prev.action.kind
+                leaves: list = []
+                if prev.tool_result is not None:
+                    st_mod._flatten_result(st_mod._parse_result(prev.tool_result), "", leaves)
+                for path, value in leaves:
+                    if path not in stats.key_fields.get(tool, []):
+                        continue
+                    key = f"{tool}:{path}"
+                    if isinstance(value, float):
+                        c, s = stats.numeric[key]
+                        b, sign = st_mod._hash_slots([key], st_mod.CTX_NUM)
+                        row[st_mod._O_NUM + b[0]] += sign[0] * min(max((value - c) / s, -5), 5)
+                    else:
+                        b, sign = st_mod._hash_slots([f"{key}={value}"], st_mod.CTX_CAT)
+                        row[st_mod._O_CAT + b[0]] += sign[0]
+                b, _ = st_mod._hash_slots([f"tool:{tool}"], st_mod.CTX_TOOL)
+                row[st_mod._O_TOOL + b[0]] = 1
+                row[st_mod._O_FLAGS:st_mod._O_FLAGS + 3] = [1, prev.tool_error is not None,
+                                                            not prev.result_replayed]
+                row[st_mod._O_FLAGS + 3] = math.log1p(t - j) / math.log1p(12)
+            row[st_mod._O_FLAGS + 4] = math.log1p(t) / math.log1p(12)
+            for k, v in step.observation["state"].items():
+                key = f"state:{k}"
+                if isinstance(v, str):
+                    b, sign = st_mod._hash_slots([f"{key}={v.lower()}"], st_mod.OBS_CAT)
+                    row[st_mod._O_OBS_CAT + b[0]] += sign[0]
+                else:
+                    c, s = stats.numeric[key]
+                    b, sign = st_mod._hash_slots([key], st_mod.OBS_NUM)
+                    row[st_mod._O_OBS_NUM + b[0]] += sign[0] * min(max((v - c) / s, -5), 5)
+            out.append(row)
+    return np.array(out)
+
+
+def _naive_stats(episodes):
+    """Median and IQR/1.349 per numeric key, by plain Python lists."""
+    values: dict[str, list[float]] = {}
+    for ep in episodes:
+        for s in ep.steps:
+            for k, v in s.observation["state"].items():
+                if not isinstance(v, str):
+                    values.setdefault(f"state:{k}", []).append(float(v))
+    return {k: (float(np.median(v)), float(np.subtract(*np.percentile(v, [75, 25]))) / 1.349)
+            for k, v in values.items()}
+
+
+def test_context_matches_slow_reference(episodes, catalog, raw):
+    np.testing.assert_allclose(raw.context, _naive_context(episodes, catalog, raw.stats), atol=1e-5)
+    for key, (c, s) in _naive_stats(episodes).items():
+        assert raw.stats.numeric[key] == pytest.approx([c, s])
+
+
+def test_key_fields_are_schema_aware(raw):
+    # free text never becomes a field; list of numbers is summarised
+    assert "summary" not in raw.stats.key_fields["get_report"]
+    assert {"price", "change_pct", "status", "closes.last", "closes.len"} <= set(raw.stats.key_fields["get_quote"])
+    # "1.23%" is read as the number 0.0123
+    assert "get_quote:change_pct" in raw.stats.numeric
+
+
+def test_declared_key_fields_win(episodes):
+    tools = [t.model_copy(update={"meta": {"key_fields": ["price"]}}) if t.name == "get_quote" else t
+             for t in TOOLS]
+    raw = extract_features(episodes[:6], build_catalog(tools, episodes[:6]), HashEmbedder())
+    assert raw.stats.key_fields["get_quote"] == ["price"]
+
+
+def test_trace_matches_slow_reference(episodes, catalog, raw):
+    tokens = catalog.normalize_many([s.action for ep in episodes for s in ep.steps]).token_ids
+    flat = 0
+    for ep in episodes:
+        for t in range(ep.n_steps):
+            for k in range(TRACE_LEN):
+                j = t - k - 1
+                if j >= 0:
+                    assert raw.trace_step[flat, k] == flat - k - 1
+                    assert raw.trace_action[flat, k] == tokens[flat - k - 1]
+                else:
+                    assert raw.trace_step[flat, k] == -1 and raw.trace_action[flat, k] == PAD_TOKEN
+                    assert raw.trace_dt[flat, k] == 0
+            flat += 1
+    assert flat == raw.n_steps
+    assert (raw.action_token == tokens).all()
+    assert (raw.action_token == -1).sum() >= 1          # the "teleport" call is INVALID
+
+
+def test_trace_dt_uses_timestamps_else_latency(episodes, raw):
+    # episode 1 has timestamps: dt of its step 1 to step 0 is the timestamp difference
+    ep = episodes[1]
+    i = int(np.flatnonzero(raw.step_episode == 1)[1])
+    import pandas as pd
+    secs = (pd.Timestamp(ep.steps[1].timestamp) - pd.Timestamp(ep.steps[0].timestamp)).total_seconds()
+    assert raw.trace_dt[i, 0] == pytest.approx(math.log1p(secs), rel=1e-5)
+    # episode 0 has none: the previous step's latency
+    i0 = int(np.flatnonzero(raw.step_episode == 0)[1])
+    assert raw.trace_dt[i0, 0] == pytest.approx(math.log1p(episodes[0].steps[0].latency_ms / 1000), rel=1e-5)
+
+
+def test_trace_rewards_gathered(raw):
+    rewards = np.arange(raw.n_steps, dtype=np.float32)
+    tr = raw.trace_rewards(rewards)
+    expect = np.where(raw.trace_step >= 0, raw.trace_step, 0).astype(np.float32)
+    np.testing.assert_array_equal(tr, expect)
+    assert (raw.trace_rewards(None) == 0).all()          # documented: zeros without rewards
+    with pytest.raises(InputError, match="per-step rewards"):
+        raw.trace_rewards(rewards[:-1])
+
+
+def test_raw_save_load_roundtrip(raw, tmp_path):
+    raw.save(tmp_path / "f")
+    back = RawStateFeatures.load(tmp_path / "f")
+    for k in RawStateFeatures._ARRAYS:
+        np.testing.assert_array_equal(getattr(back, k), getattr(raw, k))
+    assert back.stats.to_dict() == raw.stats.to_dict() and back.episode_ids == raw.episode_ids
+
+
+def test_stats_reused_for_new_steps(episodes, catalog, raw):
+    # serving: new episodes are featurised with the dataset's stats, not their own
+    new = extract_features(episodes[:3], catalog, HashEmbedder(), stats=raw.stats)
+    n = new.n_steps
+    np.testing.assert_allclose(new.context, raw.context[:n], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the encoder
+def _batch(raw, urgency: float):
+    b = raw.step_batch(np.arange(8))
+    b["intent_rules"][:, URGENCY_INDEX] = urgency
+    b["intent_rules"][:, URGENCY_INDEX + 1] = float(urgency == 1.0)
+    return b
+
+
+def test_gates_follow_urgency(raw):
+    enc = StateEncoder(n_actions=raw.n_actions)
+    g_high = enc.gates(_batch(raw, 1.0))
+    g_none = enc.gates(_batch(raw, 0.0))
+    assert torch.allclose(g_high[:, 0], torch.full((8,), 0.7), atol=1e-5)
+    assert torch.allclose(g_none, torch.full((8, 3), 1 / 3), atol=1e-5)
+    assert torch.allclose(g_high.sum(1), torch.ones(8))
+
+
+def test_gating_off_is_equal_weights(raw):
+    enc = StateEncoder(StateEncoderConfig(gating="off"), n_actions=raw.n_actions)
+    assert torch.equal(enc.gates(_batch(raw, 1.0)), torch.full((8, 3), 1 / 3))
+
+
+def test_intent_off_ignores_the_request(raw):
+    enc = StateEncoder(StateEncoderConfig(intent="off"), n_actions=raw.n_actions)
+    b = raw.step_batch(np.arange(8))
+    b2 = {k: v.clone() for k, v in b.items()}
+    b2["intent_emb"] = torch.randn_like(b2["intent_emb"])
+    b2["intent_rules"][:, URGENCY_INDEX] = 1.0
+    with torch.no_grad():
+        assert torch.equal(enc(b), enc(b2))
+        assert (enc.gates(b)[:, 0] == 0).all()
+    on = StateEncoder(n_actions=raw.n_actions)
+    with torch.no_grad():
+        assert not torch.equal(on(b), on(b2))
+
+
+def test_encoder_shape_seed_and_gradients(raw):
+    a = StateEncoder(StateEncoderConfig(seed=3), n_actions=raw.n_actions)
+    b = StateEncoder(StateEncoderConfig(seed=3), n_actions=raw.n_actions)
+    c = StateEncoder(StateEncoderConfig(seed=4), n_actions=raw.n_actions)
+    batch = raw.step_batch(np.arange(16), rewards=np.ones(raw.n_steps))
+    out = a(batch)
+    assert out.shape == (16, 512)
+    assert torch.equal(out, b(batch)) and not torch.equal(out, c(batch))
+    out.pow(2).mean().backward()
+    for name in ("intent_net.0.weight", "context_net.0.weight", "trace_net.0.weight", "action_embed.weight",
+                 "gate_prior.weight", "gate_state.weight"):
+        grad = dict(a.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
+
+
+def test_encoder_config_is_validated():
+    with pytest.raises(InputError, match="gating"):
+        StateEncoderConfig(gating="maybe")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="unknown encoder settings"):
+        StateEncoderConfig.from_dict({"dim": 64, "colour": 1})
+
+
+def test_save_load_encoder_safetensors(raw, tmp_path):
+    enc = StateEncoder(StateEncoderConfig(dim=64, gating="off", seed=7), n_actions=raw.n_actions)
+    weights, meta = save_encoder(enc, tmp_path)
+    assert weights.suffix == ".safetensors" and meta.suffix == ".json"
+    back = load_encoder(tmp_path)
+    assert back.config == enc.config
+    np.testing.assert_array_equal(encode_states(raw, encoder=back), encode_states(raw, encoder=enc))
+    with pytest.raises(InputError, match="different catalogs"):
+        encode_states(raw, encoder=StateEncoder(n_actions=raw.n_actions + 1))
+
+
+def test_encode_states_batches_match_one_pass(raw):
+    enc = StateEncoder(n_actions=raw.n_actions)
+    np.testing.assert_allclose(encode_states(raw, encoder=enc, batch_size=7),
+                               encode_states(raw, encoder=enc), atol=1e-5)
+
+
+def test_raw_matrix_blocks(raw):
+    full = raw.raw_matrix()
+    no_intent = raw.raw_matrix(intent=False)
+    assert full.shape[1] - no_intent.shape[1] == 384 + INTENT_RULE_DIM
+    assert np.isfinite(full).all()
+
+
+# --------------------------------------------------------------------------- cache per dataset
+def test_dataset_features_are_cached(tmp_path, monkeypatch):
+    ws = dataset_workspace(tmp_path, make_episodes(12))
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    first = raw_features_for_dataset(ws, "fx")
+    files = sorted(p.name for p in (ws.artifacts / "states").rglob("features-*"))
+    assert any(f.endswith(".safetensors") for f in files) and any(f.endswith(".json") for f in files)
+    assert not any(f.endswith(".pkl") or f.endswith(".pickle") for f in files)
+
+    def boom(*a, **k):
+        raise AssertionError("features were recomputed")
+    monkeypatch.setattr(st_mod, "extract_features", boom)
+    again = raw_features_for_dataset(ws, "fx")
+    np.testing.assert_array_equal(again.context, first.context)
+    with pytest.raises(InputError, match="no dataset named 'nope'"):
+        raw_features_for_dataset(ws, "nope")
