@@ -127,9 +127,10 @@ def to_openai_record(ep: Episode, tools: list[ToolSchema]) -> dict:
 
 
 def write_openai(episodes: list[Episode], tools: list[ToolSchema], out: Path) -> Path:
+    """OpenAI logs; the tool list rides on the first record only (the importer merges them)."""
     with open(out, "w", encoding="utf-8") as f:
-        for ep in episodes:
-            f.write(json.dumps(to_openai_record(ep, tools), ensure_ascii=False) + "\n")
+        for i, ep in enumerate(episodes):
+            f.write(json.dumps(to_openai_record(ep, tools if i == 0 else []), ensure_ascii=False) + "\n")
     return out
 
 

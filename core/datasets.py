@@ -12,6 +12,12 @@ Two domains, each with tool schemas committed under ``datasets/<domain>/tools.js
   retail tools; behaviours ``resolve``, ``escalate``, ``upsell``, ``oscillate``
   (each oscillating episode has a ``resolve`` twin).
 
+Each step's ``observation`` holds ``messages`` (what the user said since the previous
+step: the query at t=0, answers to the agent's questions later; a tool's answer is
+the previous step's ``tool_result`` and is not repeated there) and ``state`` (scalar
+features, ``finance.STATE_FEATURES`` / ``ecommerce.STATE_FEATURES``, the inputs of
+the mask rules in ``datasets/<domain>/masks.yaml``).
+
 Generation is deterministic: the same domain, size and seed give a byte-identical
 file (random numbers are counter-based, see ``core.datagen.common``).  Outcomes
 depend on the actions taken, so better behaviour scores measurably better.
@@ -150,7 +156,7 @@ def _check_size(n_episodes: Any, seed: Any) -> None:
 def _tool_dicts(domain: str, module: Any) -> tuple[list[ToolSchema], dict[str, dict[str, Any]]]:
     tools = load_tools(domain)
     tool_dicts = {t.name: t.model_dump(mode="json") for t in tools}
-    missing = set(module._LATENCY) - set(tool_dicts)
+    missing = module.TOOLS_USED - set(tool_dicts)
     if missing:
         raise RwbError(f"datasets/{domain}/tools.json lacks tools the {domain} generator uses: "
                        f"{', '.join(sorted(missing))}")

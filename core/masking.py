@@ -63,14 +63,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
-from core.catalog import OTHER, RISK_LEVELS, UNSET, ActionToken, Catalog, _vkey
+from core.catalog import OTHER, RISK_LEVELS, UNSET, ActionToken, Catalog, value_key
 from core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -156,7 +155,9 @@ class Atom:
     def holds(self, x: Any) -> bool:
         """Reference (slow) evaluation on one known feature value."""
         if self.categorical:
-            x = x if isinstance(x, str) else str(x)
+            x = category_text(x)
+        elif isinstance(x, (bool, np.bool_)):
+            x = float(x)
         op, v = self.op, self.value
         if op == "gt":
             return x > v
@@ -481,8 +482,8 @@ class MaskRules:
     def from_yaml(cls, path_or_text: str | Path) -> "MaskRules":
         """Rules from a YAML file (a path) or YAML text; errors name the rule and line."""
         file = None
-        if isinstance(path_or_text, Path) or (
-                "\n" not in path_or_text and path_or_text.strip().endswith((".yaml", ".yml"))):
+        if isinstance(path_or_text, Path) or ("\n" not in path_or_text and (
+                path_or_text.strip().endswith((".yaml", ".yml")) or os.path.isfile(path_or_text))):
             file = str(path_or_text)
             try:
                 text = Path(path_or_text).read_text(encoding="utf-8")
@@ -632,7 +633,7 @@ def _preset_matches(token: ActionToken, preset: Mapping[str, Any]) -> bool:
         if param not in token.preset:
             return False
         wants = want if isinstance(want, list) else [want]
-        if _vkey(token.preset[param]) not in {_vkey(w) for w in wants}:
+        if value_key(token.preset[param]) not in {value_key(w) for w in wants}:
             return False
     return True
 
@@ -650,8 +651,6 @@ def rule_targets(rule: MaskRule, catalog: Catalog) -> list[int]:
         chosen.update(catalog.tool_tokens(tool))
     for name in t.get("tokens", []):
         try:
-            if isinstance(name, int) and not 0 <= name < len(catalog):
-                raise InputError("no such id")
             chosen.add(catalog.token(name).id)
         except InputError:
             raise _compile_error(rule, f"unknown token '{name}' in catalog {catalog.version}",
@@ -698,7 +697,7 @@ def _limit_groups(rule: MaskRule, catalog: Catalog, targets: Sequence[int]) -> l
                 if v in (OTHER, UNSET):
                     catch_all = True
                     continue
-                key = ("value", _vkey(v))
+                key = ("value", value_key(v))
             else:
                 continue
             break
@@ -742,7 +741,6 @@ def _padded(rows: Sequence[Sequence[int]], pad: int) -> np.ndarray:
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
-
 
 
 class CompiledMasks:
@@ -933,9 +931,7 @@ class CompiledMasks:
                              f"(categorical: {', '.join(self.categorical_features) or 'none'})")
         voc = self.vocab[feature]
         other = len(voc)
-        return np.array([-1 if v is None or (isinstance(v, float) and math.isnan(v))
-                         else voc.get(v if isinstance(v, str) else str(v), other) for v in values],
-                        np.int64)
+        return np.array([-1 if _unknown(v) else voc.get(category_text(v), other) for v in values], np.int64)
 
     def encode_features(self, features: Mapping[str, Any], batch: int | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
@@ -1202,10 +1198,21 @@ def _rule_fires(rule: MaskRule, state: Mapping[str, Any]) -> bool:
     feats = rule.features()
     if any(_unknown(state.get(f)) for f in feats):
         return rule.if_unknown == "block"
-    row = {f: (float(state[f]) if isinstance(state[f], (bool, np.bool_)) else state[f]) for f in feats}
+    row = {f: state[f] for f in feats}
     when = rule.when_cond.holds(row) if rule.when_cond is not None else True
     unless = rule.unless_cond.holds(row) if rule.unless_cond is not None else False
     return when and not unless
+
+
+def category_text(v: Any) -> str:
+    """A state value as the text categorical rules compare (1.0 → "1", True → "true")."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def _unknown(v: Any) -> bool:
@@ -1239,16 +1246,19 @@ def _numeric_column(name: str, values: Any, batch: int) -> np.ndarray:
         col = values.astype(np.float64)
     else:
         vals = _as_list(values)
-        try:
-            col = np.array([np.nan if v is None else float(v) for v in vals], np.float64)
-        except (TypeError, ValueError):
-            bad = next(v for v in vals if v is not None and not isinstance(v, (int, float, bool, np.number)))
-            raise InputError(f"feature '{name}' must be numeric, got {bad!r}", field=name) from None
+        bad = next((v for v in vals if v is not None and not isinstance(v, (int, float, bool, np.number))),
+                   _NOTHING)
+        if bad is not _NOTHING:
+            raise InputError(f"feature '{name}' must be numeric (rules compare it with numbers), "
+                             f"got {bad!r}", field=name)
+        col = np.array([np.nan if v is None else float(v) for v in vals], np.float64)
     if col.shape != (batch,):
         raise InputError(f"feature '{name}' has {col.shape[0] if col.ndim else 0} values for a batch of "
                          f"{batch}", field=name)
     return col
 
+
+_NOTHING = object()
 
 _CMP = {"gt": np.greater, "lt": np.less, "ge": np.greater_equal, "le": np.less_equal,
         "eq": np.equal, "ne": np.not_equal}

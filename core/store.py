@@ -27,12 +27,13 @@ from typing import Any
 import sqlite_utils
 
 from core.episodes import Episode, ToolSchema
+from core.errors import RwbError
 
 DEFAULT_WORKSPACE = "workspace"
 DB_NAME = "workbench.db"
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(RwbError):
     """The workspace cannot be used as asked (newer schema, missing dataset…)."""
 
 
@@ -230,7 +231,59 @@ def _m2_users_review_audit(conn: sqlite3.Connection) -> None:
                      f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit]
+def _m3_runs(conn: sqlite3.Connection) -> None:
+    """Training runs (core.runs): one row per run, its metrics per update, its checkpoints."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS runs (
+            id TEXT PRIMARY KEY,
+            status TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed', 'stopped')),
+            dataset TEXT,
+            episodes_file TEXT,
+            template_name TEXT NOT NULL,
+            template_version TEXT,
+            template_hash TEXT NOT NULL,
+            template_yaml TEXT NOT NULL,
+            device TEXT NOT NULL,
+            config TEXT NOT NULL,
+            total_steps INTEGER NOT NULL,
+            env_steps INTEGER NOT NULL DEFAULT 0,
+            updates INTEGER NOT NULL DEFAULT 0,
+            curriculum_level INTEGER,
+            pid INTEGER,
+            host TEXT,
+            stop_requested INTEGER NOT NULL DEFAULT 0,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            started_at TEXT,
+            ended_at TEXT,
+            heartbeat_at REAL,
+            error TEXT,
+            final_metrics TEXT,
+            log_path TEXT
+        );
+        CREATE INDEX IF NOT EXISTS idx_runs_status ON runs(status, created_at);
+        CREATE TABLE IF NOT EXISTS run_metrics (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            update_idx INTEGER NOT NULL,
+            env_steps INTEGER NOT NULL,
+            at REAL NOT NULL,
+            metrics TEXT NOT NULL,
+            PRIMARY KEY (run_id, update_idx)
+        );
+        CREATE TABLE IF NOT EXISTS run_checkpoints (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            update_idx INTEGER NOT NULL,
+            env_steps INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (run_id, update_idx)
+        )
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -243,15 +296,72 @@ class DatasetInfo:
     created_at: str
 
 
+def episode_row(ep: Episode, body: str, content_hash: str) -> tuple[Any, ...]:
+    """The ``episodes`` columns of one episode, from ``episode_id`` to ``source_line``, then
+    ``body`` (dataset and import_id are added by :meth:`Workspace.insert_rows`)."""
+    o = ep.outcome
+    return (ep.episode_id, ep.domain, ep.task.task_type, ep.task.query, ep.behaviour, ep.n_steps,
+            None if o.resolved is None else int(o.resolved), o.final_reward, o.business_metric,
+            content_hash, ep.source.file, ep.source.format, ep.source.line, body)
+
+
+def step_rows(ep: Episode) -> list[tuple[Any, ...]]:
+    """The ``steps`` columns (without episode_uid) of each step of ``ep``."""
+    return [(s.t, s.action.kind, s.action.tool,
+             json.dumps(s.action.params, ensure_ascii=False, sort_keys=True) if s.action.params else None,
+             s.tool_error, s.output_text, s.latency_ms) for s in ep.steps]
+
+
 class Workspace:
-    """A workspace folder: ``workbench.db`` plus ``artifacts/``."""
+    """A workspace folder: ``workbench.db`` plus ``artifacts/``.
+
+    One ``Workspace`` may be shared by threads (Streamlit sessions, the audit
+    writer's flusher): each thread gets its own SQLite connection, so one
+    thread's open transaction never swallows another's writes."""
 
     _lock = threading.Lock()
 
-    def __init__(self, root: Path, db: sqlite_utils.Database):
+    def __init__(self, root: Path):
         self.root = root
-        self.db = db
         self.artifacts = root / "artifacts"
+        self.db_path = root / DB_NAME
+        self._local = threading.local()
+        self._all_conns: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        self._conns_lock = threading.Lock()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=30, check_same_thread=False,
+                               isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=30000")
+        with self._conns_lock:
+            # Streamlit runs each rerun on a fresh thread: close the connections of
+            # threads that have ended so they do not pile up.
+            alive = []
+            for thread, old in self._all_conns:
+                if thread.is_alive():
+                    alive.append((thread, old))
+                else:
+                    old.close()
+            alive.append((threading.current_thread(), conn))
+            self._all_conns = alive
+        return conn
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """This thread's sqlite-utils view of the database."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite_utils.Database(self._connect())
+            self._local.db = db
+        return db
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's raw connection (autocommit; use :meth:`transaction` to write)."""
+        return self.db.conn
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -264,13 +374,7 @@ class Workspace:
                 raise WorkspaceError(f"no workspace at {root}")
             root.mkdir(parents=True)
         (root / "artifacts").mkdir(exist_ok=True)
-        conn = sqlite3.connect(root / DB_NAME, timeout=30, check_same_thread=False,
-                               isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=30000")
-        ws = cls(root, sqlite_utils.Database(conn))
+        ws = cls(root)
         ws.migrate()
         return ws
 
@@ -280,11 +384,12 @@ class Workspace:
         return cls.open(root)
 
     def close(self) -> None:
-        self.db.conn.close()
-
-    @property
-    def conn(self) -> sqlite3.Connection:
-        return self.db.conn
+        """Close every connection this workspace opened (in any thread)."""
+        with self._conns_lock:
+            conns, self._all_conns = self._all_conns, []
+        for _, conn in conns:
+            conn.close()
+        self._local = threading.local()
 
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
@@ -367,40 +472,36 @@ class Workspace:
         caller already computed them (the importers do, to locate errors and save a dump).
         Returns (episodes, steps) inserted.  A repeated ``(dataset, episode_id)`` raises
         ``sqlite3.IntegrityError`` — callers decide ids before they get here."""
-        ep_rows: list[tuple[Any, ...]] = []
-        step_rows: list[tuple[Any, ...]] = []
         eps = list(episodes)
         if prepared is not None and len(prepared) != len(eps):
             raise ValueError("prepared must hold one (body, content_hash) pair per episode")
-        for i, ep in enumerate(eps):
-            body, digest = prepared[i] if prepared is not None else (ep.to_json(), ep.content_hash())
-            o = ep.outcome
-            ep_rows.append((
-                dataset, ep.episode_id, ep.domain, ep.task.task_type, ep.task.query, ep.behaviour,
-                ep.n_steps, None if o.resolved is None else int(o.resolved), o.final_reward,
-                o.business_metric, digest, ep.source.file, ep.source.format,
-                ep.source.line, import_id, body))
+        rows = [episode_row(ep, *(prepared[i] if prepared is not None else (ep.to_json(), ep.content_hash())))
+                for i, ep in enumerate(eps)]
+        return self.insert_rows(conn, dataset, rows, [step_rows(ep) for ep in eps], import_id)
+
+    def insert_rows(self, conn: sqlite3.Connection, dataset: str, episodes: Sequence[tuple[Any, ...]],
+                    steps: Sequence[Sequence[tuple[Any, ...]]], import_id: int | None = None
+                    ) -> tuple[int, int]:
+        """Insert rows made by :func:`episode_row` and :func:`step_rows` (one list of step
+        rows per episode), inside the caller's transaction.  Returns (episodes, steps)."""
+        if len(episodes) != len(steps):
+            raise ValueError("steps must hold one list of step rows per episode")
         first = conn.execute("SELECT COALESCE(MAX(uid), 0) FROM episodes").fetchone()[0]
         conn.executemany(
             """INSERT INTO episodes(dataset, episode_id, domain, task_type, query, behaviour, n_steps,
                    resolved, final_reward, business_metric, content_hash, source_file,
                    source_format, source_line, import_id, body)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""", ep_rows)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+            [(dataset, *row[:-1], import_id, row[-1]) for row in episodes])
         uids = [r[0] for r in conn.execute(
             "SELECT uid FROM episodes WHERE uid > ? AND dataset = ? ORDER BY uid", (first, dataset))]
-        if len(uids) != len(eps):  # pragma: no cover - guarded by the transaction's write lock
+        if len(uids) != len(episodes):  # pragma: no cover - guarded by the transaction's write lock
             raise WorkspaceError("concurrent insert changed episode ids; retry the import")
-        for uid, ep in zip(uids, eps):
-            for s in ep.steps:
-                a = s.action
-                step_rows.append((uid, s.t, a.kind, a.tool,
-                                  json.dumps(a.params, ensure_ascii=False, sort_keys=True)
-                                  if a.params else None,
-                                  s.tool_error, s.output_text, s.latency_ms))
+        flat = [(uid, *row) for uid, rows in zip(uids, steps) for row in rows]
         conn.executemany(
             """INSERT INTO steps(episode_uid, t, kind, tool, params, tool_error, output_text, latency_ms)
-               VALUES (?,?,?,?,?,?,?,?)""", step_rows)
-        return len(eps), len(step_rows)
+               VALUES (?,?,?,?,?,?,?,?)""", flat)
+        return len(episodes), len(flat)
 
     def upsert_tools(self, conn: sqlite3.Connection, dataset: str, tools: Iterable[ToolSchema]) -> int:
         n = 0

@@ -8,6 +8,7 @@ the page rendering an import result (or error) left in session state by that cal
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -340,10 +341,12 @@ def test_streamlit_command_line():
 def test_rwb_app_serves_the_app(tmp_path):
     port = _free_port()
     workspace = tmp_path / "served"
+    # No --headless and no display: the command must notice and not try to open a browser.
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     proc = subprocess.Popen(
         [sys.executable, "-c", "from core.cli import console; console()",
-         "--workspace", str(workspace), "app", "--port", str(port), "--headless"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--workspace", str(workspace), "app", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
         health = None
@@ -366,3 +369,4 @@ def test_rwb_app_serves_the_app(tmp_path):
             proc.kill()
             out, _ = proc.communicate()
     assert f"workspace {workspace.resolve()}" in out
+    assert "No display found: not opening a browser" in out

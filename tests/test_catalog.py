@@ -298,14 +298,17 @@ def test_normalize_many_speed_on_5000_token_catalog():
     pool = [call(f"tool_{rng.randrange(50):02d}", a=f"a{rng.randrange(10)}", b=rng.randrange(12),
                  note=rng.choice(["", "hedge"])) for _ in range(5000)]
     actions = [rng.choice(pool) for _ in range(100_000)]
-    best = 0.0
+    wall, cpu = 0.0, 0.0
     for _ in range(3):
-        cat._cache.clear()
-        t0 = time.perf_counter()
+        cat = Catalog.from_json(cat.to_json())  # cold memos
+        t0, c0 = time.perf_counter(), time.process_time()
         batch = cat.normalize_many(actions)
-        best = max(best, len(actions) / (time.perf_counter() - t0))
-    print(f"normalize_many: {best:,.0f} calls/s on a {len(cat)}-token catalog")
-    assert best >= 100_000
+        wall = max(wall, len(actions) / (time.perf_counter() - t0))
+        cpu = max(cpu, len(actions) / max(time.process_time() - c0, 1e-9))
+    print(f"normalize_many: {wall:,.0f} calls/s wall, {cpu:,.0f} calls per CPU-second, "
+          f"{len(cat)}-token catalog")
+    # CPU time: other jobs on a shared machine must not make this fail (or pass).
+    assert cpu >= 100_000
     assert 0 < batch.n_invalid < len(actions)  # b in 10..11 is out of the enum
 
 
@@ -401,3 +404,49 @@ def test_cli_catalog_show(capsys):
     assert "A12T3" in text and "get_stock_data(period=q3" in text and out["version"] in text
     assert main(["catalog", "show"]) == 2
     assert "exactly one" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- robustness
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(props=st.dictionaries(st.sampled_from(["a", "b", "query", "n"]),
+                             st.dictionaries(st.sampled_from(["type", "enum", "minimum", "maximum", "default",
+                                                              "exclusiveMinimum", "format"]), _json_values,
+                                             max_size=4) | _json_values, max_size=3),
+       required=_json_values, calls=st.lists(st.dictionaries(st.sampled_from(["a", "b", "query", "n", "zz"]),
+                                                             _json_values, max_size=4), max_size=30))
+def test_fuzz_odd_schemas_and_calls_never_crash(props, required, calls):
+    """Any schema is either refused with an InputError or yields a catalog whose normalizer
+    answers every call with a token or a reason."""
+    tool = ToolSchema(name="t", parameters={"type": "object", "properties": props, "required": required})
+    try:
+        cat = build_catalog([tool], calls=[("t", c) for c in calls], options=CatalogOptions(min_support=3))
+    except InputError:
+        return
+    batch = cat.normalize_many([call("t", **c) for c in calls] + [call("zz")])
+    assert len(batch) == len(calls) + 1
+    for token_id, reason in zip(batch.token_ids, batch.reasons):
+        assert (token_id >= 0) == (reason is None)
+        if token_id >= 0:
+            assert cat.tokens[token_id].tool == "t"
+    assert Catalog.from_json(cat.to_json()).version == cat.version
+
+
+def test_schema_dialects():
+    cat = build_catalog([schema("bfcl", {"x": {"type": "float"}, "d": {"type": "dict"}, "any": {"type": "any"}}),
+                         schema("draft4", {"n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True}})])
+    assert "expects number" in cat.normalize(call("bfcl", x="1", d={}, any=1)).reason
+    assert "expects object" in cat.normalize(call("bfcl", x=1.5, d=[], any=1)).reason
+    assert cat.normalize(call("bfcl", x=1.5, d={}, any=[1])).valid
+    assert "exclusive minimum 0" in cat.normalize(call("draft4", n=0)).reason
+    assert cat.normalize(call("draft4", n=1)).valid
+    with pytest.raises(InputError, match="tool 'bad': properties must be an object"):
+        build_catalog([ToolSchema(name="bad", parameters={"type": "object", "properties": [1]})])
+    with pytest.raises(InputError, match="enum of parameter 'p' must be a non-empty list"):
+        build_catalog([schema("bad", {"p": {"enum": "abc"}})])

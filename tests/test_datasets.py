@@ -13,7 +13,7 @@ import pytest
 from core import datasets
 from core.cli import main as rwb
 from core.datagen import common, ecommerce, finance
-from core.episodes import Episode, ToolSchema
+from core.episodes import ToolSchema
 from core.errors import InputError
 
 N = 500
@@ -198,6 +198,7 @@ def test_state_features_are_scalar_and_in_range(which, module, request):
     for ep in ds.episodes:
         assert ep.task.task_type in module.TASK_TYPES and ep.task.query and ep.task.intents
         assert ep.steps, ep.episode_id
+        assert len({id(s.observation["state"]) for s in ep.steps}) == ep.n_steps  # never shared
         assert ep.steps[0].observation["messages"][0] == {"role": "user", "content": ep.task.query}
         for s in ep.steps:
             state = s.observation["state"]
@@ -312,9 +313,7 @@ def test_expert_obeys_the_mask_rules_and_noisy_breaks_them(fin):
                 n += 1
             if tool == "margin_trade" and state["volatility"] > finance.MARGIN_VOL_LIMIT:
                 n += 1
-            target = r["steps"][0]["action"]["params"].get("symbol")
-            if tool in ("place_order", "margin_trade") and state["trades_today"] >= 3 \
-                    and s["action"]["params"].get("symbol") in (target, None):
+            if tool in ("place_order", "margin_trade") and state["trades_today"] >= 3:
                 n += 1
         return n
 
@@ -437,6 +436,11 @@ def test_cli_generate_prints_one_json_summary(tmp_path, capsys):
     assert rwb(["datasets", "generate", "--domain", "crypto", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "unknown domain" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+    assert rwb(["datasets", "generate", "--domain", "finance", "--episodes", "0", "--out", str(out)]) == 2
+    assert "positive integer" in capsys.readouterr().err
+    assert rwb(["datasets", "generate", "--domain", "finance", "--out", str(tmp_path)]) == 2  # a folder
+    assert "cannot write" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_cli_list_shows_workspace_datasets(tmp_path, capsys):
@@ -454,3 +458,19 @@ def test_cli_list_shows_workspace_datasets(tmp_path, capsys):
     assert {s["domain"] for s in listing["samples"]} == {"finance", "ecommerce"}
     assert rwb(["--workspace", str(tmp_path / "ws"), "datasets", "list"]) == 0
     assert "fin-small" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("domain,good", [("finance", ("expert",)), ("ecommerce", ("resolve", "escalate", "upsell"))])
+def test_good_behaviours_pass_the_shipped_masks(domain, good):
+    """The committed mask rules (datasets/<domain>/masks.yaml) never block a logged step of
+    the well-behaved policies, and do block some of the others (what training must avoid)."""
+    from core.catalog import build_catalog
+    from core.masking import load_masks, logged_mask_report
+
+    ds = datasets.generate(domain, 400, seed=31)
+    catalog = build_catalog(ds.tools, ds.episodes)
+    report = logged_mask_report(load_masks(datasets.datasets_dir() / domain / "masks.yaml", catalog), ds.episodes)
+    for behaviour, row in report["by_behaviour"].items():
+        if behaviour in good:
+            assert row["blocked"] == 0, (behaviour, report)
+    assert report["blocked"] > 0

@@ -628,3 +628,68 @@ def test_fuzz_bad_inputs_never_crash_nor_leave_partial_imports(tmp_path: Path) -
     assert n_errors + n_imported == n_cases
     assert n_errors >= 600, (n_errors, n_imported)  # most mutations really are bad
     assert n_imported >= 50  # and some (unknown tools, dropped optional keys) are fine
+
+
+# --------------------------------------------------------------------------- parallel fast path vs one process
+def _table_dump(ws: Workspace, dataset: str) -> tuple[list, list]:
+    eps = ws.conn.execute(
+        "SELECT episode_id, domain, task_type, query, behaviour, n_steps, resolved, final_reward, "
+        "business_metric, content_hash, source_file, source_format, source_line, body "
+        "FROM episodes WHERE dataset=? ORDER BY uid", (dataset,)).fetchall()
+    steps = ws.conn.execute(
+        "SELECT e.episode_id, s.t, s.kind, s.tool, s.params, s.tool_error, s.output_text, s.latency_ms "
+        "FROM steps s JOIN episodes e ON e.uid = s.episode_uid WHERE e.dataset=? ORDER BY e.uid, s.t",
+        (dataset,)).fetchall()
+    return eps, steps
+
+
+def test_parallel_rwb_import_matches_one_process(ws: Workspace, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi-process reader (big rwb files) stores exactly what the one-process path
+    stores, reports the same figures, and the same first bad record."""
+    from core.datasets import generate, write_jsonl as write_generated
+    from core.importers import parallel
+
+    src = write_generated(generate("finance", 60, seed=11), tmp_path / "big.jsonl")
+    header, *lines = src.read_text(encoding="utf-8").splitlines()
+    eps = [Episode.model_validate_json(line) for line in lines]
+    eps[7].episode_id = eps[3].episode_id  # a repeated id to rename
+    eps[20].steps[0].action.tool = "no_such_tool"  # an INVALID token
+    src.write_text("\n".join([header] + [e.to_json() for e in eps]) + "\n", encoding="utf-8")
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_RECORDS", 10)
+    monkeypatch.setattr(parallel, "CHUNK_RECORDS", 7)
+    monkeypatch.setattr(parallel, "MAIN_TAKES_CHUNKS", False)  # the worker does all but chunk 0
+
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "1")
+    one = import_file(ws, src, dataset="one")
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "2")
+    calls = []
+    real = parallel.read_rwb_rows
+    monkeypatch.setattr("core.importers.api.read_rwb_rows",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    two = import_file(ws, src, dataset="two")
+    assert calls == [1]
+    assert _table_dump(ws, "one") == _table_dump(ws, "two")
+    strip = {"dataset", "import_id"}
+    assert {k: v for k, v in one.to_dict().items() if k not in strip} == \
+           {k: v for k, v in two.to_dict().items() if k not in strip}
+    assert one.invalid_tokens >= 1 and one.duplicate_ids == [eps[3].episode_id]
+    assert "unknown tool 'no_such_tool'" in one.invalid_reasons
+
+    lines = src.read_text(encoding="utf-8").split("\n")
+    lines[45] = lines[45].replace('"t":0', '"t":"zero"', 1)
+    lines[50] = "{broken"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines), encoding="utf-8")
+    before = counts(ws)
+    errors = []
+    for workers in ("1", "2"):
+        monkeypatch.setenv("RWB_IMPORT_WORKERS", workers)
+        with pytest.raises(InputError) as err:
+            import_file(ws, bad, dataset=f"bad{workers}")
+        errors.append(err.value.to_dict())
+        skipped = import_file(ws, bad, dataset=f"skip{workers}", skip_invalid=True)
+        assert [r["line"] for r in skipped.rejected] == [46, 51]
+    assert errors[0] == errors[1] and errors[0]["line"] == 46
+    assert _table_dump(ws, "skip1") == _table_dump(ws, "skip2")
+    assert counts(ws)["episodes"] == before["episodes"] + 2 * 58

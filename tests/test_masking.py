@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.catalog import CatalogOptions, build_catalog, load_tools_file
 from core.episodes import Episode, ToolSchema
@@ -394,14 +396,16 @@ def test_speed_4096_states_5000_tokens():
     features = {"volatility": rng.random(B), "hour": rng.random(B) * 24,
                 "task_type": np.array([f"t{i % 4}" for i in range(B)], dtype=object)}
     counts = rng.poisson(0.05, (B, len(catalog))).astype(np.int32)
-    timings = []
+    wall, cpu = [], []
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = compiled.evaluate(features, counts)
-        timings.append(time.perf_counter() - t0)
-    best = min(timings) * 1000
-    print(f"mask evaluate: B={B}, A={len(catalog)}, {len(rules)} rules: {best:.1f} ms (numpy)")
-    assert best < 50
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    print(f"mask evaluate: B={B}, A={len(catalog)}, {len(rules)} rules: {min(wall) * 1000:.1f} ms wall, "
+          f"{min(cpu) * 1000:.1f} ms CPU (numpy)")
+    # CPU time (the evaluation is single-threaded): other jobs on a shared machine must not decide it.
+    assert min(cpu) * 1000 < 50
     assert 0.3 < result.mask.mean() < 0.95
     sample = np.arange(0, B, 64)
     slow = compiled.evaluate_reference({k: v[sample] for k, v in features.items()}, counts[sample])
@@ -474,3 +478,40 @@ def test_cli_catalog_masks(capsys, tmp_path):
     assert "line 2" in err and "unknown tool 'nope'" in err
     with pytest.raises(InputError, match="exactly one"):
         check_masks(masks)
+
+
+_scalars = st.none() | st.booleans() | st.integers(-5, 30) | st.floats(-1, 30) | st.sampled_from(
+    ["9:30", "a", "high", "place_order", "A3T0", "symbol", "tool", "risk", "gt", "between", "x"])
+_values = st.recursive(_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(
+    st.sampled_from(["gt", "lt", "in", "outside", "between", "eq", "any", "all", "hour", "task_type", "max",
+                     "per", "tools", "tokens", "risk", "preset", "symbol", "side"]), c, max_size=3), max_leaves=12)
+_rule = st.fixed_dictionaries({"kind": st.sampled_from(["availability", "business", "risk", "review", "x"])},
+                              optional={"name": st.text(max_size=4), "targets": _values, "when": _values,
+                                        "unless": _values, "limit": _values, "if_unknown": _values,
+                                        "tools": _values, "message": _values})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_rule, max_size=4))
+def test_fuzz_rule_data_gives_rules_or_input_errors(catalog, rules_data):
+    """Whatever the data, loading and compiling either works or raises an InputError; what
+    compiles evaluates the same on the fast path and the slow reference."""
+    try:
+        compiled = MaskRules.from_data({"rules": rules_data}).compile(catalog)
+    except InputError:
+        return
+    features, counts = _random_inputs(np.random.default_rng(0), 20, len(catalog))
+    features["task_type"] = np.array(["a", "high", None, "x"] * 5, dtype=object)
+    features = {f: features.get(f, np.linspace(0, 24, 20)) for f in compiled.required_features}
+    fast = compiled.evaluate(features, counts)
+    np.testing.assert_array_equal(fast.mask, compiled.evaluate_reference(features, counts).mask)
+
+
+def test_numbers_compared_as_categories(catalog):
+    rules = MaskRules.from_yaml("rules:\n  - {kind: availability, targets: {tools: [get_realtime_quote]}, "
+                                "unless: {market_open: {in: ['1']}, flag: {eq: 'true'}}}\n")
+    compiled = rules.compile(catalog)
+    f = {"market_open": np.array([1.0, 0.0, 1.0], dtype=object), "flag": np.array([True, True, False], dtype=object)}
+    quote = catalog.token("A1T0").id
+    assert compiled.evaluate(f).mask[:, quote].tolist() == [True, False, False]
+    np.testing.assert_array_equal(compiled.evaluate_reference(f).mask, compiled.evaluate(f).mask)

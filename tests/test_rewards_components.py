@@ -122,6 +122,7 @@ VARIANTS = [
     ("latency_penalty", {}), ("latency_penalty", {"unit_ms": 100.0, "cap_units": 3.0}),
     ("action_smoothing", {}), ("action_smoothing", {"opposites": [["order:buy", "order:sell"]],
                                                     "key_param": "side", "per": 0.3}),
+    ("step_cost", {}), ("step_cost", {"per": 0.7, "kinds": ["tool_call", "reply"]}),
     ("repeated_failures", {}), ("repeated_failures", {"match": "tool", "cap": 2, "count_invalid": False}),
     ("resolved_bonus", {}), ("sentiment_bonus", {"per": 0.7, "missing_value": -0.1}),
     ("length_penalty", {}), ("length_penalty", {"count": "tool_calls", "free": 2}),
@@ -207,7 +208,7 @@ def test_param_reasonableness_categorical_rarity():
 
 def test_output_consistency_hand_computed():
     data = {"price": 1700, "symbol": "600519"}
-    same = '{"price":1700,"symbol":"600519"}'    # the canonical JSON of the tool data
+    same = "price: 1700; symbol: 600519"          # the tool data as the sentence model reads it
     f = frame_of(
         episode([call(0, "quote", {"symbol": "600519"}, tool_result=data), answer(1, same)], "a"),
         episode([call(0, "quote", {"symbol": "600519"}, tool_result=data), answer(1, "unrelated words")], "b"),
@@ -215,6 +216,7 @@ def test_output_consistency_hand_computed():
     )
     v = run("output_consistency", f)
     assert v.tolist() == [0.0, 0.6, 0.0, 0.0, 0.0]  # only the faithful answer earns 0.6
+    assert run("output_consistency", f, readable=False)[1] == 0.0  # raw JSON is another text
     v = run("output_consistency", f, neutral=-1.0, no_evidence_value=0.25)
     assert v[[0, 2]].tolist() == [-1.0, -1.0] and v[4] == 0.25
 
@@ -268,6 +270,12 @@ def test_action_smoothing_hand_computed():
     assert opp.tolist() == [0.0, -0.1, 0.0, -0.1, -0.1]
     flip = run("action_smoothing", f)  # A→B→A on tool names: order, order, quote, order → flip at t=3
     assert flip.tolist() == [0.0, 0.0, 0.0, -0.1, 0.0]
+
+
+def test_step_cost_hand_computed():
+    f = frame_of(episode([call(0, "quote"), answer(1, "hm", kind="reply"), answer(2, "x")]))
+    assert run("step_cost", f).tolist() == [-0.1, -0.1, -0.1]
+    assert run("step_cost", f, per=0.5, kinds=["tool_call"]).tolist() == [-0.5, 0.0, 0.0]
 
 
 def test_repeated_failures_hand_computed():

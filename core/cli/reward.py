@@ -16,6 +16,7 @@ import typer
 
 from core import rewards
 from core.cli import open_workspace, print_json
+from core.rewards.expectations import ExpectationsFailed
 
 app = typer.Typer(help="Reward pyramids: validate templates, score episodes, check expectations.",
                   no_args_is_help=True)
@@ -108,4 +109,6 @@ def check(
             typer.echo(f"{len(report.results) - len(report.failed)} of {len(report.results)} "
                        f"expectations pass")
     if not report.passed:
-        raise typer.Exit(1)
+        names = ", ".join(r.name for r in report.failed)
+        raise ExpectationsFailed(f"{len(report.failed)} of {len(report.results)} expectations "
+                                 f"failed: {names}")

@@ -137,6 +137,8 @@ _LATENCY = {"authenticate_user": 90, "get_user_profile": 70, "get_user_orders": 
             "search_products": 180, "get_product_details": 120, "cancel_order": 320, "modify_order": 340,
             "return_order": 360, "exchange_order": 380, "update_user_address": 260,
             "transfer_to_human_agents": 150}
+#: The tools this world answers (tools.json must offer all of them).
+TOOLS_USED = frozenset(_LATENCY)
 #: Write tool that fulfils each task type; the opposite action the oscillating agent flips to.
 _INTENT_TOOL = {"return_item": "return_order", "exchange_item": "exchange_order", "cancel_order": "cancel_order",
                 "modify_order": "modify_order", "update_address": "update_user_address"}
@@ -267,6 +269,8 @@ class EcomEpisode:
 
     # ------------------------------------------------------------------ state and world
     def state(self) -> dict[str, Any]:
+        """The scalar state features before the next action (``STATE_FEATURES``); order
+        fields stay 0 / -1 until the agent has looked the order up."""
         t = self.task
         known = self.order_known
         return {"hour": t.hour, "turn": len(self.rec.steps), "authenticated": int(self.user_id is not None),
@@ -372,6 +376,8 @@ class EcomEpisode:
         raise AssertionError(f"ecommerce world has no handler for {tool}")  # schema and world in sync
 
     def call(self, tool: str, params: dict[str, Any], text: str) -> dict[str, Any] | None:
+        """Execute and record one tool call (result, or None when it failed); write
+        attempts are tracked to count flip-flops between opposite actions."""
         state = self.state()
         schema = self.tools[tool]
         error = check_args(schema["parameters"], params)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from core.datagen.common import Draws, Recorder, check_args, dumps, normal_from
+from core.datagen.common import Draws, Recorder, check_args, normal_from
 
 DOMAIN = "finance"
 TZ = "+08:00"
@@ -208,6 +208,8 @@ _LATENCY = {"get_realtime_quote": 45, "get_kline": 120, "get_news": 260, "get_fi
             "get_fx_rate": 35, "get_ah_premium": 110, "get_portfolio": 70, "get_margin_info": 80,
             "risk_check": 180, "get_stock_data": 140, "generate_research_note": 1400,
             "place_order": 210, "margin_trade": 260, "set_stop_loss": 120}
+#: The tools this world answers (tools.json must offer all of them).
+TOOLS_USED = frozenset(_LATENCY)
 _UNKNOWN_TOOLS = ("get_stock_price", "fetch_news", "buy_stock", "get_quote", "check_risk")
 
 #: Tools each task type needs (the live quote is replaced by bars outside trading hours).
@@ -395,10 +397,10 @@ class FinanceEpisode:
     def state(self) -> dict[str, Any]:
         """The scalar state features the agent sees before acting (``STATE_FEATURES``).
 
-        Only trades change it, so consecutive steps share one dict until then."""
+        Only trades change it, so it is recomputed only after one (each step gets a copy)."""
         key = (self.position, self.cash, self.leverage, self.trades_today)
         if key == self._state_key:
-            return self._state
+            return dict(self._state)
         t = self.task
         value = self.cash + self.position * t.price + t.other_value
         self._state_key = key
@@ -407,7 +409,7 @@ class FinanceEpisode:
                        "position_weight": round(self.position * t.price / value, 4) if value > 0 else 0.0,
                        "cash": round(self.cash, 2), "portfolio_value": round(value, 2),
                        "leverage": self.leverage, "trades_today": self.trades_today}
-        return self._state
+        return dict(self._state)
 
     def _latency(self, tool: str | None, median: float | None = None) -> float:
         ms = self.d.lognormal(median if median is not None else _LATENCY.get(tool, 100), 0.35)
@@ -515,7 +517,10 @@ class FinanceEpisode:
                 reasons.append(f"sell quantity {p['quantity']} exceeds position {self.position}")
             if p["side"] == "buy" and p["quantity"] * price > self.cash:
                 reasons.append("insufficient cash")
-            max_qty = self.position if p["side"] == "sell" else _lots(self.cash / price) if self.cash >= price * 100 else 0
+            if p["side"] == "sell":
+                max_qty = self.position
+            else:
+                max_qty = _lots(self.cash / price) if self.cash >= price * 100 else 0
             return {"symbol": comp.code, "side": p["side"], "quantity": p["quantity"],
                     "approved": not reasons, "reasons": reasons, "max_quantity": max_qty,
                     "var_95_1d_pct": round(1.65 * t.volatility / math.sqrt(252) * 100, 2),
@@ -702,7 +707,8 @@ class FinanceEpisode:
     def _odd(self, tool: str, params: dict[str, Any]) -> dict[str, Any]:
         """Odd parameter values: extreme but valid, out of range, wrong enum or wrong type."""
         props = self.tools[tool]["parameters"]["properties"]
-        names = [k for k in params if props.get(k, {}).get("type") in ("integer", "number") or "enum" in props.get(k, {})]
+        names = [k for k in params
+                 if props.get(k, {}).get("type") in ("integer", "number") or "enum" in props.get(k, {})]
         if not names:
             return params
         p = dict(params)
@@ -731,7 +737,8 @@ class FinanceEpisode:
         if choice == 0:
             self._do("get_fx_rate", {"pair": d.pick(("USDCNY", "USDHKD"))}, "Checking the dollar rate too.")
         elif choice == 1:
-            self._do("get_sector_index", {"sector": d.pick(tuple(_SECTOR_MARGIN))}, "Looking at another sector for context.")
+            self._do("get_sector_index", {"sector": d.pick(tuple(_SECTOR_MARGIN))},
+                     "Looking at another sector for context.")
         elif choice == 2:
             self._do("get_broker_research", {"symbol": t.other.code, "limit": 3},
                      f"Let me also see what brokers say about {t.other.short}.")
@@ -912,7 +919,8 @@ def run_expert(ep: FinanceEpisode) -> None:
         total = pf["total_value"] if pf else t.portfolio_value
         excess = max(ep.position * t.price / total - t.target_weight / 100.0, 0.0)
         qty = min(_lots(excess * total / t.price), ep.position) if ep.position >= 100 else 100
-        ep.call("risk_check", {"symbol": c.code, "side": "sell", "quantity": qty}, f"Risk-checking the trim of {qty} shares.")
+        ep.call("risk_check", {"symbol": c.code, "side": "sell", "quantity": qty},
+                f"Risk-checking the trim of {qty} shares.")
         order_type = "market" if t.market_open else "limit"
         p1 = {"symbol": c.code, "side": "sell", "quantity": qty, "order_type": order_type}
         if not t.market_open:

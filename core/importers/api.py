@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.episodes import Episode, ToolSchema
 from core.errors import InputError
@@ -34,13 +34,18 @@ from core.importers.base import (
     ReadOptions,
     assign_unique_ids,
     canonical_body,
+    next_free_id,
     check_keys_supported,
     dumps_canonical,
     get_importer,
     load_document,
 )
+from core.importers import parallel
+from core.importers.parallel import Rows, import_workers, read_rwb_rows, rows_of
 from core.importers.rwb import header_line
-from core.store import Workspace
+
+if TYPE_CHECKING:  # the store (sqlite-utils) is imported by the functions that need it
+    from core.store import Workspace
 
 #: Longest dataset name accepted.
 MAX_DATASET_NAME = 200
@@ -106,7 +111,7 @@ def _options(messages_key: str | None, reward_key: str | None, id_key: str | Non
                        skip_invalid=skip_invalid, progress=progress)
 
 
-def _read(doc: Document, format: str, options: ReadOptions) -> ParsedFile:
+def _read(doc: Document, format: str, options: ReadOptions, rename: bool = True) -> ParsedFile:
     name = detect_format(doc, options) if format == "auto" else format
     importer = get_importer(name)
     check_keys_supported(importer, options)
@@ -114,8 +119,9 @@ def _read(doc: Document, format: str, options: ReadOptions) -> ParsedFile:
     _check_tools(parsed.tools, doc)
     if parsed.bodies is None:  # an importer that left them to us
         parsed.bodies = [canonical_body(ep) for ep in parsed.episodes]
-    parsed.duplicate_ids, parsed.renamed = assign_unique_ids(parsed.episodes, set())
-    _refresh_bodies(parsed, parsed.renamed)
+    if rename:
+        parsed.duplicate_ids, parsed.renamed = assign_unique_ids(parsed.episodes, set())
+        _refresh_bodies(parsed, parsed.renamed)
     return parsed
 
 
@@ -178,15 +184,30 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
 
 
 # --------------------------------------------------------------------------- importing
-def _count_invalid(tools: list[ToolSchema], episodes: list[Episode]) -> tuple[int, int, dict[str, int]]:
-    """(tool calls, INVALID tool calls, top reasons) under the catalog of ``tools``
-    (or of the logged calls when there are no schemas)."""
+def _count_invalid(tools: list[ToolSchema], calls: list[tuple[str, dict[str, Any], str | None]]
+                   ) -> tuple[int, int, dict[str, int]]:
+    """(tool calls, INVALID tool calls, top reasons) under the catalog of ``tools`` (or of the
+    logged calls when there are no schemas); presets are learned from the logged calls."""
     from core.catalog import build_catalog
+    from core.episodes import Action
 
-    actions = [s.action for ep in episodes for s in ep.steps if s.action.kind == "tool_call"]
-    if not actions:
+    if not calls:
         return 0, 0, {}
-    catalog = build_catalog(tools, episodes)
+    observed = []
+    for tool, params, raw in calls:  # what core.catalog.observed_calls takes from episodes
+        if raw is None:
+            observed.append((tool, params))
+            continue
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(parsed, dict):
+            observed.append((tool, parsed))
+    catalog = build_catalog(tools, calls=observed)
+    # The calls were validated when read (here or in a worker): no need to validate again.
+    actions = [Action.model_construct(kind="tool_call", tool=t, params=p, raw_arguments=r)
+               for t, p, r in calls]
     batch = catalog.normalize_many(actions)
     invalid = batch.token_ids < 0
     reasons = Counter(r.split(":")[0] for r, bad in zip(batch.reasons, invalid.tolist()) if bad and r)
@@ -241,6 +262,44 @@ def _write_report(ws: Workspace, dataset: str, import_id: int, path: Path, sha: 
     return out
 
 
+def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[ParsedFile, Rows]:
+    """Read a document into rows: big rwb files on every core, the rest in this process."""
+    name = detect_format(doc, options) if format == "auto" else format
+    workers = import_workers()
+    if name == "rwb" and workers > 1 and len(doc.records) >= parallel.PARALLEL_MIN_RECORDS:
+        parsed, rows = read_rwb_rows(doc, options, workers)
+        _check_tools(parsed.tools, doc)
+        return parsed, rows
+    parsed = _read(doc, name, options, rename=False)  # import_file renames rows (file + dataset)
+    assert parsed.bodies is not None
+    return parsed, rows_of(parsed.episodes, parsed.bodies)
+
+
+def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]]:
+    """Rename rows whose episode id is taken (by the dataset or an earlier row) to ``id~2``…
+
+    Same rule as :func:`~core.importers.base.assign_unique_ids`; a renamed episode gets its
+    canonical body and hash again (the id is part of them)."""
+    from core.store import episode_row
+
+    duplicates: list[str] = []
+    renamed: dict[str, str] = {}
+    for i, row in enumerate(rows.episodes):
+        original = row[0]
+        if original not in taken:
+            taken.add(original)
+            continue
+        if original not in duplicates:
+            duplicates.append(original)
+        new = next_free_id(original, taken)
+        taken.add(new)
+        renamed[new] = original
+        ep = Episode.model_validate_json(row[-1])  # its own canonical body: valid by construction
+        ep.episode_id = new
+        rows.episodes[i] = episode_row(ep, *canonical_body(ep))
+    return duplicates, renamed
+
+
 def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", dataset: str | None = None,
                 messages_key: str | None = None, reward_key: str | None = None,
                 id_key: str | None = None, skip_invalid: bool = False,
@@ -264,20 +323,18 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
         row = _already(ws.conn, sha, dataset)
         if row is not None:
             return _noop_result(row, dataset, path, sha)
-    parsed = _read(doc, format, options)
+    parsed, rows = _read_rows(doc, format, options)
     dataset = _check_dataset_name(dataset or parsed.default_dataset or path.stem, str(path))
-    if not parsed.episodes:
+    if not rows.episodes:
         first = f"; first problem: {parsed.rejected[0]['message']}" if parsed.rejected else ""
         raise InputError(f"no episode to import{first}", file=str(path))
 
     existing_tools = ws.tools(dataset) if ws.has_dataset(dataset) else []
-    tools = _merge_tools(existing_tools, parsed.tools)
-    n_calls, n_invalid, reasons = _count_invalid(tools, parsed.episodes)
+    n_calls, n_invalid, reasons = _count_invalid(_merge_tools(existing_tools, parsed.tools), rows.calls)
     result = ImportResult(
-        dataset=dataset, file=str(path), format=parsed.format, episodes=len(parsed.episodes),
-        steps=sum(ep.n_steps for ep in parsed.episodes), tool_calls=n_calls,
+        dataset=dataset, file=str(path), format=parsed.format, episodes=len(rows.episodes),
+        steps=sum(len(s) for s in rows.steps), tool_calls=n_calls,
         invalid_tokens=n_invalid, rejected=parsed.rejected,
-        duplicate_ids=list(parsed.duplicate_ids), renamed=dict(parsed.renamed),
         invalid_reasons=reasons, warnings=list(parsed.warnings), file_sha256=sha)
 
     report: Path | None = None
@@ -289,11 +346,7 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
             ws.ensure_dataset(conn, dataset, parsed.domain)
             taken = {r[0] for r in conn.execute("SELECT episode_id FROM episodes WHERE dataset=?",
                                                 (dataset,))}
-            if taken:
-                dups, renamed = assign_unique_ids(parsed.episodes, taken)
-                result.duplicate_ids += [d for d in dups if d not in result.duplicate_ids]
-                result.renamed.update(renamed)
-                _refresh_bodies(parsed, renamed)
+            result.duplicate_ids, result.renamed = _unique_rows(rows, taken)
             if result.renamed:
                 result.warnings.append(f"{len(result.renamed)} episode(s) renamed because their id "
                                        f"repeated: " + ", ".join(
@@ -308,8 +361,7 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
                  result.episodes, result.steps, None,
                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
             result.import_id = int(cur.lastrowid)
-            ws.insert_episodes(conn, dataset, parsed.episodes, import_id=result.import_id,
-                               prepared=parsed.bodies)
+            ws.insert_rows(conn, dataset, rows.episodes, rows.steps, import_id=result.import_id)
             ws.upsert_tools(conn, dataset, parsed.tools)
             if result.rejected:
                 report = _write_report(ws, dataset, result.import_id, path, sha, result)

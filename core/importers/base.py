@@ -355,6 +355,14 @@ def loc_to_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def next_free_id(original: str, taken: set[str]) -> str:
+    """``original~2``, ``original~3``… the first not in ``taken``."""
+    k = 2
+    while f"{original}~{k}" in taken:
+        k += 1
+    return f"{original}~{k}"
+
+
 def assign_unique_ids(episodes: list[Episode], taken: set[str]) -> tuple[list[str], dict[str, str]]:
     """Rename every episode whose id is already in ``taken`` (or repeats) to ``id~2``, ``id~3``…
 
@@ -369,10 +377,7 @@ def assign_unique_ids(episodes: list[Episode], taken: set[str]) -> tuple[list[st
             continue
         if original not in duplicates:
             duplicates.append(original)
-        k = 2
-        while f"{original}~{k}" in taken:
-            k += 1
-        new = f"{original}~{k}"
+        new = next_free_id(original, taken)
         ep.episode_id = new
         taken.add(new)
         renamed[new] = original

@@ -40,6 +40,28 @@ def header_line(domain: str | None, tools: list[ToolSchema]) -> dict[str, Any]:
                          "tools": [t.model_dump(mode="json") for t in tools]}}
 
 
+def episode_from_line(doc: Document, rec: RawRecord) -> Episode:
+    """One episode line, validated; InputError located at the line and field."""
+    if rec.text is not None:
+        # Fast path: pydantic parses and validates the line in one go.  On any failure
+        # the slow path below re-reads it to say precisely what is wrong.
+        try:
+            return Episode.model_validate_json(rec.text)
+        except ValidationError:
+            pass
+    if rec.error is not None:
+        raise rec.error
+    value = rec.value
+    if not isinstance(value, dict):
+        raise doc.error(f"an episode must be an object, got {type(value).__name__}", rec)
+    if HEADER_KEY in value:
+        raise doc.error("a header is only allowed on the first line", rec, HEADER_KEY)
+    try:
+        return Episode.model_validate(value)
+    except ValidationError as exc:
+        raise validation_to_input_error(exc, doc, rec) from None
+
+
 @register
 class RwbImporter(Importer):
     format = "rwb"
@@ -51,40 +73,21 @@ class RwbImporter(Importer):
             HEADER_KEY in first or ("episode_id" in first and "steps" in first))
 
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
-        tools: list[ToolSchema] = []
-        domain: str | None = None
+        domain, tools, body_doc = self.split_header(doc)
+        episodes, bodies, rejected = convert_records(
+            body_doc, options, lambda rec: episode_from_line(body_doc, rec), parse=False)
+        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=tools, rejected=rejected,
+                          domain=domain if domain is not None else common_domain(episodes),
+                          default_dataset=doc.path.stem)
+
+    def split_header(self, doc: Document) -> tuple[str | None, list[ToolSchema], Document]:
+        """(domain, tools) from the header line when there is one, and the episode lines."""
         records = doc.records
         if records and records[0].error is None and isinstance(records[0].value, dict) \
                 and HEADER_KEY in records[0].value:
             domain, tools = self._header(doc, records[0])
-            body_doc = Document(doc.path, doc.data, doc.layout, records[1:])
-        else:
-            body_doc = doc
-
-        def convert(rec: RawRecord) -> Episode:
-            if rec.text is not None:
-                # Fast path: pydantic parses and validates the line in one go.  On any
-                # failure the slow path below re-reads it to say precisely what is wrong.
-                try:
-                    return Episode.model_validate_json(rec.text)
-                except ValidationError:
-                    pass
-            if rec.error is not None:
-                raise rec.error
-            value = rec.value
-            if not isinstance(value, dict):
-                raise doc.error(f"an episode must be an object, got {type(value).__name__}", rec)
-            if HEADER_KEY in value:
-                raise doc.error("a header is only allowed on the first line", rec, HEADER_KEY)
-            try:
-                return Episode.model_validate(value)
-            except ValidationError as exc:
-                raise validation_to_input_error(exc, doc, rec) from None
-
-        episodes, bodies, rejected = convert_records(body_doc, options, convert, parse=False)
-        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=tools, rejected=rejected,
-                          domain=domain if domain is not None else common_domain(episodes),
-                          default_dataset=doc.path.stem)
+            return domain, tools, Document(doc.path, doc.data, doc.layout, records[1:])
+        return None, [], doc
 
     @staticmethod
     def _header(doc: Document, rec: RawRecord) -> tuple[str | None, list[ToolSchema]]:

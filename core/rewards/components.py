@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -303,6 +304,24 @@ def consistency_curve(cos: np.ndarray, *, curve: str, threshold: float, high: fl
     return np.where(cos > threshold, high, np.clip(ramp, min(low, high), max(low, high)))
 
 
+_JSON_PUNCT = re.compile(r"[{}\[\]]+")
+_SPACES = re.compile(r"\s+")
+
+
+def readable(texts: list[str]) -> list[str]:
+    """Tool data as words for the sentence model: JSON punctuation dropped, ``key: value;``
+    pairs kept (``{"avg_cost":24.0,"cash":1}`` → ``avg cost: 24.0; cash: 1``).  Works on cut
+    JSON too.  Sentence embeddings of this read far closer to an answer than raw JSON does."""
+    out = []
+    for t in texts:
+        if not t.lstrip().startswith(("{", "[")):
+            out.append(t)  # already prose
+            continue
+        t = _JSON_PUNCT.sub(" ", t.replace('"', "")).replace(",", "; ").replace(":", ": ").replace("_", " ")
+        out.append(_SPACES.sub(" ", t).strip())
+    return out
+
+
 def evidence_pairs(frame: StepsFrame, out_rows: np.ndarray, ev_rows: np.ndarray,
                    context_calls: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pairs (output row position, evidence row position) of each output step with the tool
@@ -332,12 +351,12 @@ class OutputConsistency(Component):
                  curve: Literal["step", "linear"] = "step", ramp_from: float = 0.3,
                  aggregate: Literal["max", "mean"] = "max", context_calls: int = 0,
                  apply_to: list[str] | None = None, no_evidence_value: float = 0.0,
-                 neutral: float = 0.0, max_chars: int = 500):
+                 neutral: float = 0.0, max_chars: int = 500, readable: bool = True):
         _check(curve in ("step", "linear"), "curve must be step or linear")
         # the model reads at most 256 word pieces; encoding cost grows with length, so texts
         # are cut to their first max_chars characters before embedding
         _check(max_chars >= 16, "max_chars must be ≥ 16")
-        self.max_chars = int(max_chars)
+        self.max_chars, self.readable = int(max_chars), bool(readable)
         _check(aggregate in ("max", "mean"), "aggregate must be max or mean")
         _check(-1.0 <= ramp_from < threshold <= 1.0, "need -1 ≤ ramp_from < threshold ≤ 1")
         _check(context_calls >= 0, "context_calls must be ≥ 0")
@@ -358,8 +377,10 @@ class OutputConsistency(Component):
         if pair_out.size:
             used_ev = np.unique(pair_ev)
             used_out = np.unique(pair_out)
-            texts = np.concatenate([frame.output_text[out_rows[used_out]],
-                                    frame.tool_text[ev_rows[used_ev]]])
+            evidence = frame.tool_text[ev_rows[used_ev]]
+            if self.readable:
+                evidence = np.array(readable(evidence.tolist()), dtype=object)
+            texts = np.concatenate([frame.output_text[out_rows[used_out]], evidence])
             inverse, uniq = pd.factorize(texts)  # hash-based: no fixed-width copies of long texts
             emb = self._encode([str(x)[:self.max_chars] for x in uniq], ctx)
             out_vec = np.zeros((out_rows.shape[0], emb.shape[1]), np.float32)
@@ -573,6 +594,23 @@ class ActionSmoothing(Component):
             flip = (prev_k >= 0) & (prev2_k == k) & (prev_k != k)
         out[calls[flip]] = -self.per
         return out
+
+
+@register
+class StepCost(Component):
+    """Step cost: a fixed −c for every step (of the chosen kinds), so dragging an episode out does not pay."""
+
+    name = "step_cost"
+    level = "penalty"
+
+    def __init__(self, *, per: float = 0.1, kinds: list[str] | None = None):
+        _check(per >= 0, "per must be ≥ 0")
+        self.per = float(per)
+        self.kinds = list(kinds if kinds is not None else KINDS)
+        _kinds(self.kinds)
+
+    def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
+        return np.where(np.isin(frame.kind, _kinds(self.kinds)), -self.per, 0.0) + 0.0
 
 
 @register

@@ -28,11 +28,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.errors import RwbError
 from core.rewards.frame import KIND_CODE, StepsFrame
 from core.rewards.pyramid import ScoreResult
 from core.rewards.template import ExpectationSpec
 
 MAX_LISTED = 5  # offenders named in a message
+
+
+class ExpectationsFailed(RwbError):
+    """Some expectations of a template failed (``rwb reward check`` exits 1)."""
+
+    exit_code = 1
 
 
 @dataclass

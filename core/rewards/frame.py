@@ -33,13 +33,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from core.episodes import Action, Episode
+from core.errors import InputError
 
 #: Action kinds, in the order of the ``kind`` codes.
 KINDS: tuple[str, ...] = ("tool_call", "reply", "final_answer", "terminate", "escalate")
@@ -312,6 +313,12 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
 
     This is the one pass over Python objects; it costs a few microseconds per step."""
     n_ep = len(episodes)
+    ids = [ep.episode_id for ep in episodes]
+    if len(set(ids)) != n_ep:
+        seen: set[str] = set()
+        repeated = sorted({i for i in ids if i in seen or seen.add(i)})
+        raise InputError(f"episode ids must be unique to score them; repeated: {', '.join(repeated[:5])}",
+                         field="episode_id")
     ep_len = np.fromiter((len(ep.steps) for ep in episodes), dtype=np.int64, count=n_ep)
     ep_start = np.concatenate([[0], np.cumsum(ep_len)[:-1]]).astype(np.int64) if n_ep else \
         np.zeros(0, dtype=np.int64)
@@ -411,7 +418,7 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
     h.update(f"|{catalog.version}".encode())
 
     return StepsFrame(
-        episode_ids=np.array([ep.episode_id for ep in episodes], dtype=object),
+        episode_ids=np.array(ids, dtype=object),
         ep_start=ep_start, ep_len=ep_len,
         resolved=ep_float(lambda ep: ep.outcome.resolved),
         final_reward=ep_float(lambda ep: ep.outcome.final_reward),
@@ -434,5 +441,3 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
         content_hash=h.hexdigest(), catalog_version=str(catalog.version),
     )
 
-
-STEP_COLUMNS = tuple(f.name for f in fields(StepsFrame))

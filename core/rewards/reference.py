@@ -16,7 +16,9 @@ import numpy as np
 from core.rewards.components import (ActionSmoothing, BusinessImpact, EndsWithAnswer,
                                      EvidenceReliability, LatencyPenalty, LengthPenalty,
                                      OutputConsistency, ParamReasonableness, RepeatedFailures,
-                                     ResolvedBonus, SentimentBonus, TerminalOutcome, ToolValidity)
+                                     ResolvedBonus, SentimentBonus, StepCost, TerminalOutcome,
+                                     ToolValidity,
+                                     readable)
 from core.rewards.frame import KINDS, StepsFrame
 
 
@@ -127,8 +129,10 @@ def output_consistency(frame: StepsFrame, c: OutputConsistency, embedder) -> np.
             out[row] = c.no_evidence_value
             continue
         a = embedder.encode([frame.output_text[row][:c.max_chars]])[0].astype(np.float64)
-        sims = [float(np.dot(a, embedder.encode([frame.tool_text[j][:c.max_chars]])[0].astype(np.float64)))
-                for j in ev]
+        sims = []
+        for j in ev:
+            text = readable([frame.tool_text[j]])[0] if c.readable else frame.tool_text[j]
+            sims.append(float(np.dot(a, embedder.encode([text[:c.max_chars]])[0].astype(np.float64))))
         cos = max(sims) if c.aggregate == "max" else sum(sims) / len(sims)
         if c.curve == "step" or cos > c.threshold:
             out[row] = c.high if cos > c.threshold else c.low
@@ -196,6 +200,10 @@ def action_smoothing(frame: StepsFrame, c: ActionSmoothing) -> np.ndarray:
     return out
 
 
+def step_cost(frame: StepsFrame, c: StepCost) -> np.ndarray:
+    return np.array([-c.per + 0.0 if s["kind"] in c.kinds else 0.0 for s in _steps(frame)], dtype=np.float64)
+
+
 def repeated_failures(frame: StepsFrame, c: RepeatedFailures) -> np.ndarray:
     out = np.zeros(frame.n_steps)
     failures: dict[tuple, int] = defaultdict(int)
@@ -261,7 +269,7 @@ REFERENCES = {
     "tool_validity": tool_validity, "param_reasonableness": param_reasonableness,
     "output_consistency": output_consistency, "evidence_reliability": evidence_reliability,
     "business_impact": business_impact, "latency_penalty": latency_penalty,
-    "action_smoothing": action_smoothing, "repeated_failures": repeated_failures,
+    "action_smoothing": action_smoothing, "repeated_failures": repeated_failures, "step_cost": step_cost,
     "resolved_bonus": resolved_bonus, "sentiment_bonus": sentiment_bonus,
     "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
     "ends_with_answer": ends_with_answer,

@@ -1,0 +1,818 @@
+"""The recorded-episode simulator (DESIGN.md §7): training against logged data, not a live system.
+
+An environment stands on one *recorded step* of a dataset (its pointer) and sees the
+state the logging agent saw there: the request's intent, the tool context of that step,
+and — unlike the log — a trace of its *own* last three actions, rewards and Δt.
+When it acts:
+
+* **follow the log** — the action is the one logged at the pointer: the step's pyramid
+  reward is earned and the pointer moves to the next logged step;
+* **counterfactual** — another action: a recorded step where that action was taken in a
+  similar state (same task type, same k-means state cluster) is drawn uniformly; its
+  reward and components are earned and the environment continues from that step's
+  successor in its own episode;
+* **off-support** — no recorded step took that action in a similar state: the step
+  reward is ``off_support_penalty`` (no component credit) and the pointer advances along
+  the environment's own log.  The share of such steps is reported.
+
+An episode ends (``terminated``) on the final-answer action (unless it is the logged
+action and the log goes on), or when the recorded episode whose step was used has no
+further step (end of log: its outcome ``R_final`` is earned, since that is how the
+recorded episode ended); it is ``truncated`` at the step cap (S000: 12) and when an
+off-support step runs past the end of the environment's own log.
+
+Rewards (template ``a, b, γ``): the pyramid's per-step total ``r`` (gating applied) of the
+step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final`` on the
+terminal step, so PPO with ``gamma = γ`` optimises the template's episode return
+``a·Σ γ^i r_i + b·R_final`` — which following the log reproduces exactly, per episode.
+
+Everything is precomputed once (:class:`SimTables`, :func:`build_sim_tables`) as tensors,
+and :class:`BatchedSim` keeps B environments as tensors on one device: a step is a
+handful of gathers and ``where``s, the masks one batched :meth:`CompiledMasks.evaluate_torch`,
+with no Python loop over environments or steps and no host synchronisation.
+:class:`RecordedEpisodeEnv` is the same simulator as a Gymnasium environment (one env,
+flat float32 observation, ``action_masks()``) for Stable-Baselines3 / sb3-contrib.
+
+Example::
+
+    >>> tables = build_sim_tables(ws, "finance", "finance_risk", masks="datasets/finance/masks.yaml")  # doctest: +SKIP
+    >>> sim = BatchedSim(tables, 4096, device="cuda")                              # doctest: +SKIP
+    >>> obs, mask = sim.reset()                                                     # doctest: +SKIP
+    >>> out = sim.step(random_masked_actions(mask, sim.generator))                  # doctest: +SKIP
+    >>> out.reward.shape, out.info["off_support"].float().mean()                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+
+from core.catalog import Catalog, build_catalog
+from core.episodes import Episode, ToolSchema
+from core.errors import InputError
+from core.masking import CompiledMasks, MaskRules, state_features
+from core.state import PAD_TOKEN, TRACE_LEN, RawStateFeatures, extract_features
+
+#: Keys of an observation batch (the input of :class:`core.state.StateEncoder`).
+OBS_KEYS: tuple[str, ...] = ("intent_emb", "intent_rules", "context", "trace_action", "trace_reward",
+                             "trace_dt")
+#: Random integers are drawn in [0, RANDOM_HIGH) and reduced modulo a count (exact on every
+#: device, and the same numbers a slow reference reproduces from the same generator).
+RANDOM_HIGH = 2 ** 31
+
+
+@dataclass
+class SimConfig:
+    """How recorded episodes become an environment."""
+
+    #: Most steps per episode before it is truncated (S000: 12).
+    step_cap: int = 12
+    #: Step reward ``r`` (pyramid scale, so the RL reward is ``a·r``) of a counterfactual
+    #: action that no recorded step took in a similar state.
+    off_support_penalty: float = -0.5
+    #: k-means state clusters per task type: "similar state" for counterfactual draws.
+    n_clusters: int = 16
+    #: Seed of the clustering (the environments have their own seed).
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.step_cap) < 1:
+            raise InputError(f"step_cap must be at least 1, not {self.step_cap}", field="step_cap")
+        if int(self.n_clusters) < 1:
+            raise InputError(f"n_clusters must be at least 1, not {self.n_clusters}", field="n_clusters")
+        if not np.isfinite(self.off_support_penalty):
+            raise InputError("off_support_penalty must be a finite number", field="off_support_penalty")
+
+
+# --------------------------------------------------------------------------- tables
+_STEP_TENSORS = ("step_episode", "step_t", "token", "step_reward", "step_reward64", "components",
+                 "step_dt", "cluster", "step_bucket", "step_last", "context")
+_EPISODE_TENSORS = ("ep_start", "ep_len", "ep_end", "final", "success", "episode_return", "task_code",
+                    "intent_emb", "intent_rules")
+_TABLE_TENSORS = ("bucket_offsets", "bucket_steps", "terminal_token")
+
+
+@dataclass(eq=False)
+class SimTables:
+    """Everything the simulator reads, precomputed once per (dataset, template, catalog, masks).
+
+    Steps are flattened in episode order (as in :class:`core.state.RawStateFeatures`).
+    Tensors live on :attr:`device`; :meth:`to` returns a copy on another device.
+
+    Per step ``[N]``: ``step_episode``, ``step_t``, ``token`` (logged token, -1 = INVALID),
+    ``step_reward`` (pyramid total with gating, float32; ``step_reward64`` the same in
+    float64 for exact returns), ``components [N, C]`` (weighted, gated contribution of
+    every step component; they sum to the step reward), ``step_dt`` (seconds to the next
+    logged step), ``cluster`` (state cluster within the task type), ``step_bucket``
+    (counterfactual bucket of the logged action, -1 when invalid), ``step_last`` (last step
+    of its episode), ``context [N, CONTEXT_DIM]`` (tool context of the state).
+    Per episode ``[E]``: ``ep_start``, ``ep_len``, ``ep_end``, ``final`` (R_final),
+    ``success`` (resolved, else final_reward > 0, else 0), ``episode_return`` (the
+    template's return), ``task_code``, ``intent_emb``, ``intent_rules``.
+    Counterfactual table (CSR over bucket ``(task_code·K + cluster)·A + token``):
+    ``bucket_offsets [T·K·A + 1]`` and ``bucket_steps`` (recorded steps, sorted by bucket).
+    """
+
+    n_actions: int
+    n_components: int
+    component_names: list[str]
+    catalog: Catalog
+    mask_rules: MaskRules
+    compiled_masks: CompiledMasks
+    episode_ids: list[str]
+    behaviours: list[str | None]
+    task_types: list[str | None]
+    gamma: float
+    a: float
+    b: float
+    config: SimConfig
+    raw: RawStateFeatures
+    #: Scalar state features of every step (``observation["state"]`` + ``task_type``), as
+    #: numpy columns: mask rules (also ones added later) are evaluated from them.
+    state_columns: dict[str, np.ndarray]
+    task_names: list[str | None]
+    n_clusters: int
+    template_name: str
+    device: torch.device
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        # Tensors are attributes too (tables.token, tables.bucket_offsets, ...).
+        tensors = self.__dict__.get("tensors", {})
+        if name in tensors:
+            return tensors[name]
+        raise AttributeError(name)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.tensors["token"].shape[0])
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self.episode_ids)
+
+    def to(self, device: str | torch.device) -> "SimTables":
+        """These tables with every tensor on ``device`` (self when already there)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        return replace(self, device=device, tensors={k: v.to(device) for k, v in self.tensors.items()})
+
+    def bucket(self, task_code: torch.Tensor, cluster: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Flat counterfactual bucket id of (task type, state cluster, action token)."""
+        return (task_code * self.n_clusters + cluster) * self.n_actions + action
+
+    def mask_inputs(self, compiled: CompiledMasks) -> dict[str, torch.Tensor]:
+        """Per-step ``[N]`` columns of the features ``compiled`` needs, on :attr:`device`:
+        float64 for numeric features (NaN = unknown), int64 codes for categorical ones."""
+        n = self.n_steps
+        out: dict[str, torch.Tensor] = {}
+        for name in compiled.numeric_features:
+            col = self.state_columns.get(name)
+            if col is None:  # no step has it: unknown everywhere
+                arr = np.full(n, np.nan)
+            elif col.dtype == object:
+                raise InputError(f"mask rules compare state feature '{name}' with numbers, but the "
+                                 f"dataset logs text values for it (e.g. {next(v for v in col if v is not None)!r})",
+                                 field=name)
+            else:
+                arr = col.astype(np.float64)
+            out[name] = torch.as_tensor(arr, dtype=torch.float64, device=self.device)
+        for name in compiled.categorical_features:
+            col = self.state_columns.get(name)
+            values = [None] * n if col is None else [
+                None if v is None or (isinstance(v, float) and np.isnan(v)) else
+                (v if isinstance(v, str) else _category_text(v)) for v in col.tolist()]
+            out[name] = torch.as_tensor(compiled.codes(name, values), dtype=torch.int64, device=self.device)
+        return out
+
+    def logged_batch(self, index: np.ndarray | torch.Tensor | None = None,
+                     device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Encoder input of recorded steps with the *log's* trace (behaviour cloning,
+        state maps); trace rewards are the pyramid's step rewards."""
+        if isinstance(index, torch.Tensor):
+            index = index.cpu().numpy()
+        rewards = self.tensors["step_reward"].cpu().numpy()
+        return self.raw.step_batch(index, rewards, self.device if device is None else device)
+
+
+def _category_text(v: Any) -> str:
+    """A numeric value compared as a category (e.g. ``market_open: 1`` vs ``in: ["1"]``)."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _as_rules(masks: MaskRules | str | Path | None) -> MaskRules:
+    if masks is None:
+        return MaskRules(description="no mask rules: every action is allowed")
+    if isinstance(masks, MaskRules):
+        return masks
+    if isinstance(masks, CompiledMasks):
+        return masks.rules
+    if isinstance(masks, (str, Path)):
+        return MaskRules.from_yaml(masks)
+    raise InputError(f"masks must be mask rules or a YAML file, not {type(masks).__name__}", field="masks")
+
+
+def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
+    """``[N]`` k-means cluster of every recorded step's state, within its task type.
+
+    The state is the request's rule features (verb, urgency, target …) and the step's tool
+    context (latest result's key fields, scalar state, progress flags), each block scaled
+    to unit mean row norm.  The log's trace is left out on purpose: an environment's own
+    trace differs from the log's, while the context is what it shares with the log.
+    Rows of one task type get ``min(n_clusters, distinct states)`` clusters."""
+    from sklearn.cluster import KMeans
+
+    n = raw.n_steps
+    out = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return out
+    step_task = task_code[raw.step_episode]
+    blocks = [raw.intent_rules[raw.step_episode].astype(np.float64), raw.context.astype(np.float64)]
+    scaled = []
+    for b in blocks:
+        norm = float(np.linalg.norm(b, axis=1).mean())
+        scaled.append(b / norm if norm > 0 else b)
+    X = np.concatenate(scaled, axis=1)
+    for code in np.unique(step_task):
+        rows = np.flatnonzero(step_task == code)
+        k = min(int(n_clusters), len(np.unique(X[rows], axis=0)))
+        if k <= 1:
+            continue
+        km = KMeans(n_clusters=k, n_init=4, random_state=seed)
+        out[rows] = km.fit_predict(X[rows])
+    return out
+
+
+def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatures, result: Any,
+              rules: MaskRules, config: SimConfig, device: str | torch.device) -> SimTables:
+    """Tables from the pieces both builders compute (features, pyramid score, mask rules)."""
+    from core.state import _step_clock  # the encoder's own step clock, so Δt means the same
+
+    frame, template = result.frame, result.template
+    if list(raw.episode_ids) != [str(x) for x in frame.episode_ids.tolist()]:
+        raise InputError("state features and reward scores list the episodes in a different order; "
+                         "rebuild the state features of this dataset", field="dataset")
+    n, n_eps = raw.n_steps, len(episodes)
+    if n == 0:
+        raise InputError("the dataset has no recorded steps to simulate", field="dataset")
+    A = len(catalog.tokens)
+    ep_len = frame.ep_len.astype(np.int64)
+    ep_start = frame.ep_start.astype(np.int64)
+    ep_end = ep_start + ep_len
+    step_episode = raw.step_episode.astype(np.int64)
+    step_t = raw.step_t.astype(np.int64)
+    token = raw.action_token.astype(np.int64)
+    step_last = (np.arange(n) + 1) == ep_end[step_episode]
+
+    # Seconds from each step to the next logged step of its episode (0 after the last).
+    clock = _step_clock(episodes, n, ep_start)
+    step_dt = np.zeros(n, dtype=np.float64)
+    step_dt[:-1] = clock[1:] - clock[:-1]
+    step_dt[step_last] = 0.0
+
+    # Task types as codes (None is a type of its own).
+    task_names: list[str | None] = list(dict.fromkeys(frame.task_type.tolist()))
+    task_index = {t: i for i, t in enumerate(task_names)}
+    task_code = np.array([task_index[t] for t in frame.task_type.tolist()], dtype=np.int64)
+    cluster = state_clusters(raw, task_code, config.n_clusters, config.seed)
+    K = int(config.n_clusters)
+    valid = token >= 0
+    step_bucket = np.where(valid, (task_code[step_episode] * K + cluster) * A + np.maximum(token, 0), -1)
+    n_buckets = len(task_names) * K * A
+    order = np.argsort(np.where(valid, step_bucket, n_buckets), kind="stable")
+    order = order[: int(valid.sum())]
+    bucket_offsets = np.searchsorted(step_bucket[order], np.arange(n_buckets + 1)).astype(np.int64)
+
+    resolved = np.asarray(frame.resolved, dtype=np.float64)
+    final_reward = np.asarray(frame.final_reward, dtype=np.float64)
+    success = np.where(~np.isnan(resolved), resolved,
+                       np.where(~np.isnan(final_reward), (final_reward > 0).astype(np.float64), 0.0))
+    terminal_token = np.zeros(A, dtype=bool)
+    terminal_token[catalog.final_id] = True
+
+    states = [(s.observation.get("state") if isinstance(s.observation, dict) else None) or {}
+              for ep in episodes for s in ep.steps]
+    columns = state_features([s if isinstance(s, dict) else {} for s in states],
+                             [task_names[c] for c in task_code[step_episode]])
+
+    dev = torch.device(device)
+    t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=dev)  # noqa: E731
+    tensors = {
+        "step_episode": t(step_episode, torch.int64), "step_t": t(step_t, torch.int64),
+        "token": t(token, torch.int64),
+        "step_reward": t(result.step_reward, torch.float32), "step_reward64": t(result.step_reward, torch.float64),
+        "components": t(result.contributions(), torch.float32), "step_dt": t(step_dt, torch.float32),
+        "cluster": t(cluster, torch.int64), "step_bucket": t(step_bucket, torch.int64),
+        "step_last": t(step_last, torch.bool), "context": t(raw.context, torch.float32),
+        "ep_start": t(ep_start, torch.int64), "ep_len": t(ep_len, torch.int64), "ep_end": t(ep_end, torch.int64),
+        "final": t(result.final, torch.float64), "success": t(success, torch.float32),
+        "episode_return": t(result.returns, torch.float64), "task_code": t(task_code, torch.int64),
+        "intent_emb": t(raw.intent_emb, torch.float32), "intent_rules": t(raw.intent_rules, torch.float32),
+        "bucket_offsets": t(bucket_offsets, torch.int64), "bucket_steps": t(order, torch.int64),
+        "terminal_token": t(terminal_token, torch.bool),
+    }
+    return SimTables(
+        n_actions=A, n_components=len(template.step_components),
+        component_names=[c.name for c in template.step_components], catalog=catalog, mask_rules=rules,
+        compiled_masks=rules.compile(catalog), episode_ids=list(raw.episode_ids),
+        behaviours=[None if b is None else str(b) for b in frame.behaviour.tolist()],
+        task_types=[task_names[c] for c in task_code], gamma=float(template.gamma), a=float(template.a),
+        b=float(template.b), config=config, raw=raw, state_columns=columns, task_names=task_names,
+        n_clusters=K, template_name=template.name, device=dev, tensors=tensors)
+
+
+def build_sim_tables_from(episodes: Sequence[Episode], tools: Sequence[ToolSchema] | None, template: Any, *,
+                          masks: MaskRules | str | Path | None = None, config: SimConfig | None = None,
+                          embedder: Any = None, device: str | torch.device = "cpu") -> SimTables:
+    """Simulator tables of in-memory episodes (tests, notebooks; no workspace).
+
+    ``template``: a :class:`~core.rewards.Template`, a file or a shipped template name;
+    ``masks``: :class:`MaskRules`, a YAML file, or None (no rules); ``embedder``: the
+    sentence embedder (default: the offline model with an in-memory cache)."""
+    from core.embed import Embedder
+    from core.rewards import Pyramid, ScoringContext, as_template, build_frame
+
+    episodes = list(episodes)
+    catalog = build_catalog(list(tools or []), episodes)
+    embedder = embedder if embedder is not None else Embedder(cache_dir=None)
+    raw = extract_features(episodes, catalog, embedder)
+    frame = build_frame(episodes, catalog)
+    result = Pyramid(as_template(template)).score(frame, ctx=ScoringContext(embedder=embedder))
+    return _assemble(episodes, catalog, raw, result, _as_rules(masks), config or SimConfig(), device)
+
+
+def build_sim_tables(ws: Any, dataset: str, template: Any, *, masks: MaskRules | str | Path | None = None,
+                     config: SimConfig | None = None, device: str | torch.device = "cpu") -> SimTables:
+    """Simulator tables of a workspace dataset.
+
+    State features and reward components come from their workspace caches; the mask rules
+    (``masks``: rules, a YAML file or None) are joined by the workspace's review rules
+    (rejected reviews), so training never takes an action a reviewer rejected."""
+    from core.catalog import catalog_for_dataset
+    from core.review import with_review_rules
+    from core.rewards import build_frame, score
+    from core.state import raw_features_for_dataset, require_dataset
+
+    require_dataset(ws, dataset)
+    catalog = catalog_for_dataset(ws, dataset)
+    episodes = ws.load_episodes(dataset)
+    raw = raw_features_for_dataset(ws, dataset, catalog)
+    result = score(ws, template, frame=build_frame(episodes, catalog))
+    rules = with_review_rules(_as_rules(masks), ws, dataset)
+    return _assemble(episodes, catalog, raw, result, rules, config or SimConfig(), device)
+
+
+# --------------------------------------------------------------------------- batched simulator
+@dataclass
+class SimStep:
+    """What one batched step returns (all tensors on the simulator's device).
+
+    ``obs``/``mask`` are those of the *next* state; for an environment that finished, of
+    the first state of its new episode (auto-reset).  ``info``:
+
+    * ``off_support`` Bool[B], ``followed_log`` Bool[B], ``end_of_log`` Bool[B];
+    * ``source_step`` Long[B] — recorded step whose result was used (-1 off-support);
+    * ``step_reward`` Float[B] — pyramid-scale ``r`` (reward = ``a·r`` + ``b·final``);
+    * ``components`` Float[B, C] — weighted gated component values of that step;
+    * ``final`` Float[B] — the R_final earned on this step (0 unless it ended with one);
+    * ``episode_return`` Float[B] — ``a·Σγ^i r_i + b·R_final`` (NaN unless done);
+    * ``episode_length`` Long[B] (0 unless done); ``success`` Float[B] (NaN unless done);
+    * ``mask_violation`` Bool[B] — the action was outside the mask given with the state;
+    * ``mask_fallback`` Bool[B] — the new state's rules blocked everything (F0/E0 kept);
+    * ``start_episode`` Long[B] — episode index the finished/current episode started from.
+    """
+
+    obs: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    info: dict[str, torch.Tensor]
+
+
+def _merge_rules(base: MaskRules, extra: MaskRules | Sequence[Mapping[str, Any]] | str | Path | None) -> MaskRules:
+    if extra is None:
+        return base
+    out = MaskRules(list(base.rules), description=base.description, source=base.source)
+    if isinstance(extra, (MaskRules, str, Path)):
+        extra = [r.to_dict() for r in _as_rules(extra).rules]
+    out.add_rules(list(extra))
+    return out
+
+
+def support_table(tables: SimTables, episodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counterfactual CSR ``(offsets, steps)`` restricted to recorded steps of ``episodes``
+    (all when None): an environment trained on some episodes draws outcomes only from them."""
+    if episodes is None:
+        return tables.bucket_offsets, tables.bucket_steps
+    keep = torch.zeros(tables.n_episodes, dtype=torch.bool, device=tables.device)
+    keep[episodes.to(tables.device).long()] = True
+    steps = tables.bucket_steps
+    steps = steps[keep[tables.step_episode[steps]]]           # order (by bucket) is kept
+    n_buckets = tables.bucket_offsets.shape[0] - 1
+    offsets = torch.searchsorted(tables.step_bucket[steps],
+                                 torch.arange(n_buckets + 1, device=tables.device))
+    return offsets, steps
+
+
+class BatchedSim:
+    """B recorded-episode environments as tensors on one device.
+
+    ``reset``/``step`` are gathers over :class:`SimTables` and ``where``s over the batch — no
+    Python loop per environment or step, no host synchronisation (so it runs on CUDA at
+    the GPU's pace).  ``episodes`` restricts the start episodes (a train / held-out split)
+    and, unless ``support_episodes`` says otherwise, the recorded steps counterfactual
+    outcomes are drawn from.  ``extra_mask_rules`` (rules or rule dicts) join the tables'.
+
+    Randomness: each reset/step draws one ``[B, 2]`` tensor of integers from
+    :attr:`generator` (column 0: the counterfactual pick, column 1: the next start episode)."""
+
+    def __init__(self, tables: SimTables, n_envs: int, *, device: str | torch.device = "cpu", seed: int = 0,
+                 episodes: torch.Tensor | Sequence[int] | None = None,
+                 extra_mask_rules: MaskRules | Sequence[Mapping[str, Any]] | None = None,
+                 support_episodes: torch.Tensor | Sequence[int] | str | None = None):
+        if int(n_envs) < 1:
+            raise InputError(f"n_envs must be at least 1, not {n_envs}", field="n_envs")
+        self.device = torch.device(device)
+        self.tables = tables.to(self.device)
+        self.n_envs = B = int(n_envs)
+        self.n_actions = tables.n_actions
+        self.config = tables.config
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+
+        tb = self.tables
+        self.start_episodes = self._episode_index(episodes)
+        if support_episodes == "all":
+            support = None
+        elif support_episodes is None:
+            support = None if episodes is None else self.start_episodes
+        else:
+            support = self._episode_index(support_episodes)
+        self.bucket_offsets, self.bucket_steps = support_table(tb, support)
+
+        rules = _merge_rules(tb.mask_rules, extra_mask_rules)
+        self.compiled_masks = tb.compiled_masks if rules is tb.mask_rules else rules.compile(tb.catalog)
+        self._mask_cols = tb.mask_inputs(self.compiled_masks)
+
+        # Per-step lookups folded once: the bucket base of the state at each recorded step.
+        self._bucket_base = tb.bucket(tb.task_code[tb.step_episode], tb.cluster,
+                                      torch.zeros_like(tb.cluster))
+        self._gamma = float(tb.gamma)
+        self._a, self._b = float(tb.a), float(tb.b)
+
+        dev = self.device
+        # Environment state.
+        self.pointer = torch.zeros(B, dtype=torch.int64, device=dev)        # recorded step the env stands on
+        self.episode = torch.zeros(B, dtype=torch.int64, device=dev)        # start episode (intent, task type)
+        self.t = torch.zeros(B, dtype=torch.int64, device=dev)              # steps taken in this episode
+        self.counts = torch.zeros((B, self.n_actions), dtype=torch.int32, device=dev)  # own action counts
+        self.trace_action = torch.full((B, TRACE_LEN), PAD_TOKEN, dtype=torch.int64, device=dev)
+        self.trace_reward = torch.zeros((B, TRACE_LEN), dtype=torch.float32, device=dev)
+        self.trace_elapsed = torch.zeros((B, TRACE_LEN), dtype=torch.float32, device=dev)
+        self.discounted = torch.zeros(B, dtype=torch.float64, device=dev)   # Σ γ^i r_i so far
+        self.discount = torch.ones(B, dtype=torch.float64, device=dev)      # γ^t
+        self.mask = torch.ones((B, self.n_actions), dtype=torch.bool, device=dev)
+        self._arange = torch.arange(B, device=dev)
+        self._started = False
+
+    # ------------------------------------------------------------------ helpers
+    def _episode_index(self, episodes: torch.Tensor | Sequence[int] | None) -> torch.Tensor:
+        E = self.tables.n_episodes
+        if episodes is None:
+            return torch.arange(E, device=self.device)
+        idx = torch.as_tensor(episodes, dtype=torch.int64).reshape(-1).cpu()
+        if idx.numel() == 0:
+            raise InputError("no episodes to start from", field="episodes")
+        if int(idx.min()) < 0 or int(idx.max()) >= E:
+            raise InputError(f"episode indices must lie in 0..{E - 1}", field="episodes")
+        return idx.to(self.device)
+
+    def seed(self, seed: int) -> None:
+        """Reseed the simulator's generator (the next draws repeat for the same seed)."""
+        self.generator.manual_seed(int(seed))
+
+    def _draw(self) -> torch.Tensor:
+        return torch.randint(0, RANDOM_HIGH, (self.n_envs, 2), generator=self.generator, device=self.device)
+
+    def _start(self, rows: torch.Tensor, draw: torch.Tensor, start: torch.Tensor | None) -> None:
+        """Begin a new episode in the environments where ``rows`` is True."""
+        tb = self.tables
+        if start is None:
+            start = self.start_episodes[draw % self.start_episodes.shape[0]]
+        r1 = rows[:, None]
+        self.episode = torch.where(rows, start, self.episode)
+        self.pointer = torch.where(rows, tb.ep_start[start], self.pointer)
+        self.t = torch.where(rows, 0, self.t)
+        self.counts.masked_fill_(r1, 0)
+        self.trace_action.masked_fill_(r1, PAD_TOKEN)
+        self.trace_reward.masked_fill_(r1, 0.0)
+        self.trace_elapsed.masked_fill_(r1, 0.0)
+        self.discounted.masked_fill_(rows, 0.0)
+        self.discount.masked_fill_(rows, 1.0)
+
+    def _observe(self) -> dict[str, torch.Tensor]:
+        tb = self.tables
+        filled = self.trace_action != PAD_TOKEN
+        return {
+            "intent_emb": tb.intent_emb.index_select(0, self.episode),
+            "intent_rules": tb.intent_rules.index_select(0, self.episode),
+            "context": tb.context.index_select(0, self.pointer),
+            "trace_action": self.trace_action.clone(),
+            "trace_reward": self.trace_reward.clone(),
+            # the encoder's convention: log1p of the seconds since that step (0 when none)
+            "trace_dt": torch.where(filled, torch.log1p(self.trace_elapsed.clamp_min(0.0)),
+                                    torch.zeros_like(self.trace_elapsed)),
+        }
+
+    def _evaluate_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = {name: col.index_select(0, self.pointer) for name, col in self._mask_cols.items()}
+        res = self.compiled_masks.evaluate_torch(feats, self.counts, device=self.device, messages=False)
+        return res.mask.contiguous(), res.fallback
+
+    # ------------------------------------------------------------------ public API
+    def reset(self, seed: int | None = None, start_episodes: torch.Tensor | Sequence[int] | None = None
+              ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Start a new episode in every environment: ``(obs, mask)``.
+
+        Start episodes are drawn uniformly from ``episodes`` (the constructor's), or given
+        per environment by ``start_episodes`` (episode indices, length B)."""
+        if seed is not None:
+            self.seed(seed)
+        draw = self._draw()
+        start = None
+        if start_episodes is not None:
+            start = torch.as_tensor(start_episodes, dtype=torch.int64).reshape(-1).to(self.device)
+            if start.shape[0] != self.n_envs:
+                raise InputError(f"start_episodes needs {self.n_envs} entries, got {start.shape[0]}",
+                                 field="start_episodes")
+            if int(start.min()) < 0 or int(start.max()) >= self.tables.n_episodes:
+                raise InputError(f"episode indices must lie in 0..{self.tables.n_episodes - 1}",
+                                 field="start_episodes")
+        self._start(torch.ones(self.n_envs, dtype=torch.bool, device=self.device), draw[:, 1], start)
+        self.mask, _ = self._evaluate_mask()
+        self._started = True
+        return self._observe(), self.mask
+
+    def logged_actions(self) -> torch.Tensor:
+        """Long[B]: the token logged at each environment's current recorded step (-1 = INVALID)."""
+        return self.tables.token.index_select(0, self.pointer)
+
+    def step(self, actions: torch.Tensor, *, auto_reset: bool = True) -> SimStep:
+        """Take one action per environment (Long[B] token ids).
+
+        With ``auto_reset`` (the default) finished environments start a new episode and
+        ``obs``/``mask`` are its first; without it they stay on their last state (the
+        Gymnasium wrapper resets them itself)."""
+        if not self._started:
+            raise InputError("call reset() before step()")
+        tb, B = self.tables, self.n_envs
+        actions = torch.as_tensor(actions, device=self.device).long().reshape(-1)
+        if actions.shape[0] != B:
+            raise InputError(f"step needs {B} actions, got {actions.shape[0]}", field="actions")
+        draw = self._draw()
+        ptr = self.pointer
+
+        mask_violation = ~self.mask.gather(1, actions[:, None]).squeeze(1)
+        logged = tb.token.index_select(0, ptr)
+        followed = actions == logged
+
+        # Counterfactual: a uniform draw from the bucket (task type, state cluster, action).
+        bucket = self._bucket_base.index_select(0, ptr) + actions
+        lo = self.bucket_offsets.index_select(0, bucket)
+        support = self.bucket_offsets.index_select(0, bucket + 1) - lo
+        pick = lo + draw[:, 0] % support.clamp_min(1)
+        drawn = self.bucket_steps.index_select(0, pick.clamp_max(max(self.bucket_steps.shape[0] - 1, 0))) \
+            if self.bucket_steps.shape[0] else ptr
+        recorded = followed | (support > 0)
+        off_support = ~recorded
+        used = torch.where(followed, ptr, drawn)
+        used = torch.where(recorded, used, ptr)       # off-support: the own log's step (Δt, end of log)
+
+        r64 = torch.where(recorded, tb.step_reward64.index_select(0, used),
+                          torch.full_like(self.discounted, float(self.config.off_support_penalty)))
+        comps = tb.components.index_select(0, used) * recorded[:, None]
+
+        # Where the environment goes next, and why it may stop.
+        next_ptr = used + 1
+        end_of_log = tb.step_last.index_select(0, used)
+        final_action = tb.terminal_token.index_select(0, actions)
+        # The logged final answer mid-episode is followed like any logged step.
+        final_action = final_action & ~(followed & ~end_of_log)
+        terminated = final_action | (end_of_log & recorded)
+        t_next = self.t + 1
+        truncated = ~terminated & ((t_next >= int(self.config.step_cap)) | (end_of_log & off_support))
+        done = terminated | truncated
+
+        # Outcome: R_final of the recorded episode whose ending was used.
+        used_ep = tb.step_episode.index_select(0, used)
+        ended_with_outcome = terminated & recorded
+        final = torch.where(ended_with_outcome, tb.final.index_select(0, used_ep), torch.zeros_like(r64))
+        reward = (self._a * r64 + self._b * final).float()
+        self.discounted = self.discounted + self.discount * r64
+        episode_return = torch.where(done, self._a * self.discounted + self._b * final,
+                                     torch.full_like(r64, float("nan"))).float()
+        success = torch.where(ended_with_outcome, tb.success.index_select(0, used_ep),
+                              torch.zeros_like(reward))
+        success = torch.where(done, success, torch.full_like(reward, float("nan")))
+        r32 = r64.float()
+
+        # The environment's own history: counts and the trace ring (newest first).
+        self.counts.scatter_add_(1, actions[:, None], torch.ones((B, 1), dtype=self.counts.dtype,
+                                                                 device=self.device))
+        dt = tb.step_dt.index_select(0, used)
+        self.trace_action = torch.cat([actions[:, None], self.trace_action[:, :-1]], dim=1)
+        self.trace_reward = torch.cat([r32[:, None], self.trace_reward[:, :-1]], dim=1)
+        self.trace_elapsed = torch.cat([torch.zeros_like(dt)[:, None], self.trace_elapsed[:, :-1]], dim=1) \
+            + dt[:, None]
+        self.discount = self.discount * self._gamma
+        start_episode = self.episode
+        length = torch.where(done, t_next, torch.zeros_like(t_next))
+        self.t = t_next
+        # Past the end of a log there is no next state: the environment stays on its last
+        # step (until it is reset); a truncated one shows the state it would have gone on from.
+        self.pointer = torch.where(end_of_log, used, next_ptr)
+        if auto_reset:
+            self._start(done, draw[:, 1], None)
+        self.mask, fallback = self._evaluate_mask()
+
+        info = {
+            "off_support": off_support, "followed_log": followed, "end_of_log": end_of_log & recorded,
+            "source_step": torch.where(recorded, used, torch.full_like(used, -1)),
+            "step_reward": r32, "components": comps, "final": final.float(),
+            "episode_return": episode_return, "episode_length": length, "success": success,
+            "mask_violation": mask_violation, "mask_fallback": fallback, "start_episode": start_episode,
+        }
+        return SimStep(self._observe(), self.mask, reward, terminated, truncated, info)
+
+
+def random_masked_actions(mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Long[B]: one action per row, uniform among the allowed ones (the random-in-mask
+    baseline).  Rejection sampling over the whole catalog, rows still rejected after a
+    few rounds are settled exactly by a ranked draw — all batched."""
+    B, A = mask.shape
+    device = mask.device
+    actions = torch.randint(0, A, (B,), generator=generator, device=device)
+    ok = mask.gather(1, actions[:, None]).squeeze(1)
+    for _ in range(3):
+        retry = torch.randint(0, A, (B,), generator=generator, device=device)
+        actions = torch.where(ok, actions, retry)
+        ok = mask.gather(1, actions[:, None]).squeeze(1)
+    if bool((~ok).any()):
+        # k-th allowed action, k uniform below the row's number of allowed actions
+        n_allowed = mask.sum(dim=1)
+        k = torch.randint(0, RANDOM_HIGH, (B,), generator=generator, device=device) % n_allowed.clamp_min(1)
+        rank = mask.long().cumsum(dim=1) - 1
+        exact = ((rank == k[:, None]) & mask).long().argmax(dim=1)
+        actions = torch.where(ok, actions, exact)
+    return actions
+
+
+# --------------------------------------------------------------------------- splits and baselines
+def split_episodes(tables: SimTables, heldout_fraction: float = 0.2, seed: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, heldout)`` episode indices, drawn within each (task type, behaviour) group so
+    both halves see every kind of task and behaviour."""
+    if not 0.0 < float(heldout_fraction) < 1.0:
+        raise InputError(f"heldout_fraction must lie strictly between 0 and 1, not {heldout_fraction}",
+                         field="heldout_fraction")
+    rng = np.random.default_rng(seed)
+    groups: dict[tuple, list[int]] = {}
+    for e, key in enumerate(zip(tables.task_types, tables.behaviours)):
+        groups.setdefault(key, []).append(e)
+    held: list[int] = []
+    for key in sorted(groups, key=str):
+        members = np.array(groups[key])
+        k = int(round(float(heldout_fraction) * len(members)))
+        held.extend(rng.permutation(members)[:k].tolist())
+    heldout = np.zeros(tables.n_episodes, dtype=bool)
+    heldout[held] = True
+    if heldout.all() or not heldout.any():
+        raise InputError(f"{tables.n_episodes} episodes are too few for a held-out fraction of "
+                         f"{heldout_fraction}", field="heldout_fraction")
+    as_t = lambda m: torch.as_tensor(np.flatnonzero(m), dtype=torch.int64, device=tables.device)  # noqa: E731
+    return as_t(~heldout), as_t(heldout)
+
+
+def logged_returns(tables: SimTables, episodes: torch.Tensor | Sequence[int] | None = None) -> dict[str, float]:
+    """Mean template return of the logged episodes per behaviour (the baselines a trained
+    policy is compared with); episodes without a behaviour label count as ``"unknown"``."""
+    idx = (np.arange(tables.n_episodes) if episodes is None
+           else torch.as_tensor(episodes, dtype=torch.int64).reshape(-1).cpu().numpy())
+    returns = tables.episode_return.cpu().numpy()[idx]
+    labels = [tables.behaviours[i] or "unknown" for i in idx]
+    out: dict[str, float] = {}
+    for b in sorted(set(labels)):
+        sel = np.array([x == b for x in labels])
+        out[b] = float(returns[sel].mean())
+    return out
+
+
+# --------------------------------------------------------------------------- flat observations
+def obs_dim(tables: SimTables) -> int:
+    """Width of :func:`flatten_obs`'s rows for these tables."""
+    return (tables.intent_emb.shape[1] + tables.intent_rules.shape[1] + tables.context.shape[1]
+            + TRACE_LEN * (tables.n_actions + 2) + 2 * TRACE_LEN)
+
+
+def flatten_obs(obs: Mapping[str, torch.Tensor], n_actions: int) -> torch.Tensor:
+    """``[B, D]`` float32: the raw feature vector of an observation batch — intent
+    embedding, intent rules, context, one-hot trace tokens (PAD, INVALID, tokens…),
+    trace rewards, trace Δt.  The Gymnasium wrapper's observation."""
+    tokens = (obs["trace_action"].long() + 2).clamp(0, n_actions + 1)
+    onehot = torch.zeros((*tokens.shape, n_actions + 2), dtype=torch.float32, device=tokens.device)
+    onehot.scatter_(2, tokens[..., None], 1.0)
+    return torch.cat([obs["intent_emb"].float(), obs["intent_rules"].float(), obs["context"].float(),
+                      onehot.flatten(1), obs["trace_reward"].float(), obs["trace_dt"].float()], dim=1)
+
+
+# --------------------------------------------------------------------------- Gymnasium wrapper
+class RecordedEpisodeEnv(gymnasium.Env):
+    """One recorded-episode environment with the Gymnasium API (Stable-Baselines3, RLlib).
+
+    The same :class:`BatchedSim` with one environment: observations are the flat float32
+    raw feature vector (:func:`flatten_obs`), actions the catalog's token ids,
+    :meth:`action_masks` the mask of the current state (sb3-contrib's MaskablePPO reads
+    it).  ``info`` carries the reward terms: the pyramid-scale ``step_reward``, every
+    component's value under ``reward_terms``, ``final`` (R_final earned), and
+    ``off_support`` / ``followed_log`` / ``mask_violation``; ``episode_return`` and
+    ``success`` when the episode ends.  ``reset(options={"episode": i or id})`` starts a
+    given recorded episode."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, tables: SimTables, *, episodes: torch.Tensor | Sequence[int] | None = None,
+                 device: str | torch.device = "cpu", seed: int = 0,
+                 extra_mask_rules: MaskRules | Sequence[Mapping[str, Any]] | None = None,
+                 support_episodes: torch.Tensor | Sequence[int] | str | None = None):
+        super().__init__()
+        self.sim = BatchedSim(tables, 1, device=device, seed=seed, episodes=episodes,
+                              extra_mask_rules=extra_mask_rules, support_episodes=support_episodes)
+        self.tables = self.sim.tables
+        self.n_actions = tables.n_actions
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, shape=(obs_dim(tables),),
+                                                      dtype=np.float32)
+        self.action_space = gymnasium.spaces.Discrete(self.n_actions)
+        self._mask = np.ones(self.n_actions, dtype=bool)
+        self._done = True
+        self._index = {eid: i for i, eid in enumerate(tables.episode_ids)}
+
+    def _flat(self, obs: Mapping[str, torch.Tensor]) -> np.ndarray:
+        return flatten_obs(obs, self.n_actions)[0].cpu().numpy()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        start = None
+        if options and options.get("episode") is not None:
+            ep = options["episode"]
+            if isinstance(ep, str):
+                if ep not in self._index:
+                    raise InputError(f"no episode {ep!r} in the simulator's data", field="episode")
+                ep = self._index[ep]
+            start = [int(ep)]
+        obs, mask = self.sim.reset(seed=seed, start_episodes=start)
+        self._mask = mask[0].cpu().numpy().copy()
+        self._done = False
+        e = int(self.sim.episode[0])
+        return self._flat(obs), {"episode_id": self.tables.episode_ids[e], "episode": e}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise InputError("the episode has ended: call reset() before step()")
+        a = torch.tensor([int(action)], dtype=torch.int64, device=self.sim.device)
+        out = self.sim.step(a, auto_reset=False)
+        terminated, truncated = bool(out.terminated[0]), bool(out.truncated[0])
+        self._done = terminated or truncated
+        self._mask = out.mask[0].cpu().numpy().copy()
+        i = out.info
+        comps = i["components"][0].cpu().tolist()
+        info: dict[str, Any] = {
+            "step_reward": float(i["step_reward"][0]), "final": float(i["final"][0]),
+            "reward_terms": dict(zip(self.tables.component_names, comps)),
+            "off_support": bool(i["off_support"][0]), "followed_log": bool(i["followed_log"][0]),
+            "mask_violation": bool(i["mask_violation"][0]), "source_step": int(i["source_step"][0]),
+        }
+        if self._done:
+            info["episode_return"] = float(i["episode_return"][0])
+            info["success"] = float(i["success"][0])
+            info["episode_length"] = int(i["episode_length"][0])
+        return self._flat(out.obs), float(out.reward[0]), terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """Bool[A]: the actions allowed in the current state."""
+        return self._mask.copy()
+
+
+__all__ = ["BatchedSim", "OBS_KEYS", "RecordedEpisodeEnv", "SimConfig", "SimStep", "SimTables",
+           "build_sim_tables", "build_sim_tables_from", "flatten_obs", "logged_returns", "obs_dim",
+           "random_masked_actions", "split_episodes", "state_clusters", "support_table"]
