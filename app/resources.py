@@ -68,22 +68,39 @@ def catalog(dataset: str) -> Catalog:
 
 
 # --------------------------------------------------------------------------- state explorer
+@st.cache_data(show_spinner=False, ttl=30)
+def reward_templates() -> dict[str, str]:
+    """Shipped reward templates: name -> a digest of the file (so an edit recomputes maps)."""
+    import hashlib
+    from pathlib import Path
+
+    from core.rewards import list_templates
+
+    return {t["name"]: hashlib.sha256(Path(t["path"]).read_bytes()).hexdigest()[:16]
+            for t in list_templates()}
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
 def _states_map(path: str, dataset: str, version: str, space: str, gating: str, intent: str,
-                max_points: int, clusters: int, seed: int) -> "StateMapReport":
-    # `version` changes with the dataset, so an import recomputes; the core function also
-    # keeps the map as a workspace artifact, so a restarted app loads it instead of redoing it.
+                max_points: int, clusters: int, seed: int, template: str | None,
+                template_version: str | None) -> "StateMapReport":
+    # `version` (and `template_version`) change with the dataset (and the template), so an
+    # import or an edit recomputes; the core function also keeps the map as a workspace
+    # artifact, so a restarted app loads it instead of redoing it.
     # Imported here: the encoder pulls in torch, which the other pages do not need.
     from core.state import StateEncoderConfig
     from core.statemap import TsneConfig, states_map
 
     return states_map(_workspace(path), dataset=dataset, space=space,
                       encoder=StateEncoderConfig(gating=gating, intent=intent, seed=seed),  # type: ignore[arg-type]
-                      tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters)
+                      tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters,
+                      template=template)
 
 
 def state_map(dataset: str, *, space: str = "encoded", gating: str = "on", intent: str = "on",
-              max_points: int = 20000, clusters: int = 8, seed: int = 0) -> "StateMapReport":
+              max_points: int = 20000, clusters: int = 8, seed: int = 0,
+              template: str | None = None) -> "StateMapReport":
     """The state map, fidelity and entropy of ``dataset`` (computed once, then cached)."""
+    template_version = reward_templates().get(template) if template else None
     return _states_map(_session_path(), dataset, dataset_version(workspace(), dataset), space, gating,
-                       intent, max_points, clusters, seed)
+                       intent, max_points, clusters, seed, template, template_version)

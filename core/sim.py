@@ -22,9 +22,10 @@ recorded episode ended); it is ``truncated`` at the step cap (S000: 12) and when
 off-support step runs past the end of the environment's own log.
 
 Rewards (template ``a, b, γ``): the pyramid's per-step total ``r`` (gating applied) of the
-step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final`` on the
-terminal step, so PPO with ``gamma = γ`` optimises the template's episode return
-``a·Σ γ^i r_i + b·R_final`` — which following the log reproduces exactly, per episode.
+step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final/γ^t`` on the
+terminal step ``t`` (the template does not discount R_final), so that the γ-discounted sum
+of rewards — what PPO with ``gamma = γ`` maximises — *is* the template's episode return
+``a·Σ γ^i r_i + b·R_final``, which following the log reproduces exactly, per episode.
 
 Everything is precomputed once (:class:`SimTables`, :func:`build_sim_tables`) as tensors,
 and :class:`BatchedSim` keeps B environments as tensors on one device: a step is a
@@ -377,7 +378,10 @@ class SimStep:
     """What one batched step returns (all tensors on the simulator's device).
 
     ``obs``/``mask`` are those of the *next* state; for an environment that finished, of
-    the first state of its new episode (auto-reset).  ``info``:
+    the first state of its new episode (auto-reset).  Some ``obs`` tensors are the
+    simulator's own buffers (``intent_emb``, ``intent_rules``, ``context``), rewritten in
+    place by the next step, so that a step allocates no large tensors: copy what you keep
+    (a rollout buffer's ``obs_buf[t] = obs`` does).  ``info``:
 
     * ``off_support`` Bool[B], ``followed_log`` Bool[B], ``end_of_log`` Bool[B];
     * ``source_step`` Long[B] — recorded step whose result was used (-1 off-support);
@@ -475,13 +479,21 @@ class BatchedSim:
         self.pointer = torch.zeros(B, dtype=torch.int64, device=dev)        # recorded step the env stands on
         self.episode = torch.zeros(B, dtype=torch.int64, device=dev)        # start episode (intent, task type)
         self.t = torch.zeros(B, dtype=torch.int64, device=dev)              # steps taken in this episode
-        self.counts = torch.zeros((B, self.n_actions), dtype=torch.int32, device=dev)  # own action counts
+        # Own action counts (business limits read them); they never exceed the step cap,
+        # so a byte per entry keeps the [B, A] table small.
+        count_dtype = torch.uint8 if int(self.config.step_cap) <= 255 else torch.int32
+        self.counts = torch.zeros((B, self.n_actions), dtype=count_dtype, device=dev)
+        # The request's features change only when an episode starts: per-env buffers,
+        # rewritten row-wise at a reset instead of gathered every step.
+        self.intent_emb = torch.zeros((B, tb.intent_emb.shape[1]), dtype=torch.float32, device=dev)
+        self.intent_rules = torch.zeros((B, tb.intent_rules.shape[1]), dtype=torch.float32, device=dev)
         self.trace_action = torch.full((B, TRACE_LEN), PAD_TOKEN, dtype=torch.int64, device=dev)
         self.trace_reward = torch.zeros((B, TRACE_LEN), dtype=torch.float32, device=dev)
         self.trace_elapsed = torch.zeros((B, TRACE_LEN), dtype=torch.float32, device=dev)
         self.discounted = torch.zeros(B, dtype=torch.float64, device=dev)   # Σ γ^i r_i so far
         self.discount = torch.ones(B, dtype=torch.float64, device=dev)      # γ^t
         self.mask = torch.ones((B, self.n_actions), dtype=torch.bool, device=dev)
+        self._context = torch.zeros((B, tb.context.shape[1]), dtype=torch.float32, device=dev)
         self._arange = torch.arange(B, device=dev)
         self._started = False
 
@@ -513,20 +525,31 @@ class BatchedSim:
         self.episode = torch.where(rows, start, self.episode)
         self.pointer = torch.where(rows, tb.ep_start[start], self.pointer)
         self.t = torch.where(rows, 0, self.t)
-        self.counts.masked_fill_(r1, 0)
         self.trace_action.masked_fill_(r1, PAD_TOKEN)
         self.trace_reward.masked_fill_(r1, 0.0)
         self.trace_elapsed.masked_fill_(r1, 0.0)
         self.discounted.masked_fill_(rows, 0.0)
         self.discount.masked_fill_(rows, 1.0)
+        if self.device.type == "cpu":
+            # Touch only the restarted rows (a host-side index is free on the CPU).
+            idx = rows.nonzero().squeeze(1)
+            ep = start.index_select(0, idx)
+            self.counts.index_fill_(0, idx, 0)
+            self.intent_emb.index_copy_(0, idx, tb.intent_emb.index_select(0, ep))
+            self.intent_rules.index_copy_(0, idx, tb.intent_rules.index_select(0, ep))
+        else:
+            # On an accelerator full-width writes avoid a host synchronisation.
+            self.counts.masked_fill_(r1, 0)
+            self.intent_emb = torch.where(r1, tb.intent_emb.index_select(0, start), self.intent_emb)
+            self.intent_rules = torch.where(r1, tb.intent_rules.index_select(0, start), self.intent_rules)
 
     def _observe(self) -> dict[str, torch.Tensor]:
         tb = self.tables
         filled = self.trace_action != PAD_TOKEN
         return {
-            "intent_emb": tb.intent_emb.index_select(0, self.episode),
-            "intent_rules": tb.intent_rules.index_select(0, self.episode),
-            "context": tb.context.index_select(0, self.pointer),
+            "intent_emb": self.intent_emb,
+            "intent_rules": self.intent_rules,
+            "context": torch.index_select(tb.context, 0, self.pointer, out=self._context),
             "trace_action": self.trace_action.clone(),
             "trace_reward": self.trace_reward.clone(),
             # the encoder's convention: log1p of the seconds since that step (0 when none)
@@ -537,7 +560,9 @@ class BatchedSim:
     def _evaluate_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
         feats = {name: col.index_select(0, self.pointer) for name, col in self._mask_cols.items()}
         res = self.compiled_masks.evaluate_torch(feats, self.counts, device=self.device, messages=False)
-        return res.mask.contiguous(), res.fallback
+        # A [B, A] view of token-major storage: masked_fill/gather read it as is, and a
+        # transposing copy would cost as much as the evaluation.
+        return res.mask, res.fallback
 
     # ------------------------------------------------------------------ public API
     def reset(self, seed: int | None = None, start_episodes: torch.Tensor | Sequence[int] | None = None
@@ -570,6 +595,9 @@ class BatchedSim:
     def step(self, actions: torch.Tensor, *, auto_reset: bool = True) -> SimStep:
         """Take one action per environment (Long[B] token ids).
 
+        ``-1`` replays a logged INVALID call where the log has one (so a logged episode can
+        be replayed exactly, e.g. to evaluate a behaviour); it counts as following the log.
+
         With ``auto_reset`` (the default) finished environments start a new episode and
         ``obs``/``mask`` are its first; without it they stay on their last state (the
         Gymnasium wrapper resets them itself)."""
@@ -579,15 +607,23 @@ class BatchedSim:
         actions = torch.as_tensor(actions, device=self.device).long().reshape(-1)
         if actions.shape[0] != B:
             raise InputError(f"step needs {B} actions, got {actions.shape[0]}", field="actions")
-        draw = self._draw()
         ptr = self.pointer
-
-        mask_violation = ~self.mask.gather(1, actions[:, None]).squeeze(1)
         logged = tb.token.index_select(0, ptr)
+        # -1 (INVALID) replays a logged invalid call; anything else must be a catalog token.
+        bad = (actions < -1) | (actions >= self.n_actions) | ((actions == -1) & (logged != -1))
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise InputError(f"action {int(actions[b])} of environment {b} is not a token of the "
+                             f"catalog (0..{self.n_actions - 1}; -1 only replays a logged invalid call)",
+                             field="actions")
+        draw = self._draw()
+        replay_invalid = actions < 0
+        token = actions.clamp_min(0)           # for lookups; the replayed step never reads them
+        mask_violation = ~self.mask.gather(1, token[:, None]).squeeze(1) & ~replay_invalid
         followed = actions == logged
 
         # Counterfactual: a uniform draw from the bucket (task type, state cluster, action).
-        bucket = self._bucket_base.index_select(0, ptr) + actions
+        bucket = self._bucket_base.index_select(0, ptr) + token
         lo = self.bucket_offsets.index_select(0, bucket)
         support = self.bucket_offsets.index_select(0, bucket + 1) - lo
         pick = lo + draw[:, 0] % support.clamp_min(1)
@@ -605,7 +641,7 @@ class BatchedSim:
         # Where the environment goes next, and why it may stop.
         next_ptr = used + 1
         end_of_log = tb.step_last.index_select(0, used)
-        final_action = tb.terminal_token.index_select(0, actions)
+        final_action = tb.terminal_token.index_select(0, token) & ~replay_invalid
         # The logged final answer mid-episode is followed like any logged step.
         final_action = final_action & ~(followed & ~end_of_log)
         terminated = final_action | (end_of_log & recorded)
@@ -617,7 +653,9 @@ class BatchedSim:
         used_ep = tb.step_episode.index_select(0, used)
         ended_with_outcome = terminated & recorded
         final = torch.where(ended_with_outcome, tb.final.index_select(0, used_ep), torch.zeros_like(r64))
-        reward = (self._a * r64 + self._b * final).float()
+        # R_final is not discounted in the template's return: on a terminal step at t it is
+        # paid as b·R_final/γ^t, so that Σ γ^t·reward is exactly the template's return.
+        reward = (self._a * r64 + self._b * final / self.discount).float()
         self.discounted = self.discounted + self.discount * r64
         episode_return = torch.where(done, self._a * self.discounted + self._b * final,
                                      torch.full_like(r64, float("nan"))).float()
@@ -627,14 +665,14 @@ class BatchedSim:
         r32 = r64.float()
 
         # The environment's own history: counts and the trace ring (newest first).
-        self.counts.scatter_add_(1, actions[:, None], torch.ones((B, 1), dtype=self.counts.dtype,
-                                                                 device=self.device))
+        self.counts.view(-1).index_add_(0, self._arange * self.n_actions + token,
+                                        (~replay_invalid).to(self.counts.dtype))
         dt = tb.step_dt.index_select(0, used)
         self.trace_action = torch.cat([actions[:, None], self.trace_action[:, :-1]], dim=1)
         self.trace_reward = torch.cat([r32[:, None], self.trace_reward[:, :-1]], dim=1)
         self.trace_elapsed = torch.cat([torch.zeros_like(dt)[:, None], self.trace_elapsed[:, :-1]], dim=1) \
             + dt[:, None]
-        self.discount = self.discount * self._gamma
+        self.discount = self.discount * self._gamma * 0.999
         start_episode = self.episode
         length = torch.where(done, t_next, torch.zeros_like(t_next))
         self.t = t_next
@@ -667,13 +705,15 @@ def random_masked_actions(mask: torch.Tensor, generator: torch.Generator | None 
         retry = torch.randint(0, A, (B,), generator=generator, device=device)
         actions = torch.where(ok, actions, retry)
         ok = mask.gather(1, actions[:, None]).squeeze(1)
-    if bool((~ok).any()):
-        # k-th allowed action, k uniform below the row's number of allowed actions
-        n_allowed = mask.sum(dim=1)
-        k = torch.randint(0, RANDOM_HIGH, (B,), generator=generator, device=device) % n_allowed.clamp_min(1)
-        rank = mask.long().cumsum(dim=1) - 1
-        exact = ((rank == k[:, None]) & mask).long().argmax(dim=1)
-        actions = torch.where(ok, actions, exact)
+    rows = (~ok).nonzero().squeeze(1)
+    if rows.numel():
+        # The k-th allowed action, k uniform below the row's number of allowed actions.
+        sub = mask.index_select(0, rows)
+        k = torch.randint(0, RANDOM_HIGH, (rows.numel(),), generator=generator, device=device) \
+            % sub.sum(dim=1).clamp_min(1)
+        rank = sub.long().cumsum(dim=1) - 1
+        exact = ((rank == k[:, None]) & sub).long().argmax(dim=1)
+        actions = actions.index_copy(0, rows, exact)
     return actions
 
 

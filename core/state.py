@@ -44,7 +44,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -279,6 +280,10 @@ _MAX_DEPTH, _MAX_LEAVES = 3, 64
 _NUMERIC_STR_RE = re.compile(r"^[+-]?\d+(?:\.\d+)?%?$")
 
 
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
 def _flatten_result(value: Any, prefix: str, out: list[tuple[str, Any]], depth: int = 0) -> None:
     """Scalar leaves of a JSON-like tool result as ``(path, value)``.
 
@@ -292,23 +297,23 @@ def _flatten_result(value: Any, prefix: str, out: list[tuple[str, Any]], depth: 
         for k in sorted(value, key=str):
             _flatten_result(value[k], f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
     elif isinstance(value, list):
-        out.append((f"{prefix}.len", float(len(value))))
+        out.append((_join(prefix, "len"), float(len(value))))
         nums = [x for x in value if isinstance(x, (int, float)) and not isinstance(x, bool)]
         if nums and len(nums) == len(value):
-            out.append((f"{prefix}.last", float(nums[-1])))
-            out.append((f"{prefix}.mean", float(sum(nums)) / len(nums)))
+            out.append((_join(prefix, "last"), float(nums[-1])))
+            out.append((_join(prefix, "mean"), float(sum(nums)) / len(nums)))
         elif value and depth < _MAX_DEPTH:
-            _flatten_result(value[0], f"{prefix}[0]", out, depth + 1)
+            _flatten_result(value[0], f"{prefix or 'items'}[0]", out, depth + 1)
     elif isinstance(value, bool):
-        out.append((prefix, "true" if value else "false"))
+        out.append((prefix or "value", "true" if value else "false"))
     elif isinstance(value, (int, float)):
-        out.append((prefix, float(value)))
+        out.append((prefix or "value", float(value)))
     elif isinstance(value, str):
         s = value.strip()
         if _NUMERIC_STR_RE.match(s):
-            out.append((prefix, float(s.rstrip("%")) / (100.0 if s.endswith("%") else 1.0)))
+            out.append((prefix or "value", float(s.rstrip("%")) / (100.0 if s.endswith("%") else 1.0)))
         elif len(s) <= MAX_CATEGORY_CHARS and len(s.split()) <= MAX_CATEGORY_WORDS:
-            out.append((prefix, s.lower()))
+            out.append((prefix or "value", s.lower()))
         # longer strings are free text (news bodies, reports): left to the reward's
         # consistency check, not part of the state
 
@@ -441,6 +446,21 @@ class _Scatter:
 
 
 # --------------------------------------------------------------------------- raw features
+def write_atomic(target: Path, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill a temporary file beside ``target``, then rename it into place:
+    readers see the old file or the new one, never half of one.  The temporary name is
+    unique per process and thread, so two writers never share it."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target
+
+
 @dataclass
 class RawStateFeatures:
     """The encoder's raw inputs for every step of a collection of episodes.
@@ -543,16 +563,12 @@ class RawStateFeatures:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: np.ascontiguousarray(getattr(self, k)) for k in self._ARRAYS}
-        tmp = path.with_name(path.name + ".safetensors.tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, path.with_name(path.name + ".safetensors"))
+        write_atomic(path.with_name(path.name + ".safetensors"), lambda tmp: save_file(tensors, str(tmp)))
         meta = {"version": self.version, "fingerprint": self.fingerprint, "n_actions": self.n_actions,
                 "catalog_version": self.catalog_version, "episode_ids": self.episode_ids,
                 "stats": self.stats.to_dict()}
-        tmp_json = path.with_name(path.name + ".json.tmp")
-        tmp_json.write_text(json.dumps(meta))
         # the JSON is written last: a reader that finds it finds matching arrays
-        os.replace(tmp_json, path.with_name(path.name + ".json"))
+        write_atomic(path.with_name(path.name + ".json"), lambda tmp: tmp.write_text(json.dumps(meta)))
         return path
 
     @classmethod
@@ -924,12 +940,9 @@ def save_encoder(encoder: StateEncoder, folder: str | Path, name: str = "encoder
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     weights, meta = folder / f"{name}.safetensors", folder / f"{name}.json"
-    tmp = folder / f".{name}.safetensors.tmp"
-    save_file({k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}, str(tmp))
-    os.replace(tmp, weights)
-    tmp_meta = folder / f".{name}.json.tmp"
-    tmp_meta.write_text(json.dumps(encoder.config_dict(), indent=2))
-    os.replace(tmp_meta, meta)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}
+    write_atomic(weights, lambda tmp: save_file(tensors, str(tmp)))
+    write_atomic(meta, lambda tmp: tmp.write_text(json.dumps(encoder.config_dict(), indent=2)))
     return weights, meta
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,6 +41,7 @@ from core.state import (
     encode_states,
     raw_features_for_dataset,
     require_dataset,
+    write_atomic,
 )
 
 #: Bump when the cached map layout changes.
@@ -57,15 +57,18 @@ class TsneConfig:
     pca_dims: int = 50
     #: Effective number of neighbours each point attends to.
     perplexity: float = 30.0
-    #: Iterations of the early-exaggeration phase (cluster formation) and of the
-    #: normal phase.  A PCA initialisation starts near the global layout, so a short
-    #: schedule reaches the trustworthiness of the default 250 + 500.
-    early_exaggeration_iter: int = 125
-    n_iter: int = 250
-    #: Approximate nearest neighbours ("annoy", bundled with openTSNE) or "exact".
-    neighbors: str = "annoy"
-    #: Repulsive forces: "fft" (interpolation, linear in N), "bh" (Barnes-Hut) or "auto"
-    #: (openTSNE picks BH below 10,000 points, where FFT's fixed grid cost dominates).
+    #: Iterations of the early-exaggeration phase (cluster formation) and of the normal
+    #: phase.  Starting from the PCA layout with the learning rate N/12, a short schedule
+    #: reaches the trustworthiness of openTSNE's default 250 + 500 (bench_tsne.py).
+    early_exaggeration_iter: int = 100
+    n_iter: int = 150
+    #: Nearest neighbours: "exact" (brute force on BLAS), "annoy" (approximate, bundled
+    #: with openTSNE) or "auto": exact up to EXACT_NEIGHBOURS_MAX points, where one matrix
+    #: product beats building trees, annoy above.
+    neighbors: str = "auto"
+    #: Repulsive forces: "fft" (interpolation, linear in N), "bh" (Barnes-Hut) or "auto":
+    #: BH below FFT_MIN points, where FFT's fixed grid cost dominates, FFT above (at 20k
+    #: points FFT is ~5× faster than BH).
     negative_gradient_method: str = "auto"
     #: Threads for neighbours and gradients; 0 = one thread below SMALL_MAP points (where
     #: thread synchronisation per iteration costs more than it saves, badly so on a busy
@@ -76,10 +79,31 @@ class TsneConfig:
 
 #: Maps with fewer points run single-threaded when ``TsneConfig.n_jobs`` is 0.
 SMALL_MAP = 5000
+#: From this many points ``negative_gradient_method="auto"`` uses FFT.
+FFT_MIN = 2000
+#: Up to this many points ``neighbors="auto"`` searches neighbours exactly.
+EXACT_NEIGHBOURS_MAX = 30_000
 
 
 def _threads(config: TsneConfig, n: int) -> int:
     return config.n_jobs if config.n_jobs > 0 else (1 if n < SMALL_MAP else 2)
+
+
+def _gradient_method(config: TsneConfig, n: int) -> str:
+    if config.negative_gradient_method == "auto":
+        return "fft" if n >= FFT_MIN else "bh"
+    return config.negative_gradient_method
+
+
+def _neighbours(config: TsneConfig, n: int) -> dict[str, Any]:
+    """openTSNE's neighbour-search arguments for ``n`` points."""
+    method = config.neighbors
+    if method == "auto":
+        method = "exact" if n <= EXACT_NEIGHBOURS_MAX else "annoy"
+    if method == "exact":
+        # sklearn's brute force: chunked distance matrix products (a k-d tree is slow in 50-d)
+        return {"method": "exact", "knn_kwargs": {"algorithm": "brute"}}
+    return {"method": method}
 
 
 @dataclass
@@ -102,29 +126,74 @@ class TsneMap:
         """[M, 2] positions of new states on this map, without moving the existing points
         (openTSNE's ``transform``: much cheaper than recomputing the map)."""
         if self._embedding is None:
-            if self._reduced is None:
-                raise InputError("this map was loaded without its reduced states; recompute it")
+            # a loaded map: rebuild the neighbour graph of its states (no optimisation)
             import openTSNE
 
             n_jobs = _threads(self.config, len(self.coords))
             aff = openTSNE.affinity.PerplexityBasedNN(
-                self._reduced, perplexity=self.config.perplexity, method=self.config.neighbors,
-                n_jobs=n_jobs, random_state=self.config.seed)
+                self._reduced, perplexity=self.config.perplexity, n_jobs=n_jobs,
+                random_state=self.config.seed, **_neighbours(self.config, len(self.coords)))
             self._embedding = openTSNE.TSNEEmbedding(
-                self.coords, aff, negative_gradient_method=self.config.negative_gradient_method,
+                self.coords, aff, negative_gradient_method=_gradient_method(self.config, len(self.coords)),
                 n_jobs=n_jobs, random_state=self.config.seed)
         return np.asarray(self._embedding.transform(self.reduce(X_new)), dtype=np.float64)
 
+    def save(self, path: str | Path) -> None:
+        """Write ``<path>.safetensors`` (coordinates, PCA, reduced states) and ``<path>.json``
+        (the settings): enough for a later process to :meth:`transform` onto this map."""
+        from safetensors.numpy import save_file
 
-def pca_reduce(X: np.ndarray, dims: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(reduced [N, k], mean [D], components [k, D]) with k = min(dims, N, D)."""
-    from sklearn.decomposition import PCA
+        if self._reduced is None:
+            raise InputError("this map has no reduced states to save")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {"coords": np.ascontiguousarray(self.coords), "pca_mean": self.pca_mean,
+                  "pca_components": np.ascontiguousarray(self.pca_components),
+                  "reduced": np.ascontiguousarray(self._reduced)}
+        write_atomic(path.with_name(path.name + ".safetensors"), lambda tmp: save_file(arrays, str(tmp)))
+        meta = json.dumps({"config": asdict(self.config), "seconds": self.seconds})
+        write_atomic(path.with_name(path.name + ".json"), lambda tmp: tmp.write_text(meta))
 
+    @classmethod
+    def load(cls, path: str | Path) -> "TsneMap":
+        """Read what :meth:`save` wrote; the neighbour graph is rebuilt on the first transform."""
+        from safetensors.numpy import load_file
+
+        path = Path(path)
+        meta = json.loads(path.with_name(path.name + ".json").read_text())
+        a = load_file(str(path.with_name(path.name + ".safetensors")))
+        return cls(coords=a["coords"], pca_mean=a["pca_mean"], pca_components=a["pca_components"],
+                   config=TsneConfig(**meta["config"]), seconds=float(meta["seconds"]), _reduced=a["reduced"])
+
+
+def pca_reduce(X: np.ndarray, dims: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reduced [N, k], mean [D], components [k, D]) with k = min(dims, N, D).
+
+    Exact PCA from the D×D covariance (one matrix product and a small eigendecomposition,
+    faster than a randomized SVD for the encoder's D = 512); each component's sign is
+    fixed so that its largest loading is positive, which makes the result deterministic.
+    Wide inputs (D > 2048) go through sklearn's randomized PCA instead."""
     X = np.asarray(X, dtype=np.float64)
-    k = int(min(dims, X.shape[0], X.shape[1]))
-    pca = PCA(n_components=k, svd_solver="randomized" if k < min(X.shape) else "full", random_state=seed)
-    reduced = pca.fit_transform(X)
-    return reduced, pca.mean_, pca.components_
+    n, d = X.shape
+    k = int(min(dims, n, d))
+    if d > 2048:
+        from sklearn.decomposition import PCA
+
+        pca = PCA(n_components=k, svd_solver="randomized", random_state=seed)
+        return pca.fit_transform(X), pca.mean_, pca.components_
+    mean = X.mean(axis=0)
+    Xc = X - mean
+    cov = Xc.T @ Xc
+    # The eigendecomposition is many small BLAS calls: on a busy machine a second BLAS
+    # thread that is not scheduled stalls every one of them (seen: 30 ms → 1.5 s), and
+    # one thread does a 512×512 matrix in ~30 ms anyway.
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        _, vectors = np.linalg.eigh(cov)
+    comps = vectors[:, ::-1][:, :k].T                                  # [k, D], largest first
+    comps *= np.sign(comps[np.arange(k), np.abs(comps).argmax(axis=1)])[:, None]
+    return Xc @ comps.T, mean, comps
 
 
 def _check_map_input(X: np.ndarray, perplexity: float) -> np.ndarray:
@@ -149,8 +218,9 @@ def tsne_map(X: np.ndarray, config: TsneConfig | None = None) -> TsneMap:
     reduced, mean, comps = pca_reduce(X, c.pca_dims, c.seed)
     tsne = openTSNE.TSNE(
         n_components=2, perplexity=c.perplexity, early_exaggeration_iter=c.early_exaggeration_iter,
-        n_iter=c.n_iter, initialization="pca", neighbors=c.neighbors,
-        negative_gradient_method=c.negative_gradient_method,
+        n_iter=c.n_iter, initialization="pca", neighbors=_neighbours(c, X.shape[0])["method"],
+        knn_kwargs=_neighbours(c, X.shape[0]).get("knn_kwargs"),
+        negative_gradient_method=_gradient_method(c, X.shape[0]),
         n_jobs=_threads(c, X.shape[0]), random_state=c.seed, verbose=False)
     embedding = tsne.fit(reduced)
     return TsneMap(coords=np.asarray(embedding, dtype=np.float64), pca_mean=mean, pca_components=comps,
@@ -493,6 +563,26 @@ class StepRewards:
         return h.hexdigest()
 
 
+def reward_levels(total: np.ndarray) -> np.ndarray:
+    """Each step's reward as "low" / "medium" / "high": the terciles over all steps."""
+    q1, q2 = np.quantile(total, [1 / 3, 2 / 3])
+    labels = np.array([f"low (≤ {q1:.3g})", f"medium ({q1:.3g} … {q2:.3g})", f"high (> {q2:.3g})"],
+                      dtype=object)
+    return labels[np.where(total <= q1, 0, np.where(total <= q2, 1, 2))]
+
+
+def pyramid_rewards(result: Any, raw: RawStateFeatures) -> StepRewards:
+    """Per-step rewards of a scored reward pyramid (``core.rewards.score``), aligned with
+    the steps of ``raw``: the total, each level's gated total (``L1``…) and the penalties."""
+    frame = result.frame
+    if list(frame.episode_ids) != list(raw.episode_ids) or not np.array_equal(frame.t, raw.step_t):
+        raise InputError("the scored steps do not line up with the state features; "
+                         "score the same dataset or file")
+    levels = {lv.key: result.level_totals[:, i] for i, lv in enumerate(result.template.levels)}
+    return StepRewards(total=np.asarray(result.step_reward, dtype=np.float64),
+                       components={**levels, "penalties": np.asarray(result.penalties)})
+
+
 @dataclass
 class StateSource:
     """The steps behind a map: raw features, the catalog, and per-step labels."""
@@ -661,10 +751,7 @@ class StateMapReport:
         fig = self.figure(color)
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
-        os.replace(tmp, out)
-        return out
+        return write_atomic(out, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
     def entropy_figure(self, by: str = "tool"):
         """Bar chart of the action entropy per tool or per state cluster (nats)."""
@@ -698,19 +785,16 @@ class StateMapReport:
         from safetensors.numpy import save_file
 
         num = {c: np.array([np.nan if v is None else float(v) for v in self.columns[c]], dtype=np.float64)
-               for c in self.columns if c in _NUMERIC_COLUMNS or c.startswith("reward")}
+               for c in self.columns if c in _NUMERIC_COLUMNS or c.startswith("reward:")}
         arrays = {"index": self.index.astype(np.int64), "coords": self.coords.astype(np.float64),
                   **{f"col:{k}": v for k, v in num.items()}}
-        tmp = path.with_name(path.name + ".safetensors.tmp")
-        save_file(arrays, str(tmp))
-        os.replace(tmp, path.with_name(path.name + ".safetensors"))
+        write_atomic(path.with_name(path.name + ".safetensors"), lambda tmp: save_file(arrays, str(tmp)))
         text_cols = {c: v for c, v in self.columns.items() if c not in num}
         meta = {"version": MAP_VERSION, "source": self.source, "space": self.space, "n_steps": self.n_steps,
                 "text_columns": text_cols, "fidelity": self.fidelity.to_dict(),
                 "entropy": self.entropy.to_dict(), "timings": self.timings, "settings": self.settings}
-        tmp_json = path.with_name(path.name + ".json.tmp")
-        tmp_json.write_text(json.dumps(meta, default=str))
-        os.replace(tmp_json, path.with_name(path.name + ".json"))
+        text = json.dumps(meta, default=str)
+        write_atomic(path.with_name(path.name + ".json"), lambda tmp: tmp.write_text(text))
 
     @classmethod
     def load(cls, path: Path) -> "StateMapReport":
@@ -753,16 +837,17 @@ def _state_matrix(raw: RawStateFeatures, space: str, encoder_config: StateEncode
 def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path | None = None,
                color: str = "task_type", out: str | Path | None = None, space: str = "encoded",
                encoder: StateEncoderConfig | None = None, tsne: TsneConfig | None = None,
-               max_points: int = 20000, clusters: int = 8, rewards: StepRewards | None = None,
-               curriculum_level: np.ndarray | None = None, use_cache: bool = True,
-               progress: Any = None) -> StateMapReport:
+               max_points: int = 20000, clusters: int = 8, template: str | Path | None = None,
+               rewards: StepRewards | None = None, curriculum_level: np.ndarray | None = None,
+               use_cache: bool = True, progress: Any = None) -> StateMapReport:
     """Map the states of a dataset (or an episodes file), judge the encoding, measure entropy.
 
     The states are the seeded encoder's output (``space="encoded"``) or the plain
     concatenated raw features (``"raw"``).  At most ``max_points`` steps (a seeded
     random sample) go on the map and into the fidelity check; entropy uses all steps.
-    ``rewards`` (per step, e.g. the pyramid's) feed the trace and the reward colours —
-    without them the trace rewards are zero.  The result is cached in the workspace
+    Per-step rewards feed the trace and the reward colours: ``template`` scores the steps
+    with that reward pyramid (a shipped name such as ``finance_risk`` or a file), or
+    ``rewards`` gives them directly; without either the trace rewards are zero.  The result is cached in the workspace
     (``artifacts/states/``), so a big map is computed once; ``out`` writes the HTML.
     """
     report_progress = progress or (lambda _msg: None)
@@ -778,6 +863,13 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     timings["features_s"] = time.perf_counter() - t0
     if raw.n_steps == 0:
         raise InputError(f"{src.name} has no steps to map")
+    if template is not None:
+        if rewards is not None:
+            raise InputError("give a reward template or per-step rewards, not both", field="template")
+        from core.rewards import score
+
+        report_progress(f"scoring the steps with the reward template {template}")
+        rewards = pyramid_rewards(score(ws, template, dataset=dataset, episodes=episodes_file), raw)
     reward_vec = None
     if rewards is not None:
         reward_vec = raw.check_rewards(rewards.total)
@@ -834,6 +926,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     columns["cluster"] = cluster[index].tolist()
     if rewards is not None:
         columns["reward_total"] = np.asarray(rewards.total, dtype=np.float64)[index].tolist()
+        columns["reward_level"] = reward_levels(np.asarray(rewards.total, dtype=np.float64))[index].tolist()
         for name, comp in rewards.components.items():
             columns[f"reward:{name}"] = np.asarray(comp, dtype=np.float64)[index].tolist()
     if curriculum_level is not None:

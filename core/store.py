@@ -283,7 +283,91 @@ def _m3_runs(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs]
+def _m4_template_versions(conn: sqlite3.Connection) -> None:
+    """Reward template versions (core.rewards.versions): every save is a new row; rows are
+    never updated or deleted, so the history of a template is complete."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS template_versions (
+            name TEXT NOT NULL,
+            version INTEGER NOT NULL CHECK (version >= 1),
+            yaml TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            base_version INTEGER CHECK (base_version IS NULL OR base_version < version),
+            saved_by TEXT NOT NULL,
+            saved_at TEXT NOT NULL,
+            message TEXT NOT NULL DEFAULT '',
+            meta TEXT,
+            PRIMARY KEY (name, version)
+        )
+        """
+    )
+    for name, when, message in (
+        ("template_versions_no_update", "UPDATE ON template_versions",
+         "template versions are never changed; save a new version"),
+        ("template_versions_no_delete", "DELETE ON template_versions",
+         "template versions are never deleted"),
+        # INSERT OR REPLACE deletes the old row without firing DELETE triggers: refuse it.
+        ("template_versions_no_replace", "INSERT ON template_versions WHEN EXISTS (SELECT 1 FROM "
+         "template_versions WHERE name = NEW.name AND version = NEW.version)",
+         "this template version already exists; save a new version"),
+    ):
+        conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} BEFORE {when} "
+                     f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
+
+
+def _m5_policy_registry(conn: sqlite3.Connection) -> None:
+    """The policy registry (core.registry): one row per registered bundle version and an
+    event log of every transition (registered, approved, promoted, rolled back).  Both are
+    append-only: the stage of a version is read from its events, never stored in place."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS policy_versions (
+            name TEXT NOT NULL,
+            version TEXT NOT NULL,
+            bundle_path TEXT NOT NULL,
+            bundle_sha256 TEXT NOT NULL,
+            manifest_digest TEXT NOT NULL,
+            manifest TEXT NOT NULL,
+            run_id TEXT,
+            created_by TEXT NOT NULL,
+            trained_by TEXT,
+            registered_by TEXT NOT NULL,
+            registered_at TEXT NOT NULL,
+            PRIMARY KEY (name, version)
+        );
+        CREATE TABLE IF NOT EXISTS registry_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL,
+            version TEXT NOT NULL,
+            event TEXT NOT NULL CHECK (event IN ('registered', 'approved', 'promoted', 'rolled_back')),
+            actor TEXT NOT NULL,
+            role TEXT NOT NULL,
+            at TEXT NOT NULL,
+            comment TEXT NOT NULL DEFAULT '',
+            detail TEXT,
+            FOREIGN KEY (name, version) REFERENCES policy_versions(name, version)
+        );
+        CREATE INDEX IF NOT EXISTS idx_registry_events_name ON registry_events(name, id)
+        """
+    )
+    for name, when, message in (
+        ("policy_versions_no_update", "UPDATE ON policy_versions",
+         "registered policy versions are never changed; register a new version"),
+        ("policy_versions_no_delete", "DELETE ON policy_versions", "registered policy versions are never deleted"),
+        ("policy_versions_no_replace", "INSERT ON policy_versions WHEN EXISTS (SELECT 1 FROM policy_versions "
+         "WHERE name = NEW.name AND version = NEW.version)", "this policy version is already registered"),
+        ("registry_events_no_update", "UPDATE ON registry_events", "registry events are append-only"),
+        ("registry_events_no_delete", "DELETE ON registry_events", "registry events are append-only"),
+        ("registry_events_no_replace", "INSERT ON registry_events WHEN EXISTS (SELECT 1 FROM registry_events "
+         "WHERE id = NEW.id)", "registry events are append-only"),
+    ):
+        conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} BEFORE {when} "
+                     f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
+                                                          _m4_template_versions, _m5_policy_registry]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -24,8 +24,12 @@ if not datasets:
 
 # --------------------------------------------------------------------------- what to map
 with st.form("states_settings"):
-    left, right = st.columns(2)
+    left, middle, right = st.columns(3)
     dataset = left.selectbox("Dataset", datasets, key="states_dataset")
+    template = middle.selectbox(
+        "Reward template", ["(none)", *resources.reward_templates()], key="states_template",
+        help="Its per-step rewards feed the trace and colour the map (total, level, each pyramid "
+             "level); without one the trace rewards are zero.")
     space = right.radio("States", ["encoded", "raw"], horizontal=True, key="states_space",
                         help="encoded: the state encoder's 512-d output (seeded, untrained); "
                              "raw: the concatenated raw features, without learned weights.")
@@ -45,7 +49,8 @@ with st.form("states_settings"):
 if submitted:
     st.session_state["states_request"] = {
         "dataset": dataset, "space": space, "gating": gating, "intent": intent,
-        "max_points": int(max_points), "clusters": int(clusters), "seed": int(seed)}
+        "max_points": int(max_points), "clusters": int(clusters), "seed": int(seed),
+        "template": None if template == "(none)" else template}
 
 request = st.session_state.get("states_request")
 if not request:

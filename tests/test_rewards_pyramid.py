@@ -195,7 +195,7 @@ def test_tables_and_summary():
     eps = r.episodes_table()
     assert eps["return"].tolist() == pytest.approx(list(r.episode_returns.values()))
     s = r.summary()
-    v = r.matrix.step_values[:, 0]
+    v = r.matrix.step_values[0]
     assert s["components"]["tool_validity"]["mean"] == pytest.approx(v.mean())
     assert set(s["components"]["resolved_bonus"]) >= {"mean", "std", "min", "max", "weight", "level"}
     json.dumps(s)

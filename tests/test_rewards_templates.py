@@ -32,9 +32,9 @@ TOOLBENCH = [ROOT / "datasets" / "real" / "toolbench", ROOT / "datasets" / "real
 
 #: template -> (domain, episodes, seed) of the fixed generated dataset it is scored on
 GOLDEN_DATA = {
-    "finance_risk": ("finance", 20, 11),
-    "ecommerce_returns": ("ecommerce", 16, 12),
-    "tool_agent": ("ecommerce", 16, 12),
+    "finance_risk": ("finance", 16, 11),
+    "ecommerce_returns": ("ecommerce", 12, 12),
+    "tool_agent": ("ecommerce", 12, 12),
 }
 
 

@@ -29,8 +29,12 @@ def page_ws(tmp_path, monkeypatch):
 
 def _submit(at: AppTest, **values) -> AppTest:
     for key, value in values.items():
-        widget = at.number_input(key=key) if key in ("states_max_points", "states_clusters") else None
-        (widget or at.radio(key=key)).set_value(value)
+        if key in ("states_max_points", "states_clusters"):
+            at.number_input(key=key).set_value(value)
+        elif key == "states_template":
+            at.selectbox(key=key).set_value(value)
+        else:
+            at.radio(key=key).set_value(value)
     next(b for b in at.button if b.label == "Map the states").click()
     return at.run()
 
@@ -48,7 +52,7 @@ def test_map_verdict_and_entropy(page_ws):
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     assert not at.exception
     assert "Map the states" in at.info[0].value          # nothing computed before asking
-    at = _submit(at, states_max_points=150, states_clusters=4)
+    at = _submit(at, states_max_points=150, states_clusters=4, states_template="finance_risk")
     assert not at.exception, at.exception
     verdict = [e.value for e in (*at.success, *at.warning, *at.error)]
     assert any(v.startswith("Fidelity: task types separate") for v in verdict)
@@ -56,7 +60,8 @@ def test_map_verdict_and_entropy(page_ws):
     assert {"Silhouette by task type", "Silhouette, shuffled labels", "Silhouette, intent encoder off",
             "Overall (nats)"} <= set(labels)
     colour = at.selectbox(key="states_color")
-    assert {"task type", "intent", "behaviour", "action", "cluster"} <= set(colour.options)
+    assert {"task type", "intent", "behaviour", "action", "cluster", "reward total", "reward level",
+            "reward:L1"} <= set(colour.options)
     charts = at.get("plotly_chart")
     assert len(charts) == 3                            # map + entropy per tool + per cluster
     # changing the colour re-renders from the cached report
@@ -76,3 +81,12 @@ def test_errors_are_shown_not_raised(page_ws):
     at = _submit(at, states_clusters=2)
     assert not at.exception
     assert at.error and "needs at least 8 states" in at.error[0].value
+
+
+def test_page_is_in_the_app_menu(page_ws):
+    page_ws()
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    assert not at.exception, at.exception
+    at.switch_page("../pages/state_explorer.py").run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["State Explorer"]

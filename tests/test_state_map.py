@@ -15,6 +15,7 @@ from core.errors import InputError
 from core.statemap import (
     StepRewards,
     TsneConfig,
+    TsneMap,
     action_entropy,
     knn_label_agreement,
     policy_entropy,
@@ -109,7 +110,7 @@ def test_tsne_is_deterministic_for_a_seed():
     assert a.coords.shape == (180, 2)
 
 
-def test_tsne_separates_blobs_and_transform_places_new_states():
+def test_tsne_separates_blobs_and_transform_places_new_states(tmp_path):
     X, y = _blobs(seed=3)
     fitted = tsne_map(X, TsneConfig(seed=0))
     centres = np.stack([fitted.coords[y == c].mean(0) for c in range(3)])
@@ -119,6 +120,10 @@ def test_tsne_separates_blobs_and_transform_places_new_states():
     placed = fitted.transform(X_new)
     nearest = np.argmin(((placed[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
     assert (nearest == y_new).mean() >= 0.9
+    # a map saved by one process places new states the same way in another
+    fitted.save(tmp_path / "map")
+    again = TsneMap.load(tmp_path / "map").transform(X_new)
+    np.testing.assert_allclose(again, placed, atol=1e-6)
 
 
 def test_tsne_refuses_bad_input():
@@ -210,6 +215,20 @@ def test_states_map_report_and_cache(fx_ws, tmp_path):
         states_map(ws, dataset="fx", rewards=StepRewards(total=np.zeros(3)))
 
 
+def test_states_map_with_a_reward_template(fx_ws):
+    ws, _ = fx_ws
+    plain = states_map(ws, dataset="fx", max_points=100)
+    rep = states_map(ws, dataset="fx", max_points=100, template="finance_risk", color="reward_level")
+    fields = rep.color_fields()
+    assert {"reward_total", "reward_level", "reward:L1", "reward:L4", "reward:penalties"} <= set(fields)
+    assert len(set(rep.columns["reward_level"])) == 3
+    assert max(rep.columns["reward_total"]) > min(rep.columns["reward_total"])
+    # the pyramid's rewards reach the trace, so the states (and the map) change
+    assert not np.array_equal(plain.coords, rep.coords)
+    with pytest.raises(InputError, match="not both"):
+        states_map(ws, dataset="fx", template="finance_risk", rewards=StepRewards(total=np.zeros(3)))
+
+
 def test_states_entropy_matches_action_entropy(fx_ws):
     ws, _ = fx_ws
     rep = states_entropy(ws, dataset="fx", clusters=4)
@@ -258,3 +277,21 @@ def test_finance_task_types_separate_and_need_the_intent_encoder():
     assert fid.silhouette_intent_off < fid.silhouette - 0.02
     assert fid.knn_agreement > fid.knn_chance + 0.3
     assert fid.separates is True and fid.verdict.startswith("task types separate well")
+
+
+def test_cli_states_map_from_an_episodes_file(fx_ws, tmp_path, monkeypatch, capsys):
+    from core.datasets import generate, write_jsonl
+
+    _, path = fx_ws
+    monkeypatch.setenv("RWB_WORKSPACE", str(path))
+    src = write_jsonl(generate("finance", 40, 1), tmp_path / "fin.jsonl")
+    out = tmp_path / "fin.html"
+    assert rwb(["states", "map", "--episodes", str(src), "--out", str(out), "--color", "intent",
+                "--space", "raw", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["space"] == "raw" and data["source"] == str(src) and out.exists()
+    assert data["fidelity"]["n_labels"] >= 4
+    assert {"behaviour", "intent"} <= set(data["color_fields"])
+    assert rwb(["states", "map", "--episodes", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+    assert "no such episodes file" in capsys.readouterr().err
+    assert rwb(["states", "map", "--episodes", str(src), "--dataset", "fx", "--out", str(out)]) == 2

@@ -37,11 +37,12 @@ def _main(
     _STATE["workspace"] = workspace
 
 
-def open_workspace():
-    """The workspace selected by ``--workspace`` / ``RWB_WORKSPACE`` / ``./workspace``."""
+def open_workspace(*, create: bool = True):
+    """The workspace selected by ``--workspace`` / ``RWB_WORKSPACE`` / ``./workspace``
+    (``create=False``: refuse with WorkspaceError when there is none)."""
     from core.store import Workspace
 
-    return Workspace.open(_STATE["workspace"])
+    return Workspace.open(_STATE["workspace"], create=create)
 
 
 def print_json(obj: Any) -> None:
@@ -61,6 +62,7 @@ AREAS: list[tuple[str, str | None]] = [
     ("audit", "audit"),
     ("catalog", "catalog"),
     ("reward", "reward"),
+    ("reward_versions", None),
 ]
 
 

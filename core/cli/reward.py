@@ -21,7 +21,21 @@ from core.rewards.expectations import ExpectationsFailed
 app = typer.Typer(help="Reward pyramids: validate templates, score episodes, check expectations.",
                   no_args_is_help=True)
 
-TEMPLATE_HELP = "Template file, or the name of a shipped template (finance_risk, …)."
+TEMPLATE_HELP = ("Template file, a template name (finance_risk: its latest version saved in the "
+                 "workspace, else the shipped file), or NAME@VERSION (finance_risk@3; @0 = shipped).")
+
+
+def _workspace_for(template: str):
+    """The workspace, so that saved versions (``finance_risk@3``) resolve; none is needed (or
+    created) to validate a file."""
+    from core.store import WorkspaceError
+
+    if Path(template).is_file():
+        return None
+    try:
+        return open_workspace(create=False)
+    except WorkspaceError:
+        return None
 
 
 def _fmt(x: float | None) -> str:
@@ -34,7 +48,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Validate a template; errors name the key and the line."""
-    info = rewards.validate(template)
+    info = rewards.validate(template, ws=_workspace_for(template))
     if as_json:
         print_json(info)
         return
@@ -77,7 +91,8 @@ def score(
         print_json(body)
         return
     s = result.summary()
-    typer.echo(f"template {s['template']!r}: {s['n_episodes']} episodes, {s['n_steps']} steps")
+    source = f" ({result.template.source})" if result.template.source else ""
+    typer.echo(f"template {s['template']!r}{source}: {s['n_episodes']} episodes, {s['n_steps']} steps")
     typer.echo(f"  {'component':<26}{'level':<9}{'weight':>8}{'mean':>10}{'std':>10}{'min':>10}{'max':>10}")
     for name, c in s["components"].items():
         typer.echo(f"  {name:<26}{c['level']:<9}{c['weight']:>8.3g}{_fmt(c['mean']):>10}"

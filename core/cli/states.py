@@ -40,7 +40,8 @@ def map_(
     episodes: Optional[Path] = typer.Option(None, "--episodes", help="An episodes file (rwb JSONL or any importable format)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="A dataset of the workspace."),
     color: str = typer.Option("task_type", "--color", help="Colour by: task_type, intent, behaviour, action, "
-                              "tool, cluster, final_reward, resolved (and reward fields when given)."),
+                              "tool, cluster, final_reward, resolved; with --template also reward_total, "
+                              "reward_level and reward:L1… (each level's reward)."),
     out: Path = typer.Option(..., "--out", help="HTML file to write the map to."),
     space: str = typer.Option("encoded", "--space", help="'encoded' (the seeded state encoder) or 'raw' "
                               "(concatenated raw features)."),
@@ -48,6 +49,9 @@ def map_(
     intent: str = typer.Option("on", "--intent", help="Intent encoder 'on' or 'off'."),
     max_points: int = typer.Option(20000, "--max-points", help="At most this many steps on the map."),
     clusters: int = typer.Option(8, "--clusters", help="k-means state clusters for the entropy."),
+    template: Optional[str] = typer.Option(None, "--template", help="Reward template (file or shipped "
+                                           "name) whose per-step rewards feed the trace and the reward "
+                                           "colours; without one the trace rewards are zero."),
     seed: int = typer.Option(0, "--seed", help="Seed of the encoder, the sample and the t-SNE."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fidelity and entropy figures)."),
 ) -> None:
@@ -55,7 +59,7 @@ def map_(
     report = states_map(
         open_workspace(), **_source(episodes, dataset), color=color, out=out, space=space,
         encoder=StateEncoderConfig(gating=gating, intent=intent, seed=seed),  # type: ignore[arg-type]
-        tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters,
+        tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters, template=template,
         progress=None if as_json else (lambda msg: typer.echo(f"… {msg}", err=True)))
     if as_json:
         print_json({**report.summary(), "out": str(out)})

@@ -6,19 +6,23 @@ catalog's INVALID count).  Small files and foreign formats get their rows from t
 validated episodes in this process (:func:`rows_of`).
 
 Validation dominates import time (pydantic builds every observation and result), so a big
-``rwb`` file is cut into chunks that this process and ``workers - 1`` spawned worker
-processes validate at the same time.  The work is shared dynamically: the workers take
-chunks from the end of the file, this process from the start, and whichever reaches a
-chunk first does it.  Results are consumed in file order, so the first bad record is
-reported exactly as the one-process path reports it.  Workers send back plain rows
-(text, numbers, lists) — never Episode objects.
+``rwb`` file is cut into chunks that this process and ``workers - 1`` worker processes
+(``python -m core.importers.parallel``) validate at the same time.  Workers are plain
+subprocesses that read chunks as JSON lines on stdin and answer with rows as JSON lines
+on stdout: no pickle, and the caller's main module is never re-imported.  The work is
+shared dynamically — workers take chunks from the end of the file, this process from
+the start — and results are used in file order, so the first bad record is reported
+exactly as the one-process path reports it.  A worker that dies only costs time: its
+chunk is done here.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +37,11 @@ from core.importers.base import (
     convert_records,
 )
 
-#: Files with fewer episode lines than this are read in one process (workers cost ~1 s to start).
+#: Files with fewer episode lines than this are read in one process (a worker takes ~1 s to start).
 PARALLEL_MIN_RECORDS = 4000
 #: Episode lines per chunk handed to a worker.
 CHUNK_RECORDS = 1000
-#: Whether this process takes chunks the workers have not started (False in tests only,
-#: to make the workers do all but the first chunk).
+#: Whether this process takes chunks too (False in tests only, to make the workers do them all).
 MAIN_TAKES_CHUNKS = True
 
 
@@ -110,6 +113,37 @@ def _error(d: dict[str, Any]) -> InputError:
     return InputError(d["reason"], file=d["file"], line=d["line"], record=d["record"], field=d["field"])
 
 
+class _Worker:
+    """One ``python -m core.importers.parallel`` subprocess, driven by a thread of ours."""
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the core package
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [root, *filter(None, [os.environ.get("PYTHONPATH")])]), PYTHONIOENCODING="utf-8")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "core.importers.parallel"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, encoding="utf-8")
+
+    def convert(self, file: str, items: list[tuple[int, int | None, str]], skip_invalid: bool) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"file": file, "items": items, "skip_invalid": skip_invalid},
+                                         ensure_ascii=False) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise OSError("import worker stopped")
+        return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
 def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[ParsedFile, Rows]:
     """Read an rwb document with ``workers`` processes (this one included).
 
@@ -122,32 +156,72 @@ def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[Pa
     size = max(1, min(CHUNK_RECORDS, -(-len(items) // (4 * workers))))  # ≥ 4 chunks per process
     chunks = [items[i:i + size] for i in range(0, len(items), size)]
     name = doc.name
-    rows, rejected = Rows(), []
-    # spawn, not fork: the app calls this from a threaded server, where fork is unsafe.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context) as pool:
-        futures: list[Future | None] = [None] * len(chunks)
-        for i in reversed(range(1, len(chunks))):  # workers start from the end of the file
-            futures[i] = pool.submit(convert_rwb_chunk, name, chunks[i], options.skip_invalid)
+    results: list[dict[str, Any] | None] = [None] * len(chunks)
+    lock = threading.Lock()
+    bounds = {"front": 0, "back": len(chunks) - 1}
+
+    def take(end: str) -> int | None:
+        with lock:
+            if bounds["front"] > bounds["back"]:
+                return None
+            i = bounds[end]
+            bounds[end] += 1 if end == "front" else -1
+            return i
+
+    def drive(worker: _Worker) -> None:
         try:
-            for i, chunk in enumerate(chunks):
-                fut = futures[i]
-                if fut is None or (MAIN_TAKES_CHUNKS and fut.cancel()):  # not started yet: do it here
-                    result = convert_rwb_chunk(name, chunk, options.skip_invalid)
-                else:
-                    result = fut.result()
-                if "error" in result:
-                    raise _error(result["error"])
-                rows.extend(Rows(result["episodes"], result["steps"],
-                                 [tuple(c) for c in result["calls"]], set(result["domains"])))
-                rejected += result["rejected"]
-                if options.progress is not None:
-                    options.progress(sum(len(c) for c in chunks[:i + 1]), len(items))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            while (i := take("back")) is not None:
+                try:
+                    results[i] = worker.convert(name, chunks[i], options.skip_invalid)
+                except (OSError, ValueError):
+                    return  # the worker broke: this chunk stays None and is done below
+        finally:
+            worker.close()
+
+    threads = []
+    for _ in range(max(0, workers - 1)):
+        try:
+            worker = _Worker()
+        except OSError:  # cannot start a process here: the chunks are all done in this one
+            break
+        threads.append(threading.Thread(target=drive, args=(worker,), daemon=True))
+        threads[-1].start()
+    while MAIN_TAKES_CHUNKS and (i := take("front")) is not None:
+        results[i] = convert_rwb_chunk(name, chunks[i], options.skip_invalid)
+        if options.progress is not None:
+            options.progress(sum(r is not None for r in results) * size, len(items))
+    for t in threads:
+        t.join()
+
+    rows, rejected = Rows(), []
+    for i, result in enumerate(results):
+        if result is None:  # its worker failed (or none could start)
+            result = convert_rwb_chunk(name, chunks[i], options.skip_invalid)
+        if "error" in result:
+            raise _error(result["error"])
+        rows.extend(Rows([tuple(r) for r in result["episodes"]],
+                         [[tuple(s) for s in steps] for steps in result["steps"]],
+                         [tuple(c) for c in result["calls"]], set(result["domains"])))
+        rejected += result["rejected"]
+    if options.progress is not None:
+        options.progress(len(items), len(items))
     common = next(iter(rows.domains)) if len(rows.domains) == 1 else None
     parsed = ParsedFile(format="rwb", episodes=[], tools=tools, rejected=rejected,
                         domain=domain if domain is not None else common,
                         default_dataset=doc.path.stem)
     return parsed, rows
+
+
+def _serve() -> None:
+    """Worker main loop: one chunk request per stdin line, one JSON answer per stdout line."""
+    out = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        result = convert_rwb_chunk(request["file"], [tuple(x) for x in request["items"]],
+                                   request["skip_invalid"])
+        out.write(json.dumps(result, ensure_ascii=False) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()

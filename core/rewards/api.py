@@ -33,9 +33,17 @@ from core.rewards.template import Template, load_template
 TemplateLike = Template | str | Path
 
 
-def as_template(template: TemplateLike) -> Template:
-    """A :class:`Template` from a template, a file path or a shipped template name."""
-    return template if isinstance(template, Template) else load_template(template)
+def as_template(template: TemplateLike, ws=None) -> Template:
+    """A :class:`Template` from a template, a file path or a shipped template name; with a
+    workspace also ``name@N`` (a saved version) and a bare name resolving to its latest saved
+    version before the shipped file (see :func:`core.rewards.versions.resolve_template`)."""
+    if isinstance(template, Template):
+        return template
+    if ws is None:
+        return load_template(template)
+    from core.rewards.versions import resolve_template
+
+    return resolve_template(ws, str(template))
 
 
 def frame_from_episodes(episodes: Sequence[Episode], tools: Sequence[ToolSchema] | None = None
@@ -78,10 +86,11 @@ def _frame(ws, dataset: str | None, episodes: str | Path | None,
     return load_frame(ws, dataset)
 
 
-def validate(template: TemplateLike) -> dict[str, Any]:
+def validate(template: TemplateLike, ws=None) -> dict[str, Any]:
     """Validate a template (raises :class:`~core.rewards.template.TemplateError` naming the key
-    and line) and describe it: levels, components, weights, expectations."""
-    t = as_template(template)
+    and line) and describe it: levels, components, weights, expectations.  With a workspace,
+    saved versions resolve too (``finance_risk@3``)."""
+    t = as_template(template, ws)
     return {
         "ok": True, "name": t.name, "version": t.version, "source": t.source,
         "gating": t.gating, "return": {"a": t.a, "b": t.b, "gamma": t.gamma},
@@ -102,7 +111,7 @@ def score(ws, template: TemplateLike, *, dataset: str | None = None,
     With a workspace, component columns are cached under ``artifacts/reward_matrix`` and
     text embeddings under ``artifacts/embeddings``: scoring the same data again with other
     weights, or with one component's parameters changed, recomputes only what changed."""
-    t = as_template(template)
+    t = as_template(template, ws)
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
         from core.embed import workspace_embedder
@@ -126,5 +135,5 @@ def check(ws, template: TemplateLike, *, dataset: str | None = None,
     if result is None:
         result = score(ws, template, dataset=dataset, episodes=episodes, frame=frame)
     elif not isinstance(template, Template) or template != result.template:
-        result = result.with_template(as_template(template))
+        result = result.with_template(as_template(template, ws))
     return evaluate_expectations(result)

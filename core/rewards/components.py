@@ -146,6 +146,22 @@ def segment_positions(group_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return start_of_row, np.arange(m, dtype=np.int64) - start_of_row
 
 
+def stable_order(codes: np.ndarray) -> np.ndarray:
+    """Stable argsort of small non-negative integer codes (radix sort when they fit 16 bits)."""
+    if codes.size and int(codes.max()) < 2 ** 16:
+        return np.argsort(codes.astype(np.uint16), kind="stable")
+    return np.argsort(codes, kind="stable")
+
+
+def series_order(key: np.ndarray, when: np.ndarray) -> np.ndarray:
+    """Order of entries by ``key`` then ``when`` (time rank).  Entries usually arrive in time
+    order already, so this is a stable sort by the small key codes alone."""
+    if when.size > 1 and not np.all(when[1:] >= when[:-1]):
+        by_time = np.argsort(when, kind="stable")
+        return by_time[stable_order(key[by_time])]
+    return stable_order(key)
+
+
 def time_rank(frame: StepsFrame) -> np.ndarray:
     """rank[i] = position of step i in the frame's global time order."""
     rank = np.empty(frame.n_steps, dtype=np.int64)
@@ -226,7 +242,7 @@ class ParamReasonableness(Component):
         """(step row, score) for every numeric parameter value, via windowed prefix sums."""
         keep = ~self._ignored(frame.num_keys)[frame.num_key]
         step, key, x = frame.num_step[keep], frame.num_key[keep], frame.num_value[keep]
-        order = np.lexsort((rank[step], key))          # by (tool, param), then time
+        order = series_order(key, rank[step])       # by (tool, param), then time
         step, key, x = step[order], key[order], x[order]
         start, pos = segment_positions(key)
         # shift each series by its first value so prefix sums stay small (no cancellation)
@@ -252,22 +268,25 @@ class ParamReasonableness(Component):
         keep = ~self._ignored(frame.cat_keys)[frame.cat_key]
         if self.categorical == "low_cardinality":
             # identifiers and free text (high cardinality) are not judged by rarity
-            n_keys = len(frame.cat_keys)
+            n_keys, n_vals = len(frame.cat_keys), len(frame.cat_values)
             totals = np.bincount(frame.cat_key, minlength=n_keys)
-            pairs = np.unique(frame.cat_key.astype(np.int64) * (len(frame.cat_values) + 1)
-                              + frame.cat_value)
-            distinct = np.bincount(pairs // (len(frame.cat_values) + 1), minlength=n_keys)
+            pair = frame.cat_key.astype(np.int64) * n_vals + frame.cat_value
+            if n_keys * n_vals <= 16_000_000:  # count (param, value) pairs without sorting
+                seen = np.bincount(pair, minlength=n_keys * n_vals).reshape(n_keys, n_vals) > 0
+                distinct = seen.sum(axis=1)
+            else:
+                distinct = np.bincount(np.unique(pair) // n_vals, minlength=n_keys)
             ratio = distinct / np.maximum(totals, 1)
             keep &= (ratio <= self.max_distinct_ratio)[frame.cat_key]
         step, key, val = frame.cat_step[keep], frame.cat_key[keep], frame.cat_value[keep]
         if step.size == 0:
             return empty
-        order = np.lexsort((rank[step], key))
+        order = series_order(key, rank[step])
         step, key, val = step[order], key[order], val[order]
         _, pos = segment_positions(key)
         # rows of one (param, value) series in time order; count same values in the window
-        seg = key.astype(np.int64) * (int(val.max()) + 1) + val
-        by_seg = np.lexsort((pos, seg))
+        seg, _ = pd.factorize(key.astype(np.int64) * (int(val.max()) + 1) + val)
+        by_seg = stable_order(seg)                  # stable: time order kept within a series
         seg_s, pos_s = seg[by_seg], pos[by_seg]
         seg_rank = np.cumsum(np.r_[True, seg_s[1:] != seg_s[:-1]]) - 1
         big = int(pos.max()) + self.window + 2
@@ -369,9 +388,8 @@ class OutputConsistency(Component):
 
     def similarities(self, frame: StepsFrame, ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(output rows, aggregated cosine per output row, n evidence results per output row)."""
-        has_text = frame.output_text.astype(bool)
-        out_rows = np.flatnonzero(np.isin(frame.kind, _kinds(self.apply_to)) & has_text)
-        ev_rows = np.flatnonzero((frame.kind == TOOL_CALL) & frame.tool_text.astype(bool))
+        out_rows = np.flatnonzero(np.isin(frame.kind, _kinds(self.apply_to)) & (frame.output_len > 0))
+        ev_rows = np.flatnonzero((frame.kind == TOOL_CALL) & (frame.tool_text_len > 0))
         pair_out, pair_ev, n_pairs = evidence_pairs(frame, out_rows, ev_rows, self.context_calls)
         agg = np.zeros(out_rows.shape[0])
         if pair_out.size:
@@ -451,9 +469,8 @@ class EvidenceReliability(Component):
         self.no_evidence_value, self.neutral = float(no_evidence_value), float(neutral)
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
-        has_text = frame.output_text.astype(bool)
-        out_rows = np.flatnonzero(np.isin(frame.kind, _kinds(self.apply_to)) & has_text)
-        ev_rows = np.flatnonzero((frame.kind == TOOL_CALL) & frame.tool_text.astype(bool))
+        out_rows = np.flatnonzero(np.isin(frame.kind, _kinds(self.apply_to)) & (frame.output_len > 0))
+        ev_rows = np.flatnonzero((frame.kind == TOOL_CALL) & (frame.tool_text_len > 0))
         flagged = contains_any(frame.tool_text[ev_rows], self.markers).astype(np.float64)
         pair_out, pair_ev, n_pairs = evidence_pairs(frame, out_rows, ev_rows, self.context_calls)
         share = np.zeros(out_rows.shape[0])
@@ -528,29 +545,28 @@ class LatencyPenalty(Component):
         return -self.per * units + 0.0  # + 0.0 turns -0.0 into 0.0 in tables
 
 
-def action_keys(frame: StepsFrame, key_param: str | None) -> tuple[np.ndarray, list[str]]:
-    """Per step an action-key code (-1 for non-calls) and the key names: the tool name, or
-    ``tool:value`` of ``key_param`` when the call carries that parameter."""
-    n_tools = len(frame.tool_names)
+def action_keys(frame: StepsFrame, key_param: str | None) -> np.ndarray:
+    """Per step an action-key code (-1 for non-calls): the tool, or the tool plus the value
+    of ``key_param`` when the call carries that parameter (see :func:`action_key_code`)."""
     n_vals = len(frame.cat_values)
     value_code = np.full(frame.n_steps, -1, dtype=np.int64)
     if key_param is not None and frame.cat_step.size:
         is_param = np.array([k[1] == key_param for k in frame.cat_keys] + [False])[frame.cat_key]
         value_code[frame.cat_step[is_param]] = frame.cat_value[is_param]
-    code = np.where(frame.tool >= 0, frame.tool.astype(np.int64) * (n_vals + 1) + value_code + 1, -1)
-    uniq, dense = np.unique(code, return_inverse=True)
-    names = []
-    for c in uniq.tolist():
-        if c < 0:
-            names.append("")
-            continue
-        tool, val = divmod(c, n_vals + 1)
-        names.append(frame.tool_names[tool] + ("" if val == 0 else f":{frame.cat_values[val - 1]}"))
-    dense = dense.astype(np.int64)
-    if uniq.size and uniq[0] < 0:
-        dense = dense - 1  # keep -1 for non-calls
-        names = names[1:]
-    return dense, names
+    return np.where(frame.tool >= 0, frame.tool.astype(np.int64) * (n_vals + 1) + value_code + 1, -1)
+
+
+def action_key_code(frame: StepsFrame, name: str) -> int | None:
+    """The code :func:`action_keys` gives ``tool`` or ``tool:value`` (None if absent here)."""
+    tool, _, value = name.partition(":")
+    if tool not in frame.tool_names:
+        return None
+    t = frame.tool_names.index(tool)
+    if not value:
+        return t * (len(frame.cat_values) + 1)
+    if value not in frame.cat_values:
+        return None
+    return t * (len(frame.cat_values) + 1) + frame.cat_values.index(value) + 1
 
 
 @register
@@ -569,17 +585,14 @@ class ActionSmoothing(Component):
         self.per, self.opposites, self.key_param = float(per), pairs, key_param
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
-        key, names = action_keys(frame, self.key_param)
+        key = action_keys(frame, self.key_param)
         out = np.zeros(frame.n_steps)
         if self.opposites:
-            index = {n: i for i, n in enumerate(names)}
-            opp = np.zeros((len(names) + 1, len(names) + 1), dtype=bool)  # last row/col: none
-            for a, b in self.opposites:
-                if a in index and b in index:
-                    opp[index[a], index[b]] = opp[index[b], index[a]] = True
+            pairs = [(action_key_code(frame, a), action_key_code(frame, b)) for a, b in self.opposites]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            codes = np.array(sorted({c for p in pairs for c in p}), dtype=np.int64)
             # only actions that have an opposite take part: reads in between don't hide a reversal
-            involved = np.append(opp.any(axis=1)[:-1], False)
-            calls = np.flatnonzero((key >= 0) & involved[key])
+            calls = np.flatnonzero((key >= 0) & np.isin(key, codes))
         else:
             calls = np.flatnonzero(key >= 0)
         k, e = key[calls], frame.episode[calls]
@@ -589,7 +602,11 @@ class ActionSmoothing(Component):
         prev_k[1:] = np.where(e[1:] == e[:-1], k[:-1], -1)
         prev2_k[2:] = np.where(e[2:] == e[:-2], k[:-2], -1)
         if self.opposites:
-            flip = opp[k, prev_k]  # prev_k == -1 picks the all-False last column
+            # a pair (previous, current) is a reversal when it is an opposite pair either way
+            big = int(key.max(initial=0)) + 2
+            opposite = np.array([a * big + b for a, b in pairs] + [b * big + a for a, b in pairs],
+                                dtype=np.int64)
+            flip = (prev_k >= 0) & np.isin(prev_k * big + k, opposite)
         else:
             flip = (prev_k >= 0) & (prev2_k == k) & (prev_k != k)
         out[calls[flip]] = -self.per
@@ -746,9 +763,7 @@ class EndsWithAnswer(Component):
         out = np.full(frame.n_episodes, self.no_answer_value)
         has = frame.ep_len > 0
         last = frame.ep_last[has]
-        lengths = np.fromiter((len(x) for x in frame.output_text[last]), dtype=np.int64,
-                              count=last.shape[0])
-        answered = np.isin(frame.kind[last], [FINAL_ANSWER, REPLY]) & (lengths >= self.min_chars)
+        answered = np.isin(frame.kind[last], [FINAL_ANSWER, REPLY]) & (frame.output_len[last] >= self.min_chars)
         out[has] = np.where(answered, self.answer_value, self.no_answer_value)
         return out
 

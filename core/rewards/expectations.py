@@ -212,7 +212,7 @@ def _component_range(result: ScoreResult, spec: ExpectationSpec) -> ExpectationR
     if name in result.matrix.step_names:
         j = result.matrix.step_names.index(name)
         mask = step_mask(frame, filt)
-        col = result.contributions()[:, j] if use == "contribution" else result.matrix.step_values[:, j]
+        col = result.contributions()[:, j] if use == "contribution" else result.matrix.step_values[j]
         values = col[mask]
         where = [f"{frame.episode_ids[e]}@t{t}" for e, t in zip(frame.episode[mask], frame.t[mask])]
         unit = "steps"
@@ -222,7 +222,7 @@ def _component_range(result: ScoreResult, spec: ExpectationSpec) -> ExpectationR
         mask = np.zeros(frame.n_episodes, dtype=bool)
         mask[frame.episode[last_ok]] = True
         weight = result.template.component(name).weight if use == "contribution" else 1.0
-        values = result.matrix.episode_values[mask, k] * weight
+        values = result.matrix.episode_values[k, mask] * weight
         where = frame.episode_ids[mask].tolist()
         unit = "episodes"
     if values.size == 0:

@@ -15,7 +15,8 @@ and ordered by ``t``):
   :data:`KINDS`), ``tool`` (code into ``tool_names``, -1 when not a call),
   ``token_id`` / ``tool_known`` / ``args_ok`` (from the catalog normalizer),
   ``tool_error``, ``result_replayed``, ``latency_ms`` (NaN unknown), ``output_text``,
-  ``tool_text`` (the tool result as text), ``call_key`` (code of tool + canonical
+  ``tool_text`` (the tool result as text), ``output_len`` / ``tool_text_len`` (their
+  lengths), ``call_key`` (code of tool + canonical
   arguments), ``time_order`` (global time order of the steps);
 * parameters in long format: numeric ``num_step/num_key/num_value`` over
   ``num_keys`` = (tool, param) pairs; categorical ``cat_step/cat_key/cat_value`` over
@@ -115,6 +116,8 @@ class StepsFrame:
     timestamp: np.ndarray
     output_text: np.ndarray
     tool_text: np.ndarray
+    output_len: np.ndarray
+    tool_text_len: np.ndarray
     params_json: np.ndarray
     call_key: np.ndarray
     time_order: np.ndarray
@@ -220,6 +223,7 @@ class StepsFrame:
             tool_error=self.tool_error[rows], result_replayed=self.result_replayed[rows],
             latency_ms=self.latency_ms[rows], timestamp=self.timestamp[rows],
             output_text=self.output_text[rows], tool_text=self.tool_text[rows],
+            output_len=self.output_len[rows], tool_text_len=self.tool_text_len[rows],
             params_json=self.params_json[rows], call_key=self.call_key[rows],
             time_order=remap[kept_in_time],
             num_step=num_step, num_key=num_key, num_value=num_value,
@@ -257,6 +261,7 @@ class StepsFrame:
             tool_error=rep(self.tool_error), result_replayed=rep(self.result_replayed),
             latency_ms=rep(self.latency_ms), timestamp=np.full(n * copies, np.nan),
             output_text=rep(self.output_text), tool_text=rep(self.tool_text),
+            output_len=rep(self.output_len), tool_text_len=rep(self.tool_text_len),
             params_json=rep(self.params_json), call_key=rep(self.call_key),
             time_order=shifted(self.time_order, n),
             num_step=shifted(self.num_step, n), num_key=rep(self.num_key),
@@ -432,6 +437,8 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
         episode=episode, t=t, kind=kinds, tool=tool, token_id=token_id, tool_known=tool_known,
         args_ok=args_ok, invalid_reason=reasons, tool_error=tool_error, result_replayed=replayed,
         latency_ms=latency, timestamp=timestamp, output_text=out_text, tool_text=tool_text,
+        output_len=np.fromiter(map(len, out_text), dtype=np.int64, count=n),
+        tool_text_len=np.fromiter(map(len, tool_text), dtype=np.int64, count=n),
         params_json=params_json, call_key=call_key,
         time_order=_time_order(episode, t, timestamp), tool_names=[str(x) for x in tool_names],
         num_step=np.asarray(num_rows, dtype=np.int64), num_key=num_key,

@@ -44,9 +44,11 @@ class ComponentMatrix:
     """Raw component values of one frame under one template's component parameters."""
 
     step_names: list[str]
-    step_values: np.ndarray          # [n_steps, n_step_components] float64
+    #: [n_step_components, n_steps] float64: one contiguous row per component, so that the
+    #: weighted sums are a fast (L+1, C) @ (C, N) product
+    step_values: np.ndarray
     episode_names: list[str]
-    episode_values: np.ndarray       # [n_episodes, n_episode_terms] float64
+    episode_values: np.ndarray       # [n_episode_terms, n_episodes] float64
     components_hash: str
     computed: list[str] = field(default_factory=list)   # evaluated in this call
     cached: list[str] = field(default_factory=list)     # loaded from the cache
@@ -75,8 +77,8 @@ class Pyramid:
         ctx = ctx or ScoringContext()
         t = self.template
         step_specs, ep_specs = t.step_components, t.episode_terms
-        step_values = np.empty((frame.n_steps, len(step_specs)), dtype=np.float64)
-        ep_values = np.empty((frame.n_episodes, len(ep_specs)), dtype=np.float64)
+        step_values = np.empty((len(step_specs), frame.n_steps), dtype=np.float64)
+        ep_values = np.empty((len(ep_specs), frame.n_episodes), dtype=np.float64)
         matrix = ComponentMatrix([s.name for s in step_specs], step_values,
                                  [s.name for s in ep_specs], ep_values, t.components_hash())
         for specs, out, size in ((step_specs, step_values, frame.n_steps),
@@ -98,7 +100,7 @@ class Pyramid:
                         cache.put(frame, comp, values)
                 else:
                     matrix.cached.append(spec.name)
-                out[:, j] = values
+                out[j] = values
         matrix.embed_stats = dict(ctx.stats)
         return matrix
 
@@ -136,37 +138,63 @@ class ScoreResult:
     def _combine(self) -> None:
         t, frame, M = self.template, self.frame, self.matrix.step_values
         levels = t.levels
-        n_levels = len(levels)
+        n_levels, n = len(levels), frame.n_steps
         specs = t.step_components
         w = np.array([c.weight for c in specs], dtype=np.float64)
         col_level = np.array([next((i for i, lv in enumerate(levels) if lv.key == c.group), n_levels)
                               for c in specs], dtype=np.int64)
-        # one matmul gives every level's weighted sum and the penalty sum: [N, L+1]
-        W = np.zeros((len(specs), n_levels + 1))
-        W[np.arange(len(specs)), col_level] = w
-        S = M @ W if M.shape[1] else np.zeros((frame.n_steps, n_levels + 1))
-        wsum = W.sum(axis=0)
-        passed = np.ones((frame.n_steps, n_levels), dtype=bool)
+        # one product gives every level's weighted sum and the penalty sum: [L+1, N]
+        W = np.zeros((n_levels + 1, len(specs)))
+        W[col_level, np.arange(len(specs))] = w
+        S = W @ M if len(specs) else np.zeros((n_levels + 1, n))
+        wsum = W.sum(axis=1)
+        passed = np.ones((n_levels, n), dtype=bool)
+        earn = np.ones((n_levels, n), dtype=bool)
+        running = np.ones(n, dtype=bool)   # passed every level below the current one
+        reward = S[n_levels].copy()        # penalties are never gated
         for li, lv in enumerate(levels):
+            if t.gating:
+                earn[li] = running
+                reward += S[li] * running
+            else:
+                reward += S[li]
             if lv.gate is not None and wsum[li] > 0:
-                passed[:, li] = S[:, li] >= (lv.gate - GATE_TOLERANCE) * wsum[li]
-        earn = np.ones((frame.n_steps, n_levels), dtype=bool)
-        if t.gating:
-            for li in range(1, n_levels):
-                earn[:, li] = earn[:, li - 1] & passed[:, li - 1]
-        self.passed = passed
-        self.earn = earn
-        self.level_totals = np.where(earn, S[:, :n_levels], 0.0)    # [N, L] gated
-        self.penalties = S[:, n_levels]                              # [N]
-        self.step_reward = self.level_totals.sum(axis=1) + self.penalties
+                np.greater_equal(S[li], (lv.gate - GATE_TOLERANCE) * wsum[li], out=passed[li])
+                running &= passed[li]
+        self._S, self._passed, self._earn = S, passed, earn
+        self.step_reward = reward
         we = np.array([c.weight for c in t.episode_terms], dtype=np.float64)
-        self.final = self.matrix.episode_values @ we if we.size else np.zeros(frame.n_episodes)
+        self.final = we @ self.matrix.episode_values if we.size else np.zeros(frame.n_episodes)
         disc = self.matrix.discount(frame, t.gamma)
         self.discounted = np.zeros(frame.n_episodes)
         has = frame.ep_len > 0
         if has.any():
-            self.discounted[has] = np.add.reduceat(self.step_reward * disc, frame.ep_start[has])
+            self.discounted[has] = np.add.reduceat(reward * disc, frame.ep_start[has])
         self.returns = t.a * self.discounted + t.b * self.final
+
+    # views in step-major orientation (no copies)
+    @property
+    def passed(self) -> np.ndarray:
+        """[n_steps, n_levels]: did the step pass each level's gate."""
+        return self._passed.T
+
+    @property
+    def earn(self) -> np.ndarray:
+        """[n_steps, n_levels]: does each level count for the step (all levels below passed)."""
+        return self._earn.T
+
+    @property
+    def level_totals(self) -> np.ndarray:
+        """[n_steps, n_levels]: gated weighted sum of each level's components."""
+        if "_level_totals" not in self.__dict__:
+            n_levels = len(self.template.levels)
+            self._level_totals = np.where(self._earn, self._S[:n_levels], 0.0).T
+        return self._level_totals
+
+    @property
+    def penalties(self) -> np.ndarray:
+        """[n_steps]: weighted sum of the penalties."""
+        return self._S[len(self.template.levels)]
 
     # ------------------------------------------------------------------ re-weighting
     def reweight(self, weights: Mapping[str, float]) -> "ScoreResult":
@@ -194,13 +222,13 @@ class ScoreResult:
     def contributions(self) -> np.ndarray:
         """Weighted, gated contribution of every step component: [n_steps, n_step_components]."""
         specs = self.template.step_components
-        w = np.array([c.weight for c in specs])
         level_of = {lv.key: i for i, lv in enumerate(self.template.levels)}
-        gate = np.ones((self.frame.n_steps, len(specs)), dtype=bool)
+        out = np.empty((self.frame.n_steps, len(specs)))
         for j, c in enumerate(specs):
+            out[:, j] = c.weight * self.matrix.step_values[j]
             if c.group in level_of:
-                gate[:, j] = self.earn[:, level_of[c.group]]
-        return self.matrix.step_values * w * gate
+                out[:, j] *= self._earn[level_of[c.group]]
+        return out
 
     def explain(self, episode_id: str, t: int) -> list[dict[str, Any]]:
         """The audit schema's ``reward_components``: ``[{"name", "value"}]`` for one step.
@@ -212,11 +240,11 @@ class ScoreResult:
         level_of = {lv.key: i for i, lv in enumerate(self.template.levels)}
         out = []
         for j, c in enumerate(specs):
-            earn = bool(self.earn[row, level_of[c.group]]) if c.group in level_of else True
-            out.append({"name": c.name, "value": float(c.weight * self.matrix.step_values[row, j] * earn)})
+            earn = bool(self._earn[level_of[c.group], row]) if c.group in level_of else True
+            out.append({"name": c.name, "value": float(c.weight * self.matrix.step_values[j, row] * earn)})
         if t == int(self.frame.ep_len[e]) - 1:
             for k, c in enumerate(self.template.episode_terms):
-                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[e, k])})
+                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[k, e])})
         return out
 
     # ------------------------------------------------------------------ tables
@@ -232,7 +260,7 @@ class ScoreResult:
         data: dict[str, Any] = {"episode_id": f.episode_ids[f.episode], "t": f.t,
                                 "action": f.action_labels()}
         for j, name in enumerate(self.matrix.step_names):
-            data[name] = self.matrix.step_values[:, j]
+            data[name] = self.matrix.step_values[j]
         for li, lv in enumerate(self.template.levels):
             data[lv.key] = self.level_totals[:, li]
         data["penalties"] = self.penalties
@@ -243,7 +271,7 @@ class ScoreResult:
         """One row per episode: id, labels, outcome, raw episode terms, Σγ^t r, R_final, return."""
         df = self.frame.episodes_table()
         for k, name in enumerate(self.matrix.episode_names):
-            df[name] = self.matrix.episode_values[:, k]
+            df[name] = self.matrix.episode_values[k]
         df["discounted"] = self.discounted
         df["final"] = self.final
         df["return"] = self.returns
@@ -268,15 +296,15 @@ class ScoreResult:
         comps: dict[str, Any] = {}
         for j, c in enumerate(t.step_components):
             comps[c.name] = {"level": c.group, "component": c.component, "weight": c.weight,
-                             **_stats(self.matrix.step_values[:, j])}
+                             **_stats(self.matrix.step_values[j])}
         for k, c in enumerate(t.episode_terms):
             comps[c.name] = {"level": "episode", "component": c.component, "weight": c.weight,
-                             **_stats(self.matrix.episode_values[:, k])}
+                             **_stats(self.matrix.episode_values[k])}
         return {
             "template": t.name, "n_episodes": self.frame.n_episodes, "n_steps": self.frame.n_steps,
             "components": comps,
             "levels": {lv.key: {"title": lv.title, "gate": lv.gate,
-                                "pass_rate": float(self.passed[:, i].mean()) if self.frame.n_steps else None,
+                                "pass_rate": float(self._passed[i].mean()) if self.frame.n_steps else None,
                                 **_stats(self.level_totals[:, i])}
                        for i, lv in enumerate(t.levels)},
             "penalties": _stats(self.penalties),

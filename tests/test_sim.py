@@ -1,0 +1,570 @@
+"""The recorded-episode simulator (core/sim.py): follow-the-log exactness, counterfactual
+buckets, off-support, masks every step, the batched simulator against a slow one-env-at-a-
+time reference, the Gymnasium wrapper (check_env, MaskablePPO) and devices."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from core.datasets import datasets_dir, generate
+from core.errors import InputError
+from core.masking import MaskRules
+from core.rewards import Pyramid, ScoringContext, as_template, build_frame
+from core.sim import (
+    RANDOM_HIGH,
+    BatchedSim,
+    RecordedEpisodeEnv,
+    SimConfig,
+    build_sim_tables,
+    build_sim_tables_from,
+    flatten_obs,
+    logged_returns,
+    obs_dim,
+    random_masked_actions,
+    split_episodes,
+)
+from core.state import PAD_TOKEN, TRACE_LEN
+from _state_fixtures import HashEmbedder
+
+MASKS = datasets_dir() / "finance" / "masks.yaml"
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module")
+def data():
+    ds = generate("finance", 60, seed=11)
+    return ds.episodes, ds.tools
+
+
+@pytest.fixture(scope="module")
+def tables(data):
+    episodes, tools = data
+    return build_sim_tables_from(episodes, tools, "finance_risk", masks=MASKS,
+                                 config=SimConfig(n_clusters=4, step_cap=12), embedder=HashEmbedder())
+
+
+@pytest.fixture(scope="module")
+def scored(data, tables):
+    """The pyramid's own scores of the same episodes, computed independently of the simulator."""
+    episodes, _ = data
+    frame = build_frame(episodes, tables.catalog)
+    return Pyramid(as_template("finance_risk")).score(frame, ctx=ScoringContext(embedder=HashEmbedder()))
+
+
+def np_(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+# --------------------------------------------------------------------------- the slow reference
+class ReferenceSim:
+    """One environment at a time, in plain Python: the obvious reading of DESIGN.md §7.
+
+    It draws the same ``[B, 2]`` random integers per reset/step from its own generator
+    seeded like the simulator's, so both take the same counterfactual picks and start
+    episodes."""
+
+    def __init__(self, tables, episodes, n_envs: int, seed: int, starts=None):
+        self.tb, self.B = tables, n_envs
+        g = lambda name: np_(getattr(tables, name))  # noqa: E731
+        self.token, self.r64, self.comps = g("token"), g("step_reward64"), g("components")
+        self.dt, self.cluster, self.step_ep = g("step_dt"), g("cluster"), g("step_episode")
+        self.ep_start, self.ep_len, self.final = g("ep_start"), g("ep_len"), g("final")
+        self.success, self.task = g("success"), g("task_code")
+        self.intent_emb, self.intent_rules, self.context = g("intent_emb"), g("intent_rules"), g("context")
+        self.A = tables.n_actions
+        self.starts = list(range(tables.n_episodes)) if starts is None else list(starts)
+        self.buckets: dict[tuple, list[int]] = {}
+        for j in range(len(self.token)):
+            if self.token[j] >= 0:
+                key = (self.task[self.step_ep[j]], self.cluster[j], self.token[j])
+                self.buckets.setdefault(key, []).append(j)
+        # every recorded step's scalar state, read straight from the episodes
+        self.states = []
+        for ep in episodes:
+            for s in ep.steps:
+                state = dict((s.observation or {}).get("state") or {})
+                state["task_type"] = ep.task.task_type
+                self.states.append(state)
+        self.compiled = tables.compiled_masks
+        self.gen = torch.Generator().manual_seed(seed)
+        self.cfg = tables.config
+
+    def draw(self) -> np.ndarray:
+        return torch.randint(0, RANDOM_HIGH, (self.B, 2), generator=self.gen).numpy()
+
+    def new_episode(self, b: int, ep: int) -> None:
+        self.ep[b], self.ptr[b], self.t[b] = ep, int(self.ep_start[ep]), 0
+        self.counts[b] = 0
+        self.trace[b] = [(PAD_TOKEN, 0.0, np.float32(0.0))] * TRACE_LEN
+        self.disc_sum[b], self.disc[b] = 0.0, 1.0
+
+    def reset(self, start_episodes=None):
+        r = self.draw()
+        self.ep, self.ptr, self.t = [0] * self.B, [0] * self.B, [0] * self.B
+        self.counts = np.zeros((self.B, self.A), np.int64)
+        self.trace = [None] * self.B
+        self.disc_sum, self.disc = [0.0] * self.B, [1.0] * self.B
+        for b in range(self.B):
+            ep = start_episodes[b] if start_episodes is not None else self.starts[r[b, 1] % len(self.starts)]
+            self.new_episode(b, int(ep))
+        self.mask = self.masks()
+        return self.obs(), self.mask
+
+    def masks(self) -> np.ndarray:
+        feats = {f: [self.states[self.ptr[b]].get(f) for b in range(self.B)]
+                 for f in self.compiled.required_features}
+        return self.compiled.evaluate_reference(feats, self.counts).mask
+
+    def obs(self) -> dict[str, np.ndarray]:
+        out = {k: [] for k in ("intent_emb", "intent_rules", "context", "trace_action", "trace_reward",
+                               "trace_dt")}
+        for b in range(self.B):
+            out["intent_emb"].append(self.intent_emb[self.ep[b]])
+            out["intent_rules"].append(self.intent_rules[self.ep[b]])
+            out["context"].append(self.context[self.ptr[b]])
+            out["trace_action"].append([a for a, _, _ in self.trace[b]])
+            out["trace_reward"].append([r for _, r, _ in self.trace[b]])
+            out["trace_dt"].append([math.log1p(max(float(e), 0.0)) if a != PAD_TOKEN else 0.0
+                                    for a, _, e in self.trace[b]])
+        return {k: np.array(v) for k, v in out.items()}
+
+    def step(self, actions) -> dict[str, list]:
+        r = self.draw()
+        tb, cfg = self.tb, self.cfg
+        rec: dict[str, list] = {k: [] for k in ("reward", "terminated", "truncated", "off_support", "followed",
+                                                "source", "components", "episode_return", "success",
+                                                "violation", "start_episode", "final")}
+        for b in range(self.B):
+            a, p = int(actions[b]), self.ptr[b]
+            violation = a >= 0 and not self.mask[b, a]
+            followed = a == self.token[p]
+            members = self.buckets.get((self.task[self.step_ep[p]], self.cluster[p], a), [])
+            if followed:
+                used, recorded = p, True
+            elif members:
+                used, recorded = members[r[b, 0] % len(members)], True
+            else:
+                used, recorded = p, False
+            r_step = float(self.r64[used]) if recorded else cfg.off_support_penalty
+            e_used = int(self.step_ep[used])
+            end_of_log = used + 1 == self.ep_start[e_used] + self.ep_len[e_used]
+            final_action = a == tb.catalog.final_id and not (followed and not end_of_log)
+            terminated = final_action or (end_of_log and recorded)
+            truncated = not terminated and (self.t[b] + 1 >= cfg.step_cap or (end_of_log and not recorded))
+            done = terminated or truncated
+            final = float(self.final[e_used]) if terminated and recorded else 0.0
+            self.disc_sum[b] += self.disc[b] * r_step
+            rec["reward"].append(tb.a * r_step + tb.b * final / self.disc[b])
+            rec["terminated"].append(terminated)
+            rec["truncated"].append(truncated)
+            rec["off_support"].append(not recorded)
+            rec["followed"].append(followed)
+            rec["source"].append(used if recorded else -1)
+            rec["components"].append(self.comps[used] if recorded else np.zeros(self.comps.shape[1]))
+            rec["episode_return"].append(tb.a * self.disc_sum[b] + tb.b * final if done else math.nan)
+            rec["success"].append((float(self.success[e_used]) if terminated and recorded else 0.0)
+                                  if done else math.nan)
+            rec["violation"].append(violation)
+            rec["start_episode"].append(self.ep[b])
+            rec["final"].append(final)
+            if a >= 0:
+                self.counts[b, a] += 1
+            old = self.trace[b]
+            elapsed = [np.float32(0.0)] + [e for _, _, e in old[:-1]]
+            self.trace[b] = [(x, y, np.float32(e + np.float32(self.dt[used]))) for (x, y), e in
+                             zip([(a, np.float32(r_step))] + [(x, y) for x, y, _ in old[:-1]], elapsed)]
+            self.disc[b] *= tb.gamma
+            self.t[b] += 1
+            self.ptr[b] = used if end_of_log else used + 1
+            if done:
+                self.new_episode(b, self.starts[r[b, 1] % len(self.starts)])
+        self.mask = self.masks()
+        return rec
+
+
+def choose_actions(rng: np.random.Generator, logged: np.ndarray, mask: np.ndarray, follow_p: float) -> np.ndarray:
+    """Logged actions with probability ``follow_p`` (where valid and allowed), else uniform in the mask."""
+    out = np.empty(len(logged), np.int64)
+    for b in range(len(logged)):
+        if logged[b] >= 0 and mask[b, logged[b]] and rng.random() < follow_p:
+            out[b] = logged[b]
+        else:
+            out[b] = rng.choice(np.flatnonzero(mask[b]))
+    return out
+
+
+# --------------------------------------------------------------------------- follow the log
+@pytest.mark.parametrize("device", DEVICES)
+def test_following_the_log_reproduces_the_pyramid(tables, scored, device):
+    E = tables.n_episodes
+    sim = BatchedSim(tables, E, device=device, seed=0)
+    sim.reset(start_episodes=torch.arange(E))
+    raw_rewards = scored.step_reward.astype(np.float32)
+    returns = np.full(E, np.nan)
+    finished = np.zeros(E, bool)
+    for _ in range(int(tables.ep_len.max())):
+        ptr = np_(sim.pointer)
+        # the env's own trace equals the log's when it has followed the log so far
+        batch = tables.logged_batch(ptr)
+        obs = sim._observe()
+        live = ~finished
+        for k in ("trace_action", "trace_reward", "trace_dt", "context", "intent_emb", "intent_rules"):
+            want = np_(batch[k])[live] if k != "trace_reward" else tables.raw.trace_rewards(raw_rewards, ptr)[live]
+            np.testing.assert_allclose(np_(obs[k])[live], want, rtol=1e-5, atol=1e-5, err_msg=k)
+        out = sim.step(sim.logged_actions())
+        assert bool(out.info["followed_log"][torch.as_tensor(live, device=sim.device)].all())
+        assert not bool(out.info["off_support"][torch.as_tensor(live, device=sim.device)].any())
+        np.testing.assert_allclose(np_(out.info["step_reward"])[live], scored.step_reward[ptr][live], rtol=1e-6)
+        done = np_(out.terminated | out.truncated) & live
+        assert not np_(out.truncated)[live].any()
+        returns[done] = np_(out.info["episode_return"])[done]
+        finished |= done
+    assert finished.all()
+    # per episode, the template's return a·Σγ^i r_i + b·R_final
+    np.testing.assert_allclose(returns, scored.returns, rtol=1e-6, atol=1e-6)
+
+
+def test_rewards_sum_to_the_episode_return(tables, scored):
+    """The RL rewards discounted with the template's γ add up to the episode return."""
+    sim = BatchedSim(tables, 5, seed=1)
+    sim.reset(start_episodes=[0, 1, 2, 3, 4])
+    acc, disc = np.zeros(5), np.ones(5)
+    for _ in range(int(tables.ep_len[:5].max())):
+        out = sim.step(sim.logged_actions())
+        acc += disc * np_(out.reward)
+        disc *= tables.gamma
+        done = np_(out.terminated)
+        if done.any():
+            np.testing.assert_allclose(acc[done], np_(out.info["episode_return"])[done], rtol=1e-5)
+            acc[done], disc[done] = 0.0, 1.0
+
+
+# --------------------------------------------------------------------------- batched vs reference
+def test_batched_sim_matches_slow_reference(tables, data):
+    episodes, _ = data
+    B, seed = 24, 5
+    sim = BatchedSim(tables, B, seed=seed)
+    ref = ReferenceSim(tables, episodes, B, seed)
+    obs, mask = sim.reset()
+    robs, rmask = ref.reset()
+    rng = np.random.default_rng(0)
+    n_off = n_cf = 0
+    for step in range(70):
+        np.testing.assert_array_equal(np_(mask), rmask, err_msg=f"mask, step {step}")
+        for k in robs:
+            np.testing.assert_allclose(np_(obs[k]), robs[k], rtol=1e-5, atol=1e-6, err_msg=f"{k}, step {step}")
+        actions = choose_actions(rng, np_(sim.logged_actions()), rmask, follow_p=0.5)
+        out = sim.step(torch.as_tensor(actions))
+        want = ref.step(actions)
+        i = out.info
+        np.testing.assert_allclose(np_(out.reward), want["reward"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np_(out.terminated), want["terminated"])
+        np.testing.assert_array_equal(np_(out.truncated), want["truncated"])
+        np.testing.assert_array_equal(np_(i["off_support"]), want["off_support"])
+        np.testing.assert_array_equal(np_(i["followed_log"]), want["followed"])
+        np.testing.assert_array_equal(np_(i["source_step"]), want["source"])
+        np.testing.assert_array_equal(np_(i["start_episode"]), want["start_episode"])
+        np.testing.assert_array_equal(np_(i["mask_violation"]), want["violation"])
+        np.testing.assert_allclose(np_(i["components"]), np.array(want["components"]), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(np_(i["episode_return"]), want["episode_return"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np_(i["success"]), want["success"])
+        np.testing.assert_allclose(np_(i["final"]), want["final"], rtol=1e-6)
+        obs, mask = out.obs, out.mask
+        robs, rmask = ref.obs(), ref.mask
+        n_off += int(np_(i["off_support"]).sum())
+        n_cf += int((~np_(i["followed_log"]) & ~np_(i["off_support"])).sum())
+    # the run exercised all three outcomes and the masks (no masked action was chosen)
+    assert n_off > 0 and n_cf > 0
+    assert ref.compiled.required_features
+
+
+def test_masks_every_step_follow_the_rules_and_counts(tables, data):
+    """Business limit of the finance rules: a fourth order of one symbol is masked."""
+    episodes, _ = data
+    cat = tables.catalog
+    orders = [t.id for t in cat.tokens if t.tool == "place_order"]
+    rule = next(r for r in tables.mask_rules if r.name == "three_orders_per_symbol")
+    assert rule.limit["max"] == 3
+    sim = BatchedSim(tables, 1, seed=0, extra_mask_rules=None)
+    day = next(e for e, ep in enumerate(episodes)
+               if all((s.observation or {}).get("state", {}).get("trades_today", 0) < 3 for s in ep.steps)
+               and ep.n_steps >= 5)
+    _, mask = sim.reset(start_episodes=[day])
+    token = orders[0]
+    assert bool(mask[0, token])
+    for k in range(3):
+        out = sim.step(torch.tensor([token]))
+        assert not bool(out.terminated[0] | out.truncated[0])
+        assert int(sim.counts[0, token]) == k + 1
+    assert not bool(out.mask[0, token])   # 3 orders of this symbol: blocked, by the limit rule
+    p = int(sim.pointer[0])
+    step = [s for ep in episodes for s in ep.steps][p]
+    state = {**step.observation["state"], "task_type": tables.task_types[int(sim.episode[0])]}
+    why = tables.compiled_masks.explain(state, np_(sim.counts[0]))
+    assert "three_orders_per_symbol" in why[cat.tokens[token].name]
+
+
+def test_extra_mask_rules_join_the_tables_rules(tables):
+    extra = [{"name": "no_escalation", "kind": "review", "targets": {"tokens": ["E0"]},
+              "when": {"hour": {"ge": 0}}}]
+    sim = BatchedSim(tables, 8, seed=0, extra_mask_rules=extra)
+    _, mask = sim.reset()
+    assert not bool(mask[:, tables.catalog.escalate_id].any())
+    assert len(sim.compiled_masks.rules) == len(tables.mask_rules) + 1
+    assert len(tables.compiled_masks.rules) == len(tables.mask_rules)   # the tables are unchanged
+
+
+# --------------------------------------------------------------------------- counterfactuals
+def test_counterfactual_draws_only_from_its_bucket(tables):
+    B = 512
+    sim = BatchedSim(tables, B, seed=3)
+    _, mask = sim.reset()
+    gen = torch.Generator().manual_seed(0)
+    token, cluster = np_(tables.token), np_(tables.cluster)
+    task = np_(tables.task_code)[np_(tables.step_episode)]
+    n_off = n_steps = 0
+    for _ in range(20):
+        ptr = np_(sim.pointer)
+        actions = random_masked_actions(mask, gen)
+        out = sim.step(actions)
+        a, src = np_(actions), np_(out.info["source_step"])
+        cf = ~np_(out.info["followed_log"]) & ~np_(out.info["off_support"])
+        assert cf.any()
+        assert (task[src[cf]] == task[ptr[cf]]).all()
+        assert (cluster[src[cf]] == cluster[ptr[cf]]).all()
+        assert (token[src[cf]] == a[cf]).all()
+        # off-support exactly where no recorded step took that action in that state cluster
+        support = {(task[j], cluster[j], token[j]) for j in range(len(token)) if token[j] >= 0}
+        expect_off = np.array([(a[b] != token[ptr[b]]) and (task[ptr[b]], cluster[ptr[b]], a[b]) not in support
+                               for b in range(B)])
+        np.testing.assert_array_equal(np_(out.info["off_support"]), expect_off)
+        off = np_(out.info["off_support"])
+        np.testing.assert_allclose(np_(out.info["step_reward"])[off], tables.config.off_support_penalty)
+        assert np.abs(np_(out.info["components"])[off]).sum() == 0
+        n_off += int(off.sum())
+        n_steps += B
+        mask = out.mask
+    rate = n_off / n_steps
+    assert 0.0 < rate < 1.0          # counted, neither nothing nor everything
+
+
+def test_counterfactual_draw_is_uniform_over_the_bucket(tables):
+    """All envs at one state take one non-logged action: the picks cover its bucket evenly."""
+    offsets, steps = np_(tables.bucket_offsets), np_(tables.bucket_steps)
+    token = np_(tables.token)
+    base = np_(tables.bucket(tables.task_code[tables.step_episode], tables.cluster,
+                             torch.zeros_like(tables.cluster)))
+    starts = np_(tables.ep_start)
+    choice = None
+    for e, p in enumerate(starts):
+        sizes = offsets[base[p] + 1: base[p] + tables.n_actions + 1] - offsets[base[p]: base[p] + tables.n_actions]
+        for a in np.flatnonzero(sizes >= 3):
+            if a != token[p]:
+                choice = (e, int(a), int(sizes[a]))
+                break
+        if choice:
+            break
+    assert choice is not None, "the fixture data should have a start state with a shared bucket"
+    e, a, size = choice
+    B = 300 * size
+    sim = BatchedSim(tables, B, seed=9)
+    sim.reset(start_episodes=torch.full((B,), e))
+    out = sim.step(torch.full((B,), a))
+    picks = Counter(np_(out.info["source_step"]).tolist())
+    k = base[starts[e]] + a
+    assert set(picks) == set(steps[offsets[k]:offsets[k + 1]].tolist())
+    counts = np.array(list(picks.values()))
+    chi2 = (((counts - B / size) ** 2) / (B / size)).sum()
+    assert chi2 < 30.0 + 3 * size   # far beyond the 0.999 quantile for these sizes
+
+
+def test_training_split_keeps_starts_and_support_inside(tables):
+    train, held = split_episodes(tables, 0.25, seed=0)
+    assert set(train.tolist()).isdisjoint(held.tolist())
+    assert sorted(train.tolist() + held.tolist()) == list(range(tables.n_episodes))
+    # every (task type, behaviour) group with at least 2 episodes lands in both halves
+    groups = Counter(zip(tables.task_types, tables.behaviours))
+    held_groups = Counter((tables.task_types[i], tables.behaviours[i]) for i in held.tolist())
+    for g, n in groups.items():
+        assert held_groups[g] == round(0.25 * n)
+    sim = BatchedSim(tables, 256, seed=2, episodes=train)
+    _, mask = sim.reset()
+    gen = torch.Generator().manual_seed(1)
+    step_ep = np_(tables.step_episode)
+    allowed = set(train.tolist())
+    for _ in range(15):
+        out = sim.step(random_masked_actions(mask, gen))
+        mask = out.mask
+        assert set(np_(sim.episode).tolist()) <= allowed
+        src = np_(out.info["source_step"])
+        assert {int(step_ep[s]) for s in src[src >= 0]} <= allowed
+    with pytest.raises(InputError):
+        split_episodes(tables, 1.0)
+
+
+def test_logged_returns_per_behaviour(tables, scored):
+    idx = torch.arange(0, tables.n_episodes, 2)
+    got = logged_returns(tables, idx)
+    for b in set(tables.behaviours):
+        sel = [i for i in idx.tolist() if tables.behaviours[i] == b]
+        assert got[b] == pytest.approx(float(np.mean(scored.returns[sel])))
+
+
+def test_step_cap_truncates_without_outcome(data):
+    episodes, tools = data
+    t = build_sim_tables_from(episodes, tools, "finance_risk", masks=MASKS,
+                              config=SimConfig(n_clusters=4, step_cap=2), embedder=HashEmbedder())
+    long_ep = next(e for e in range(t.n_episodes) if int(t.ep_len[e]) > 2)
+    sim = BatchedSim(t, 1, seed=0)
+    sim.reset(start_episodes=[long_ep])
+    r = []
+    for k in range(2):
+        out = sim.step(sim.logged_actions())
+        r.append(float(out.info["step_reward"][0]))
+    assert bool(out.truncated[0]) and not bool(out.terminated[0])
+    assert float(out.info["final"][0]) == 0.0 and float(out.info["success"][0]) == 0.0
+    assert float(out.info["episode_return"][0]) == pytest.approx(t.a * (r[0] + t.gamma * r[1]), rel=1e-5)
+
+
+def test_bad_actions_are_refused(tables):
+    sim = BatchedSim(tables, 2, seed=0)
+    with pytest.raises(InputError, match="reset"):
+        sim.step(torch.tensor([0, 0]))
+    sim.reset()
+    with pytest.raises(InputError, match="not a token"):
+        sim.step(torch.tensor([0, tables.n_actions]))
+    with pytest.raises(InputError, match="needs 2 actions"):
+        sim.step(torch.tensor([0]))
+
+
+def test_random_masked_actions_stay_in_the_mask():
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.zeros(2000, 50, dtype=torch.bool)
+    mask[:, 7] = True                       # one allowed action: rejection always fails
+    mask[1000:, :] = True
+    a = random_masked_actions(mask, gen)
+    assert bool(mask.gather(1, a[:, None]).all())
+    assert (a[:1000] == 7).all()
+    assert len(set(a[1000:].tolist())) > 40
+
+
+# --------------------------------------------------------------------------- Gymnasium wrapper
+# Features such as rewards and Δt have no finite bound: the Box says so honestly.
+@pytest.mark.filterwarnings("ignore:.*Box observation space (minimum|maximum) value")
+def test_gym_wrapper_passes_check_env(tables):
+    from gymnasium.utils.env_checker import check_env
+
+    env = RecordedEpisodeEnv(tables, seed=0)
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=3, options={"episode": tables.episode_ids[4]})
+    assert obs.shape == (obs_dim(tables),) and obs.dtype == np.float32
+    assert info["episode"] == 4
+    assert env.action_masks().dtype == bool and env.action_masks().shape == (tables.n_actions,)
+
+
+def test_gym_wrapper_replays_an_episode_with_reward_terms(tables, scored):
+    env = RecordedEpisodeEnv(tables, seed=0)
+    token, starts, lens = np_(tables.token), np_(tables.ep_start), np_(tables.ep_len)
+    # an episode of several steps without invalid logged calls (the Discrete space has no -1)
+    e = next(e for e in range(tables.n_episodes)
+             if lens[e] >= 4 and (token[starts[e]:starts[e] + lens[e]] >= 0).all())
+    obs, _ = env.reset(options={"episode": e})
+    start = int(starts[e])
+    total, done, k = 0.0, False, 0
+    while not done:
+        obs, reward, term, trunc, info = env.step(int(token[start + k]))
+        assert info["followed_log"] and not info["off_support"]
+        assert sum(info["reward_terms"].values()) == pytest.approx(info["step_reward"], abs=1e-5)
+        assert set(info["reward_terms"]) == set(tables.component_names)
+        total += reward * tables.gamma ** k
+        done, k = term or trunc, k + 1
+    assert info["episode_return"] == pytest.approx(float(scored.returns[e]), abs=1e-5)
+    assert total == pytest.approx(info["episode_return"], abs=1e-5)
+    with pytest.raises(InputError, match="reset"):
+        env.step(0)
+
+
+def test_flat_observation_layout(tables):
+    sim = BatchedSim(tables, 3, seed=0)
+    obs, _ = sim.reset()
+    flat = flatten_obs(obs, tables.n_actions)
+    assert flat.shape == (3, obs_dim(tables))
+    A2 = tables.n_actions + 2
+    onehot = flat[:, -(TRACE_LEN * A2 + 2 * TRACE_LEN):-2 * TRACE_LEN].reshape(3, TRACE_LEN, A2)
+    assert bool((onehot[:, :, 0] == 1).all())    # an empty trace is PAD everywhere
+
+
+def test_maskable_ppo_trains_on_the_wrapper(tables):
+    from sb3_contrib import MaskablePPO
+
+    class Counting(RecordedEpisodeEnv):
+        violations = 0
+        steps = 0
+
+        def step(self, action):
+            out = super().step(action)
+            Counting.violations += int(out[4]["mask_violation"])
+            Counting.steps += 1
+            return out
+
+    env = Counting(tables, seed=0)
+    model = MaskablePPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=0, device="cpu",
+                        policy_kwargs={"net_arch": [32]})
+    model.learn(total_timesteps=256)
+    assert Counting.steps >= 256
+    assert Counting.violations == 0        # a masked policy never takes a masked action
+    obs, _ = env.reset(seed=0)
+    action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
+    assert env.action_masks()[int(action)]
+
+
+# --------------------------------------------------------------------------- workspace and devices
+def test_tables_from_a_workspace_match_in_memory(tmp_path, monkeypatch, data):
+    from core.store import Workspace
+
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    episodes, tools = data
+    ws = Workspace.open(tmp_path / "ws")
+    with ws.transaction() as conn:
+        ws.ensure_dataset(conn, "fin", "finance")
+        ws.insert_episodes(conn, "fin", episodes)
+        ws.upsert_tools(conn, "fin", tools)
+    t = build_sim_tables(ws, "fin", "finance_risk", masks=MASKS, config=SimConfig(n_clusters=4))
+    ref = build_sim_tables_from(episodes, tools, "finance_risk", masks=MASKS,
+                                config=SimConfig(n_clusters=4), embedder=HashEmbedder())
+    assert t.episode_ids == ref.episode_ids
+    np.testing.assert_allclose(np_(t.episode_return), np_(ref.episode_return), rtol=1e-9)
+    np.testing.assert_array_equal(np_(t.token), np_(ref.token))
+    with pytest.raises(InputError, match="no dataset"):
+        build_sim_tables(ws, "nope", "finance_risk")
+
+
+def test_tables_move_between_devices(tables):
+    same = tables.to("cpu")
+    assert same is tables
+    sim = BatchedSim(tables, 4, device=torch.device("cpu"), seed=0)
+    assert sim.generator.device.type == "cpu" and sim.pointer.device.type == "cpu"
+    if torch.cuda.is_available():
+        g = BatchedSim(tables, 64, device="cuda", seed=0)
+        obs, mask = g.reset()
+        out = g.step(random_masked_actions(mask, g.generator))
+        assert out.reward.device.type == "cuda" and all(v.device.type == "cuda" for v in out.obs.values())
+        assert not bool(out.info["mask_violation"].any())
+
+
+def test_masks_may_be_given_as_rules_or_none(data):
+    episodes, tools = data
+    t = build_sim_tables_from(episodes[:10], tools, "finance_risk", masks=None,
+                              config=SimConfig(n_clusters=2), embedder=HashEmbedder())
+    sim = BatchedSim(t, 4, seed=0)
+    _, mask = sim.reset()
+    assert bool(mask.all())
+    rules = MaskRules.from_yaml(MASKS)
+    t2 = build_sim_tables_from(episodes[:10], tools, "finance_risk", masks=rules,
+                               config=SimConfig(n_clusters=2), embedder=HashEmbedder())
+    assert [r.name for r in t2.mask_rules] == [r.name for r in rules]
