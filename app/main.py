@@ -24,6 +24,7 @@ from core.store import WorkspaceError  # noqa: E402
 PAGES: list[tuple[str, str, str, str]] = [
     ("episodes.py", "Episodes", "episodes", ":material/list_alt:"),
     ("state_explorer.py", "State Explorer", "states", ":material/scatter_plot:"),
+    ("reward_pyramid.py", "Reward Pyramid", "rewards", ":material/change_history:"),
 ]
 
 

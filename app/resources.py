@@ -17,6 +17,8 @@ from core.store import Workspace, default_workspace_path
 from core.workspace_setup import WorkspaceStatus, init_workspace
 
 if TYPE_CHECKING:  # pragma: no cover
+    from core.rewards import ScoreResult, StepsFrame, Template
+    from core.rewards.views import PyramidReport
     from core.statemap import StateMapReport
 
 
@@ -104,3 +106,36 @@ def state_map(dataset: str, *, space: str = "encoded", gating: str = "on", inten
     template_version = reward_templates().get(template) if template else None
     return _states_map(_session_path(), dataset, dataset_version(workspace(), dataset), space, gating,
                        intent, max_points, clusters, seed, template, template_version)
+
+
+# --------------------------------------------------------------------------- reward pyramid
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _reward_frame(path: str, dataset: str, version: str) -> "StepsFrame":
+    # `version` changes with the dataset's episodes and tools: an import rebuilds the frame.
+    from core.rewards import load_frame
+
+    return load_frame(_workspace(path), dataset)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _scored(path: str, dataset: str, version: str, components_hash: str,
+            _template: "Template") -> "ScoreResult":
+    # Keyed by the template's component classes and parameters, not its weights, gating or
+    # expectations: every edit of those reuses this result (a matrix product, see
+    # core.rewards.views.rescore).  A parameter edit changes the key; the engine's on-disk
+    # component cache then recomputes only the component whose parameters changed.
+    from core import rewards
+
+    return rewards.score(_workspace(path), _template, frame=_reward_frame(path, dataset, version))
+
+
+def pyramid_report(dataset: str, template: "Template") -> "PyramidReport":
+    """The Reward Pyramid page's view of ``template`` on ``dataset``: components are scored
+    once per (dataset version, component parameters); weights, gating and expectations are
+    applied to the cached component matrix."""
+    from core.rewards.views import pyramid_report as build_report
+
+    path = _session_path()
+    base = _scored(path, dataset, dataset_version(workspace(), dataset), template.components_hash(),
+                   template)
+    return build_report(base, template)

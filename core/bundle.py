@@ -64,6 +64,7 @@ import stat
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,8 +295,8 @@ def _read_zip(path: Path, v: _Verification) -> dict[str, bytes]:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
-        v.stage("archive", [f"not a readable zip: {exc}"])
-        raise  # unreachable: stage raised
+        v.stage("archive", [f"not a readable zip: {exc}"])  # raises _Refused
+        raise AssertionError("unreachable") from exc
     members: dict[str, bytes] = {}
     with zf:
         infos = zf.infolist()
@@ -326,7 +327,7 @@ def _read_zip(path: Path, v: _Verification) -> dict[str, bytes]:
                 # zipfile checks each member's CRC-32 while reading it
                 with zf.open(info) as f:
                     data = f.read(MAX_FILE_BYTES + 1)
-            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError) as exc:
                 problems.append(f"{info.filename!r} cannot be read from the zip: {exc}")
                 continue
             if len(data) != info.file_size:
@@ -930,6 +931,7 @@ def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, b
                 info.external_attr = (stat.S_IFREG | 0o644) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
                 zf.writestr(info, data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a bundle is meant to be shared
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -1022,9 +1024,10 @@ def _run_episodes(ws: "Workspace", run: Mapping[str, Any]) -> list[Any]:
     return list(read_file(info["path"]).episodes)
 
 
-def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path, *,
+def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | None = None, *,
                   name: str | None = None, version: str | None = None) -> Path:
-    """Write the trained policy of ``run_id`` as a bundle zip at ``out``.  Needs ``export_bundle``.
+    """Write the trained policy of ``run_id`` as a bundle zip at ``out`` (default: the
+    workspace's ``artifacts/bundles/<name>-<version>.zip``).  Needs ``export_bundle``.
 
     ``name`` defaults to the run's template name (``finance_risk``); ``version`` to the next
     minor version after the highest one registered under that name (``0.1.0`` for a new
@@ -1052,6 +1055,10 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path, *
                          "(at most 64, starting with a letter or digit)", field="name")
     version = version or next_version(ws, name)
     parse_semver(version)
+    if out is None:
+        out = bundles_dir(ws) / f"{name}-{version}.zip"
+    if Path(out).exists():
+        raise ConflictError(f"{out} exists already; choose another file or version")
 
     cfg = ppo.PPOConfig.from_dict(run["config"])
     agent = ppo.load_agent(Path(ckpt["path"]), "cpu").eval()
@@ -1119,6 +1126,31 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path, *
         path.unlink(missing_ok=True)
         raise BundleError(f"the exported bundle failed its own verification: {report.reason}", file=str(path))
     return path
+
+
+def bundles_dir(ws: "Workspace") -> Path:
+    """Where bundles exported without ``--out`` go: ``artifacts/bundles/``."""
+    return ws.artifact_dir("bundles")
+
+
+def list_bundles(ws: "Workspace") -> list[dict[str, Any]]:
+    """Bundles in the workspace's ``artifacts/bundles/``, newest first, with their manifest's
+    headline (unreadable ones are listed with the reason).  Reading needs no permission."""
+    out = []
+    for path in sorted(bundles_dir(ws).glob("*.zip"), key=lambda p: p.stat().st_mtime, reverse=True):
+        row: dict[str, Any] = {"file": path.name, "path": str(path), "bytes": path.stat().st_size}
+        try:
+            with zipfile.ZipFile(path) as zf:
+                m = json.loads(zf.read(MANIFEST))
+            ev = m.get("evaluation") or {}
+            row.update(name=m.get("name"), version=m.get("version"), run_id=m.get("run_id"),
+                       created_by=m.get("created_by"), created_at=m.get("created_at"),
+                       return_mean=(ev.get("policy") or {}).get("return_mean"),
+                       expert_return=ev.get("expert_return"), problem=None)
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+            row.update(name=None, version=None, problem=f"unreadable: {exc}")
+        out.append(row)
+    return out
 
 
 def run_training_data(ws: "Workspace", run: Mapping[str, Any], template: Any, cfg: Any) -> Any:

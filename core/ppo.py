@@ -24,11 +24,13 @@ Curriculum exploration (levels unlock on measured progress; the level is a metri
   ``l0_min_updates``), or after ``l0_max_updates`` updates — a critic that cannot fit a
   fixed greedy policy will not get better by waiting.
 * **L1 ε-exploration** — PPO on actions sampled from π mixed with ε = 0.1 uniform among
-  the unmasked, non-high-risk actions.  The ε-actions are off-policy: the ratio is
-  π_θ(a)/μ(a) with μ the mixture that really chose them, so the update stays unbiased
-  and the clip bounds it.  Unlocks L2 when the rollout return reaches
-  ``l2_progress`` of the way from random-in-mask to the best logged behaviour for
-  ``unlock_patience`` updates in a row.
+  the unmasked, non-high-risk actions.  The update treats an ε-action as if π had chosen
+  it (ratio π_θ(a)/π_old(a), starting at 1): a deliberate, bounded off-policy dose.  With
+  the true mixture μ the ratio of an ε-action would be ≈ π(a)·n/ε ≪ 1 and the clip would
+  leave it no gradient — the policy could never learn from what exploration found.
+  Unlocks L2 when the greedy policy's return on training episodes (measured every
+  ``eval_every`` updates) reaches ``l2_progress`` of the way from random-in-mask to the
+  best logged behaviour, ``unlock_patience`` measurements in a row.
 * **L2 UCB** — adds an optimism bonus ``ucb_coef · std_k V_k(s')`` to each reward: the
   disagreement of the critic heads (trained on bootstrap masks) is high in states the
   policy has rarely reached.  Unlocks L3 at ``l3_progress`` (1.0 = as good as the best
@@ -81,7 +83,7 @@ class PPOConfig:
     """environment steps to train for, all environments together"""
     n_envs: int = 128
     """environments of the batched simulator stepped together"""
-    rollout_len: int = 32
+    rollout_len: int = 16
     """steps per environment per rollout (the T of GAE); a batch is n_envs × rollout_len"""
     update_epochs: int = 4
     """passes over each batch"""
@@ -119,9 +121,9 @@ class PPOConfig:
     """share of the samples each critic head trains on (bootstrap masks keep heads diverse)"""
     curriculum: bool = True
     """curriculum exploration L0–L3; False is plain PPO sampling from π"""
-    bc_epochs: int = 30
+    bc_epochs: int = 60
     """behaviour-cloning passes over the warm-start set at L0"""
-    bc_lr: float = 1e-3
+    bc_lr: float = 2e-3
     """learning rate of behaviour cloning"""
     epsilon: float = 0.1
     """share of actions drawn uniformly among the unmasked ones from L1 on"""
@@ -138,7 +140,11 @@ class PPOConfig:
     l3_progress: float = 1.0
     """progress that unlocks L3"""
     unlock_patience: int = 2
-    """consecutive updates a progress threshold must hold"""
+    """consecutive progress measurements a threshold must hold"""
+    eval_every: int = 5
+    """updates between greedy evaluations on training episodes (the curriculum's progress)"""
+    eval_episodes: int = 256
+    """training episodes (a fixed random sample) each greedy evaluation starts from"""
     high_risk_repeat: int = 3
     """same high-risk action this many times in a row → a review item (L3)"""
     max_review_items: int = 50
@@ -146,7 +152,8 @@ class PPOConfig:
     heldout_fraction: float = 0.2
     """episodes kept out of training for evaluation"""
     train_encoder: bool = True
-    """train the state encoder with the policy; False keeps the seeded encoder fixed"""
+    """PPO trains the state encoder too; False keeps it as behaviour cloning left it (seeded
+    without a curriculum): the update then runs on stored states, 3-5× faster on a CPU"""
     encoder: dict[str, Any] = field(default_factory=dict)
     """state-encoder settings (core.state.StateEncoderConfig), e.g. {"gating": "off"}"""
     sim: dict[str, Any] = field(default_factory=dict)
@@ -155,6 +162,8 @@ class PPOConfig:
     """updates between checkpoints (one is always written at the end)"""
     device: str = "auto"
     """"auto" (CUDA when present), "cpu" or "cuda"; the simulator lives on it too"""
+    threads: int = 0
+    """CPU threads for torch (0 = torch's default; 1 is fastest on a busy shared machine)"""
     seed: int = 0
     """seed of weights, simulator and sampling"""
 
@@ -169,7 +178,7 @@ class PPOConfig:
     def validate(self) -> "PPOConfig":
         """Refuse settings that cannot train (raises InputError naming the field)."""
         positive = ("total_steps", "n_envs", "rollout_len", "update_epochs", "n_minibatches", "hidden",
-                    "n_critics", "checkpoint_every", "high_risk_repeat")
+                    "n_critics", "checkpoint_every", "high_risk_repeat", "eval_every", "eval_episodes")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, not {getattr(self, name)}", field=name)
@@ -280,23 +289,33 @@ class TrainingData:
         return max(self.logged_returns, key=lambda b: self.logged_returns[b])
 
 
-def domain_masks(ws: "Workspace", dataset: str) -> Path | None:
-    """The committed mask rules of a dataset's domain (``datasets/<domain>/masks.yaml``), if any."""
+def masks_for_domain(domain: str | None) -> Path | None:
+    """The committed mask rules of a domain (``datasets/<domain>/masks.yaml``), if any."""
     from core.datasets import datasets_dir
 
-    row = ws.conn.execute("SELECT domain FROM datasets WHERE name=?", (dataset,)).fetchone()
-    if not row or not row[0]:
+    if not domain:
         return None
-    path = datasets_dir() / str(row[0]) / "masks.yaml"
+    path = datasets_dir() / str(domain) / "masks.yaml"
     return path if path.is_file() else None
 
 
+def domain_masks(ws: "Workspace", dataset: str) -> Path | None:
+    """The committed mask rules of a dataset's domain (``datasets/<domain>/masks.yaml``), if any."""
+    row = ws.conn.execute("SELECT domain FROM datasets WHERE name=?", (dataset,)).fetchone()
+    return masks_for_domain(row[0] if row else None)
+
+
+#: ``masks=DOMAIN_MASKS``: the committed rules of the data's domain (the default).
+DOMAIN_MASKS = "domain"
+
+
 def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = None,
-                       episodes_file: str | Path | None = None, masks: Any = None,
+                       episodes_file: str | Path | None = None, masks: Any = DOMAIN_MASKS,
                        config: PPOConfig | None = None) -> TrainingData:
     """Simulator tables of a dataset (or episodes file) under ``template`` and ``masks``
-    (rules, YAML file or text), joined by the workspace's review rules; the train /
-    held-out split; logged returns; approved review examples."""
+    (rules, a YAML file or text, None for no rules, or by default the committed rules of the
+    data's domain, ``datasets/<domain>/masks.yaml``), always joined by the workspace's review
+    rules; the train / held-out split; logged returns; approved review examples."""
     from core.masking import MaskRules
     from core.review import approved_examples, with_review_rules
     from core.sim import build_sim_tables, build_sim_tables_from, logged_returns, split_episodes
@@ -304,17 +323,23 @@ def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = 
     cfg = config or PPOConfig()
     if (dataset is None) == (episodes_file is None):
         raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file (--episodes FILE)")
+    parsed = None
+    if episodes_file is not None:
+        from core.importers import read_file
+
+        parsed = read_file(episodes_file)
+        if not parsed.episodes:
+            raise InputError("the episodes file holds no episodes", file=str(episodes_file))
+    if isinstance(masks, str) and masks == DOMAIN_MASKS:
+        masks = (domain_masks(ws, dataset) if dataset is not None
+                 else masks_for_domain(parsed.episodes[0].domain))  # type: ignore[union-attr]
     rules = masks if isinstance(masks, MaskRules) or masks is None else MaskRules.from_yaml(masks)
     if dataset is not None:
         tables = build_sim_tables(ws, dataset, template, masks=rules, config=cfg.sim_config())
         source = f"dataset {dataset}"
     else:
         from core.embed import workspace_embedder
-        from core.importers import read_file
 
-        parsed = read_file(episodes_file)
-        if not parsed.episodes:
-            raise InputError("the episodes file holds no episodes", file=str(episodes_file))
         rules = with_review_rules(rules or MaskRules(), ws, None)
         tables = build_sim_tables_from(parsed.episodes, parsed.tools, template, masks=rules,
                                        config=cfg.sim_config(), embedder=workspace_embedder(ws))
@@ -735,6 +760,8 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
     t_start = time.time()
     # ------------------------------------------------------------------ seeding & device
     device = resolve_device(cfg.device)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed)       # minibatches, bootstrap masks
@@ -754,8 +781,6 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
 
     # ------------------------------------------------------------------ agent & optimizer
     agent = Agent(A, cfg.encoder_config(), hidden=cfg.hidden, n_critics=cfg.n_critics, seed=cfg.seed).to(device)
-    if not cfg.train_encoder:
-        agent.encoder.requires_grad_(False)
     layers = layer_names(agent)
 
     # ------------------------------------------------------------------ baselines for progress
@@ -763,6 +788,8 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
     best_logged = data.logged_returns[data.best_behaviour]
     random_return = mean_return(tb, None, data.train_episodes, n_envs=min(512, 4 * B), device=device,
                                 seed=cfg.seed + 1, min_episodes=512)
+    pick = torch.randperm(int(data.train_episodes.numel()), generator=torch.Generator().manual_seed(cfg.seed))
+    eval_starts = data.train_episodes.cpu()[pick[:cfg.eval_episodes]]
 
     kl_ctl = AdaptiveKL(target=cfg.kl_target, beta=cfg.beta0, adaptive=cfg.adaptive_kl)
     curriculum = Curriculum(cfg, level=0 if cfg.curriculum else 1)
@@ -792,13 +819,16 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
         warm = {"behaviour": bc["behaviour"], "episodes": bc["episodes"], "bc_logged_steps": bc["n_logged"],
                 "bc_approved_steps": bc["n_approved"], "approved_skipped": bc["approved_skipped"]}
         warm.update(behaviour_cloning(agent, bc, cfg, generator))
+    if not cfg.train_encoder:
+        agent.encoder.requires_grad_(False)
     optimizer = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=cfg.lr, eps=1e-5)
     if resume_from is not None:
         load_optimizer_state(Path(resume_from), optimizer, device)
 
     # ------------------------------------------------------------------ rollout storage
     next_obs, next_mask = sim.reset()
-    obs_buf = {k: torch.zeros((T, B, *v.shape[1:]), dtype=v.dtype, device=device) for k, v in next_obs.items()}
+    obs_buf = {k: torch.zeros((T, B, *v.shape[1:]), dtype=v.dtype, device=device)
+               for k, v in next_obs.items()} if cfg.train_encoder else {}
     state_buf = torch.zeros((T, B, agent.encoder.config.dim), device=device)
     masks = torch.zeros((T, B, A), dtype=torch.bool, device=device)
     actions = torch.zeros((T, B), dtype=torch.int64, device=device)
@@ -829,8 +859,9 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
 
         # -------------------------------------------------------------- rollout
         for step in range(T):
-            for k in obs_buf:
-                obs_buf[k][step] = next_obs[k]
+            if cfg.train_encoder:
+                for k in obs_buf:
+                    obs_buf[k][step] = next_obs[k]
             masks[step] = next_mask
             dones[step] = next_done
             pointers[step] = sim.pointer
@@ -853,10 +884,7 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
                     rand_action = random_masked_actions(explore, act_gen)
                     use_rand = torch.rand(B, device=device, generator=act_gen) < eps
                     action = torch.where(use_rand, rand_action, action)
-                    u = explore.gather(1, action[:, None]).squeeze(1).float() / explore.sum(1).float()
-                    behaviour_logp = torch.log((1 - eps) * dist.probs.gather(1, action[:, None]).squeeze(1) + eps * u)
-                else:
-                    behaviour_logp = dist.log_prob(action)
+                behaviour_logp = dist.log_prob(action)
             actions[step] = action
             logprobs[step] = behaviour_logp
 
@@ -923,10 +951,15 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
             comp_means = components.reshape(batch_size, -1).mean(0).cpu().tolist()
             y_pred = values.mean(-1).reshape(-1)
         ret_mean = float(ep_return[finished].mean()) if n_finished else float("nan")
-        progress_value = None
-        if n_finished and best_logged - random_return > 1e-9:
-            progress_value = (ret_mean - random_return) / (best_logged - random_return)
         ev = explained_variance(y_pred, returns.reshape(-1))
+        # Progress: the greedy policy on a fixed sample of training episodes, on the scale
+        # 0 = random-in-mask, 1 = the best logged behaviour (rollout returns carry ε-noise).
+        progress_value, greedy = None, None
+        if update == start_update + 1 or update % cfg.eval_every == 0 or update == num_updates:
+            greedy = episode_stats(tb, agent, eval_starts, every_episode=True, device=device,
+                                   seed=cfg.seed + update, support_episodes=data.train_episodes)
+            if best_logged - random_return > 1e-9:
+                progress_value = (greedy["return_mean"] - random_return) / (best_logged - random_return)
         metrics: dict[str, Any] = {
             "return_mean": ret_mean,
             "success_rate": float(ep_success[finished].mean()) if n_finished else float("nan"),
@@ -943,6 +976,9 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
             "mask_violations": int(violations.sum()),
             "curriculum_level": level, "epsilon": eps, "ucb_bonus": float(bonus.mean()),
             "critic_std": float(sigma.mean()),
+            "eval_return": None if greedy is None else greedy["return_mean"],
+            "eval_success_rate": None if greedy is None else greedy["success_rate"],
+            "eval_off_support_rate": None if greedy is None else greedy["off_support_rate"],
             "progress": progress_value, "random_return": random_return, "best_logged_return": best_logged,
             "high_risk_repeats": int(flags.sum()),
             "lr": optimizer.param_groups[0]["lr"], "policy_trained": train_policy,
@@ -1008,10 +1044,15 @@ def mean_return(tables: "SimTables", agent: Agent | None, episodes: torch.Tensor
 def episode_stats(tables: "SimTables", agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,
                   device: str | torch.device = "cpu", seed: int = 0, min_episodes: int = 256,
                   greedy: bool = True, max_steps: int | None = None, every_episode: bool = False,
-                  support_episodes: Any = None) -> dict[str, Any]:
+                  support_episodes: Any = "all") -> dict[str, Any]:
     """Run a policy (or random-in-mask) in the simulator and summarise finished episodes:
     ``return_mean``, ``success_rate``, ``off_support_rate``, ``mask_violations``,
     ``episodes``, ``steps``, the step ``rewards`` (numpy) and ``probs`` of the visited states.
+
+    ``support_episodes``: where counterfactual outcomes are drawn from — by default every
+    recorded step of the tables (the simulator's whole world: a held-out evaluation holds
+    out the *tasks* it starts from, not the recorded outcomes); the episodes to start from
+    (``None``) or other indices as in :class:`core.sim.BatchedSim`.
 
     ``every_episode=True`` starts one environment on each of ``episodes`` and counts each
     one's first episode exactly once (a full pass over a held-out set)."""

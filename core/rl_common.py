@@ -87,16 +87,19 @@ class MaskedCategorical:
         return self.log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> torch.Tensor:
-        # 0·(−inf) is NaN: only allowed actions contribute.
-        plogp = torch.where(self.mask, self.probs * self.log_probs_all, torch.zeros_like(self.probs))
-        return -plogp.sum(-1)
+        # 0·(−inf) is NaN: only allowed actions contribute.  The −inf is replaced *before*
+        # the product, so the backward pass is finite too (a where() after the product
+        # would send 0·(−inf) = NaN gradients into the masked entries).
+        logp = torch.where(self.mask, self.log_probs_all, torch.zeros_like(self.log_probs_all))
+        return -(self.probs * logp).sum(-1)
 
     def kl_from(self, old_log_probs_all: torch.Tensor) -> torch.Tensor:
-        """KL(old ‖ new) per row, summed over allowed actions."""
-        old_p = old_log_probs_all.exp()
-        term = torch.where(self.mask, old_p * (old_log_probs_all - self.log_probs_all),
-                           torch.zeros_like(old_p))
-        return term.sum(-1)
+        """KL(old ‖ new) per row, summed over allowed actions (finite gradients, as in
+        :meth:`entropy`)."""
+        zeros = torch.zeros_like(self.log_probs_all)
+        old_logp = torch.where(self.mask, old_log_probs_all, zeros)
+        new_logp = torch.where(self.mask, self.log_probs_all, zeros)
+        return (old_logp.exp() * self.mask * (old_logp - new_logp)).sum(-1)
 
     def greedy(self) -> torch.Tensor:
         return self.logits.argmax(-1)

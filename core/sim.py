@@ -30,7 +30,8 @@ of rewards — what PPO with ``gamma = γ`` maximises — *is* the template's ep
 Everything is precomputed once (:class:`SimTables`, :func:`build_sim_tables`) as tensors,
 and :class:`BatchedSim` keeps B environments as tensors on one device: a step is a
 handful of gathers and ``where``s, the masks one batched :meth:`CompiledMasks.evaluate_torch`,
-with no Python loop over environments or steps and no host synchronisation.
+with no Python loop over environments or steps (the one host synchronisation per step
+is the check that the actions are catalog tokens).
 :class:`RecordedEpisodeEnv` is the same simulator as a Gymnasium environment (one env,
 flat float32 observation, ``action_masks()``) for Stable-Baselines3 / sb3-contrib.
 
@@ -92,13 +93,6 @@ class SimConfig:
 
 
 # --------------------------------------------------------------------------- tables
-_STEP_TENSORS = ("step_episode", "step_t", "token", "step_reward", "step_reward64", "components",
-                 "step_dt", "cluster", "step_bucket", "step_last", "context")
-_EPISODE_TENSORS = ("ep_start", "ep_len", "ep_end", "final", "success", "episode_return", "task_code",
-                    "intent_emb", "intent_rules")
-_TABLE_TENSORS = ("bucket_offsets", "bucket_steps", "terminal_token")
-
-
 @dataclass(eq=False)
 class SimTables:
     """Everything the simulator reads, precomputed once per (dataset, template, catalog, masks).
@@ -256,8 +250,6 @@ def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int
 def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatures, result: Any,
               rules: MaskRules, config: SimConfig, device: str | torch.device) -> SimTables:
     """Tables from the pieces both builders compute (features, pyramid score, mask rules)."""
-    from core.state import _step_clock  # the encoder's own step clock, so Δt means the same
-
     frame, template = result.frame, result.template
     if list(raw.episode_ids) != [str(x) for x in frame.episode_ids.tolist()]:
         raise InputError("state features and reward scores list the episodes in a different order; "
@@ -274,10 +266,11 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     token = raw.action_token.astype(np.int64)
     step_last = (np.arange(n) + 1) == ep_end[step_episode]
 
-    # Seconds from each step to the next logged step of its episode (0 after the last).
-    clock = _step_clock(episodes, n, ep_start)
+    # Seconds from each step to the next logged step of its episode (0 after the last),
+    # read back from the encoder's own trace (log1p of the seconds since the previous
+    # step), so the environment's Δt means exactly what the log's does.
     step_dt = np.zeros(n, dtype=np.float64)
-    step_dt[:-1] = clock[1:] - clock[:-1]
+    step_dt[:-1] = np.expm1(raw.trace_dt[1:, 0].astype(np.float64))
     step_dt[step_last] = 0.0
 
     # Task types as codes (None is a type of its own).
@@ -378,14 +371,15 @@ class SimStep:
     """What one batched step returns (all tensors on the simulator's device).
 
     ``obs``/``mask`` are those of the *next* state; for an environment that finished, of
-    the first state of its new episode (auto-reset).  Some ``obs`` tensors are the
-    simulator's own buffers (``intent_emb``, ``intent_rules``, ``context``), rewritten in
-    place by the next step, so that a step allocates no large tensors: copy what you keep
-    (a rollout buffer's ``obs_buf[t] = obs`` does).  ``info``:
+    the first state of its new episode (auto-reset).  ``obs`` tensors are fresh, unless the
+    simulator was made with ``reuse_obs_buffers=True``: then ``intent_emb``,
+    ``intent_rules`` and ``context`` are its own buffers, rewritten in place by the next
+    step (no large allocation per step; copy what you keep — a rollout buffer's
+    ``obs_buf[t] = obs`` does).  ``info``:
 
     * ``off_support`` Bool[B], ``followed_log`` Bool[B], ``end_of_log`` Bool[B];
     * ``source_step`` Long[B] — recorded step whose result was used (-1 off-support);
-    * ``step_reward`` Float[B] — pyramid-scale ``r`` (reward = ``a·r`` + ``b·final``);
+    * ``step_reward`` Float[B] — pyramid-scale ``r`` (reward = ``a·r + b·final/γ^t``);
     * ``components`` Float[B, C] — weighted gated component values of that step;
     * ``final`` Float[B] — the R_final earned on this step (0 unless it ended with one);
     * ``episode_return`` Float[B] — ``a·Σγ^i r_i + b·R_final`` (NaN unless done);
@@ -432,18 +426,21 @@ class BatchedSim:
     """B recorded-episode environments as tensors on one device.
 
     ``reset``/``step`` are gathers over :class:`SimTables` and ``where``s over the batch — no
-    Python loop per environment or step, no host synchronisation (so it runs on CUDA at
-    the GPU's pace).  ``episodes`` restricts the start episodes (a train / held-out split)
+    Python loop per environment or step, and on an accelerator no host synchronisation but
+    the check that the actions are tokens (so it runs on CUDA at the GPU's pace).  ``episodes`` restricts the start episodes (a train / held-out split)
     and, unless ``support_episodes`` says otherwise, the recorded steps counterfactual
     outcomes are drawn from.  ``extra_mask_rules`` (rules or rule dicts) join the tables'.
 
     Randomness: each reset/step draws one ``[B, 2]`` tensor of integers from
-    :attr:`generator` (column 0: the counterfactual pick, column 1: the next start episode)."""
+    :attr:`generator` (column 0: the counterfactual pick, column 1: the next start episode).
+    ``reuse_obs_buffers=True`` returns the request/context features in buffers that the
+    next step overwrites (see :class:`SimStep`) — for loops that copy observations anyway."""
 
     def __init__(self, tables: SimTables, n_envs: int, *, device: str | torch.device = "cpu", seed: int = 0,
                  episodes: torch.Tensor | Sequence[int] | None = None,
                  extra_mask_rules: MaskRules | Sequence[Mapping[str, Any]] | None = None,
-                 support_episodes: torch.Tensor | Sequence[int] | str | None = None):
+                 support_episodes: torch.Tensor | Sequence[int] | str | None = None,
+                 reuse_obs_buffers: bool = False):
         if int(n_envs) < 1:
             raise InputError(f"n_envs must be at least 1, not {n_envs}", field="n_envs")
         self.device = torch.device(device)
@@ -456,7 +453,10 @@ class BatchedSim:
 
         tb = self.tables
         self.start_episodes = self._episode_index(episodes)
-        if support_episodes == "all":
+        if isinstance(support_episodes, str):
+            if support_episodes != "all":
+                raise InputError(f"support_episodes must be episode indices or 'all', not {support_episodes!r}",
+                                 field="support_episodes")
             support = None
         elif support_episodes is None:
             support = None if episodes is None else self.start_episodes
@@ -468,11 +468,18 @@ class BatchedSim:
         self.compiled_masks = tb.compiled_masks if rules is tb.mask_rules else rules.compile(tb.catalog)
         self._mask_cols = tb.mask_inputs(self.compiled_masks)
 
-        # Per-step lookups folded once: the bucket base of the state at each recorded step.
-        self._bucket_base = tb.bucket(tb.task_code[tb.step_episode], tb.cluster,
-                                      torch.zeros_like(tb.cluster))
+        # Per-step lookups packed once, so a step gathers one row per environment and table:
+        # at the state it stands on — (logged token, counterfactual bucket base); at the
+        # recorded step it uses — (r, Δt, last step?, its episode's R_final and success).
+        bucket_base = tb.bucket(tb.task_code[tb.step_episode], tb.cluster, torch.zeros_like(tb.cluster))
+        self._at_state = torch.stack([tb.token, bucket_base], dim=1)
+        self._at_used = torch.stack([tb.step_reward64, tb.step_dt.double(), tb.step_last.double(),
+                                     tb.final[tb.step_episode], tb.success[tb.step_episode].double()], dim=1)
         self._gamma = float(tb.gamma)
         self._a, self._b = float(tb.a), float(tb.b)
+        self._step_cap = int(self.config.step_cap)
+        self._penalty = torch.tensor(float(self.config.off_support_penalty), dtype=torch.float64,
+                                     device=self.device)
 
         dev = self.device
         # Environment state.
@@ -481,7 +488,10 @@ class BatchedSim:
         self.t = torch.zeros(B, dtype=torch.int64, device=dev)              # steps taken in this episode
         # Own action counts (business limits read them); they never exceed the step cap,
         # so a byte per entry keeps the [B, A] table small.
-        count_dtype = torch.uint8 if int(self.config.step_cap) <= 255 else torch.int32
+        # (uint8 on the CPU, where bandwidth is short; int32 on accelerators, whose
+        # index_add in the limit evaluation wants a type with native atomics.)
+        small = self.device.type == "cpu" and int(self.config.step_cap) <= 255
+        count_dtype = torch.uint8 if small else torch.int32
         self.counts = torch.zeros((B, self.n_actions), dtype=count_dtype, device=dev)
         # The request's features change only when an episode starts: per-env buffers,
         # rewritten row-wise at a reset instead of gathered every step.
@@ -496,6 +506,7 @@ class BatchedSim:
         self._context = torch.zeros((B, tb.context.shape[1]), dtype=torch.float32, device=dev)
         self._arange = torch.arange(B, device=dev)
         self._started = False
+        self.reuse_obs_buffers = bool(reuse_obs_buffers)
 
     # ------------------------------------------------------------------ helpers
     def _episode_index(self, episodes: torch.Tensor | Sequence[int] | None) -> torch.Tensor:
@@ -546,10 +557,16 @@ class BatchedSim:
     def _observe(self) -> dict[str, torch.Tensor]:
         tb = self.tables
         filled = self.trace_action != PAD_TOKEN
+        if self.reuse_obs_buffers:
+            intent_emb, intent_rules = self.intent_emb, self.intent_rules
+            context = torch.index_select(tb.context, 0, self.pointer, out=self._context)
+        else:
+            intent_emb, intent_rules = self.intent_emb.clone(), self.intent_rules.clone()
+            context = tb.context.index_select(0, self.pointer)
         return {
-            "intent_emb": self.intent_emb,
-            "intent_rules": self.intent_rules,
-            "context": torch.index_select(tb.context, 0, self.pointer, out=self._context),
+            "intent_emb": intent_emb,
+            "intent_rules": intent_rules,
+            "context": context,
             "trace_action": self.trace_action.clone(),
             "trace_reward": self.trace_reward.clone(),
             # the encoder's convention: log1p of the seconds since that step (0 when none)
@@ -608,7 +625,7 @@ class BatchedSim:
         if actions.shape[0] != B:
             raise InputError(f"step needs {B} actions, got {actions.shape[0]}", field="actions")
         ptr = self.pointer
-        logged = tb.token.index_select(0, ptr)
+        logged, bucket_base = self._at_state.index_select(0, ptr).unbind(1)
         # -1 (INVALID) replays a logged invalid call; anything else must be a catalog token.
         bad = (actions < -1) | (actions >= self.n_actions) | ((actions == -1) & (logged != -1))
         if bool(bad.any()):
@@ -623,62 +640,60 @@ class BatchedSim:
         followed = actions == logged
 
         # Counterfactual: a uniform draw from the bucket (task type, state cluster, action).
-        bucket = self._bucket_base.index_select(0, ptr) + token
+        bucket = bucket_base + token
         lo = self.bucket_offsets.index_select(0, bucket)
         support = self.bucket_offsets.index_select(0, bucket + 1) - lo
-        pick = lo + draw[:, 0] % support.clamp_min(1)
-        drawn = self.bucket_steps.index_select(0, pick.clamp_max(max(self.bucket_steps.shape[0] - 1, 0))) \
-            if self.bucket_steps.shape[0] else ptr
+        if self.bucket_steps.shape[0]:
+            pick = (lo + draw[:, 0] % support.clamp_min(1)).clamp_max(self.bucket_steps.shape[0] - 1)
+            drawn = self.bucket_steps.index_select(0, pick)
+        else:
+            drawn = ptr
         recorded = followed | (support > 0)
         off_support = ~recorded
-        used = torch.where(followed, ptr, drawn)
-        used = torch.where(recorded, used, ptr)       # off-support: the own log's step (Δt, end of log)
-
-        r64 = torch.where(recorded, tb.step_reward64.index_select(0, used),
-                          torch.full_like(self.discounted, float(self.config.off_support_penalty)))
+        # followed: the own step; counterfactual: the drawn one; off-support: the own log's
+        # step (its Δt and its end are what the environment lives through)
+        used = torch.where(recorded & ~followed, drawn, ptr)
+        r64, dt, last, final_of_used, success_of_used = self._at_used.index_select(0, used).unbind(1)
+        r64 = torch.where(recorded, r64, self._penalty)
         comps = tb.components.index_select(0, used) * recorded[:, None]
 
         # Where the environment goes next, and why it may stop.
-        next_ptr = used + 1
-        end_of_log = tb.step_last.index_select(0, used)
-        final_action = tb.terminal_token.index_select(0, token) & ~replay_invalid
-        # The logged final answer mid-episode is followed like any logged step.
-        final_action = final_action & ~(followed & ~end_of_log)
+        end_of_log = last > 0
+        # the final-answer token ends the episode, unless it is the logged one mid-log (followed)
+        final_action = tb.terminal_token.index_select(0, token) & ~replay_invalid & ~(followed & ~end_of_log)
         terminated = final_action | (end_of_log & recorded)
         t_next = self.t + 1
-        truncated = ~terminated & ((t_next >= int(self.config.step_cap)) | (end_of_log & off_support))
+        truncated = ~terminated & ((t_next >= self._step_cap) | (end_of_log & off_support))
         done = terminated | truncated
 
         # Outcome: R_final of the recorded episode whose ending was used.
-        used_ep = tb.step_episode.index_select(0, used)
         ended_with_outcome = terminated & recorded
-        final = torch.where(ended_with_outcome, tb.final.index_select(0, used_ep), torch.zeros_like(r64))
+        final = torch.where(ended_with_outcome, final_of_used, 0.0)
         # R_final is not discounted in the template's return: on a terminal step at t it is
         # paid as b·R_final/γ^t, so that Σ γ^t·reward is exactly the template's return.
         reward = (self._a * r64 + self._b * final / self.discount).float()
         self.discounted = self.discounted + self.discount * r64
-        episode_return = torch.where(done, self._a * self.discounted + self._b * final,
-                                     torch.full_like(r64, float("nan"))).float()
-        success = torch.where(ended_with_outcome, tb.success.index_select(0, used_ep),
-                              torch.zeros_like(reward))
-        success = torch.where(done, success, torch.full_like(reward, float("nan")))
+        nan = torch.full_like(reward, float("nan"))
+        episode_return = torch.where(done, (self._a * self.discounted + self._b * final).float(), nan)
+        success = torch.where(done, torch.where(ended_with_outcome, success_of_used, 0.0).float(), nan)
         r32 = r64.float()
 
         # The environment's own history: counts and the trace ring (newest first).
-        self.counts.view(-1).index_add_(0, self._arange * self.n_actions + token,
-                                        (~replay_invalid).to(self.counts.dtype))
-        dt = tb.step_dt.index_select(0, used)
+        # one cell per environment, so a gather/scatter pair needs no atomics
+        cell = self._arange * self.n_actions + token
+        flat = self.counts.view(-1)
+        flat.scatter_(0, cell, flat.gather(0, cell) + (~replay_invalid).to(flat.dtype))
+        dt = dt.float()[:, None]
         self.trace_action = torch.cat([actions[:, None], self.trace_action[:, :-1]], dim=1)
         self.trace_reward = torch.cat([r32[:, None], self.trace_reward[:, :-1]], dim=1)
-        self.trace_elapsed = torch.cat([torch.zeros_like(dt)[:, None], self.trace_elapsed[:, :-1]], dim=1) \
-            + dt[:, None]
-        self.discount = self.discount * self._gamma * 0.999
+        self.trace_elapsed = torch.cat([torch.zeros_like(dt), self.trace_elapsed[:, :-1]], dim=1) + dt
+        self.discount = self.discount * self._gamma
         start_episode = self.episode
-        length = torch.where(done, t_next, torch.zeros_like(t_next))
+        length = torch.where(done, t_next, 0)
         self.t = t_next
         # Past the end of a log there is no next state: the environment stays on its last
         # step (until it is reset); a truncated one shows the state it would have gone on from.
-        self.pointer = torch.where(end_of_log, used, next_ptr)
+        self.pointer = torch.where(end_of_log, used, used + 1)
         if auto_reset:
             self._start(done, draw[:, 1], None)
         self.mask, fallback = self._evaluate_mask()

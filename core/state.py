@@ -585,7 +585,7 @@ class RawStateFeatures:
                    **{k: arrays[k] for k in cls._ARRAYS})
 
 
-def _step_clock(episodes: Sequence[Episode], n_steps: int, starts: np.ndarray) -> np.ndarray:
+def _step_clock(episodes: Sequence[Episode], step_episode: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Seconds from each episode's start to each step.
 
     Timestamps when every step of the episode has a parsable one; otherwise the sum of
@@ -596,19 +596,17 @@ def _step_clock(episodes: Sequence[Episode], n_steps: int, starts: np.ndarray) -
     stamps = [s.timestamp for ep in episodes for s in ep.steps]
     lat = np.array([s.latency_ms if s.latency_ms is not None else 0.0
                     for ep in episodes for s in ep.steps], dtype=np.float64) / 1000.0
-    ep_of = np.repeat(np.arange(len(episodes)), np.diff(np.append(starts, n_steps)))
+    first_row = starts[step_episode]          # each step's episode start (only episodes with steps)
     # latency clock: exclusive cumulative sum within each episode
     csum = np.cumsum(lat) - lat
-    lat_clock = csum - csum[starts][ep_of] if n_steps else csum
+    lat_clock = csum - csum[first_row]
     ts = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, errors="coerce", format="ISO8601")
     secs = (ts - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=np.float64)
     ok = ~np.isnan(secs)
     ep_all_ok = np.ones(len(episodes), dtype=bool)
-    if n_steps:
-        np.logical_and.at(ep_all_ok, ep_of, ok)
-    use_ts = ep_all_ok[ep_of]
-    first = np.where(ok, secs, 0.0)[starts][ep_of] if n_steps else secs
-    return np.where(use_ts, np.where(ok, secs, 0.0) - first, lat_clock)
+    np.logical_and.at(ep_all_ok, step_episode, ok)
+    secs = np.where(ok, secs, 0.0)
+    return np.where(ep_all_ok[step_episode], secs - secs[first_row], lat_clock)
 
 
 def extract_features(episodes: Sequence[Episode], catalog: Any, embedder: Any, *,
@@ -717,7 +715,7 @@ def extract_features(episodes: Sequence[Episode], catalog: Any, embedder: Any, *
         np.zeros((0, TRACE_LEN), np.int64)
     valid = trace_step >= 0
     trace_action = np.where(valid, token[np.maximum(trace_step, 0)] if n else trace_step, PAD_TOKEN)
-    clock = _step_clock(episodes, n, starts) if n else np.zeros(0)
+    clock = _step_clock(episodes, step_episode, starts) if n else np.zeros(0)
     dt = clock[:, None] - clock[np.maximum(trace_step, 0)] if n else np.zeros((0, TRACE_LEN))
     trace_dt = np.where(valid, np.log1p(np.maximum(dt, 0.0)), 0.0).astype(np.float32)
 
@@ -767,6 +765,10 @@ def cached_features(ws: Any, key: str, episodes: Sequence[Episode] | None, catal
         episodes = load_episodes()
     raw = extract_features(episodes, catalog, workspace_embedder(ws), fingerprint=fp)
     raw.save(path)
+    # features of an earlier version of the same source are stale now: keep one set per source
+    for old in path.parent.glob("features-*"):
+        if not old.name.startswith(path.name + "."):
+            old.unlink(missing_ok=True)
     return raw
 
 
@@ -844,8 +846,20 @@ def _branch(in_dim: int, dim: int) -> nn.Sequential:
 class StateEncoder(nn.Module):
     """Intent, tool-context and trace branches fused by state-dependent gates.
 
-    ``forward(batch)`` takes the dict of :meth:`RawStateFeatures.step_batch` and returns
-    ``[B, dim]``; :meth:`gates` returns the ``[B, 3]`` weights (intent, context, trace)."""
+    ``forward(batch)`` returns ``[B, dim]``; :meth:`gates` the ``[B, 3]`` weights
+    (intent, context, trace).  ``batch`` is the dict of :meth:`RawStateFeatures.step_batch`:
+
+    ==================  ===================  ==========================================
+    ``intent_emb``      float [B, 384]       sentence embedding of the request
+    ``intent_rules``    float [B, 48]        verb / urgency / target (:func:`intent_rule_vector`)
+    ``context``         float [B, 181]       key fields of the latest tool result + state
+    ``trace_action``    long  [B, 3]         tokens of steps t-1..t-3 (-1 INVALID, -2 none)
+    ``trace_reward``    float [B, 3]         their rewards (0 where there is no step)
+    ``trace_dt``        float [B, 3]         log1p(seconds from that step to this one)
+    ==================  ===================  ==========================================
+
+    A simulator that replaces the logged trace (counterfactual actions) writes its own
+    ``trace_action`` / ``trace_reward`` rows; everything else is gathered by step index."""
 
     def __init__(self, config: StateEncoderConfig | None = None, *, n_actions: int):
         super().__init__()

@@ -386,7 +386,7 @@ def shannon_entropy(weights: np.ndarray, axis: int = -1) -> np.ndarray:
     total = w.sum(axis=axis, keepdims=True)
     p = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
     logp = np.log(p, out=np.zeros_like(p), where=p > 0)
-    return -(p * logp).sum(axis=axis)
+    return np.maximum(-(p * logp).sum(axis=axis), 0.0)   # a certain action gives 0, not -0
 
 
 @dataclass
@@ -675,6 +675,8 @@ def load_state_source(ws: Any, *, dataset: str | None = None, episodes_file: str
 #: Colour fields every map offers; reward and curriculum fields appear when given.
 BASE_COLORS = ("task_type", "intent", "behaviour", "action", "tool", "cluster", "final_reward", "resolved")
 NUMERIC_COLORS = {"final_reward", "reward_total", "t", "curriculum_level"}
+#: Categorical colourings show at most this many legend entries.
+MAX_LEGEND = 24
 _NUMERIC_COLUMNS = ("t", "cluster", "final_reward", "reward_total", "curriculum_level")
 
 
@@ -719,6 +721,10 @@ class StateMapReport:
                         "colorbar": {"title": {"text": color}}}))
         else:
             labels = np.array(["(none)" if v is None else str(v) for v in values], dtype=object)
+            kinds, counts = np.unique(labels, return_counts=True)
+            if len(kinds) > MAX_LEGEND:   # a readable legend: the most frequent values, then "(other)"
+                keep = set(kinds[np.argsort(-counts, kind="stable")[:MAX_LEGEND - 1]].tolist())
+                labels = np.array([v if v in keep else "(other)" for v in labels], dtype=object)
             for value in sorted(set(labels.tolist()), key=str):
                 sel = np.flatnonzero(labels == value)
                 fig.add_trace(go.Scattergl(
@@ -739,7 +745,7 @@ class StateMapReport:
         out = []
         for i in range(len(self.index)):
             parts = [f"episode {cols['episode_id'][i]} · t={cols['t'][i]}", f"action {cols['action'][i]}",
-                     f"task {cols['task_type'][i]} · {cols['behaviour'][i]}"]
+                     f"task {cols['task_type'][i] or '–'} · {cols['behaviour'][i] or '–'}"]
             if "reward_total" in cols:
                 parts.append(f"reward {cols['reward_total'][i]:.3f}")
             parts += [f"  {c[7:]} = {cols[c][i]:.3f}" for c in comp]

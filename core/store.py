@@ -244,6 +244,8 @@ def _m3_runs(conn: sqlite3.Connection) -> None:
             template_version TEXT,
             template_hash TEXT NOT NULL,
             template_yaml TEXT NOT NULL,
+            masks_source TEXT,
+            masks_yaml TEXT,
             device TEXT NOT NULL,
             config TEXT NOT NULL,
             total_steps INTEGER NOT NULL,
@@ -366,8 +368,76 @@ def _m5_policy_registry(conn: sqlite3.Connection) -> None:
                      f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
 
 
+def _m6_tuning(conn: sqlite3.Connection) -> None:
+    """Weight tuning (core.tuning): analysts' preference labels on episode pairs, the Optuna
+    studies started from this workspace with the worker processes that ran them, and every
+    application of a study's result as a new template version.  (The trials themselves live
+    in Optuna's own storage: artifacts/tuning/optuna.db or a shared database.)"""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS preferences (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            dataset TEXT NOT NULL REFERENCES datasets(name),
+            better_id TEXT NOT NULL,
+            worse_id TEXT NOT NULL,
+            comment TEXT,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            CHECK (better_id <> worse_id),
+            UNIQUE (dataset, better_id, worse_id, created_by)
+        );
+        CREATE INDEX IF NOT EXISTS idx_preferences_dataset ON preferences(dataset, id);
+        CREATE TABLE IF NOT EXISTS tuning_studies (
+            name TEXT PRIMARY KEY,
+            storage TEXT,
+            objective TEXT NOT NULL,
+            template_name TEXT NOT NULL,
+            template_version INTEGER,
+            template_sha256 TEXT NOT NULL,
+            dataset TEXT,
+            episodes_file TEXT,
+            config TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS tuning_runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            study TEXT NOT NULL REFERENCES tuning_studies(name),
+            status TEXT NOT NULL CHECK (status IN ('starting', 'running', 'finished', 'stopped', 'failed')),
+            trials_requested INTEGER NOT NULL,
+            trials_done INTEGER NOT NULL DEFAULT 0,
+            best_value REAL,
+            pid INTEGER,
+            host TEXT,
+            log_path TEXT,
+            stop_requested INTEGER NOT NULL DEFAULT 0,
+            started_by TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            heartbeat_at TEXT,
+            ended_at TEXT,
+            trials_per_min REAL,
+            error TEXT
+        );
+        CREATE INDEX IF NOT EXISTS idx_tuning_runs_study ON tuning_runs(study, id);
+        CREATE TABLE IF NOT EXISTS tuning_applications (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            study TEXT NOT NULL,
+            trial_number INTEGER NOT NULL,
+            template_name TEXT NOT NULL,
+            base_version INTEGER,
+            version INTEGER NOT NULL,
+            figures TEXT NOT NULL,
+            diff TEXT NOT NULL,
+            applied_by TEXT NOT NULL,
+            applied_at TEXT NOT NULL
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
-                                                          _m4_template_versions, _m5_policy_registry]
+                                                          _m4_template_versions, _m5_policy_registry,
+                                                          _m6_tuning]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

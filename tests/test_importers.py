@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from core.episodes import Episode, ToolSchema
 from core.errors import InputError
 from core.importers import (
-    IMPORTERS,
     detect_format,
     export_episodes,
     find_episode,

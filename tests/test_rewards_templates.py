@@ -111,7 +111,9 @@ def test_golden_table(name, ws):
     for col in table.columns[3:]:
         # sentence embeddings may differ in the last float bits between CPU kernels
         np.testing.assert_allclose(table[col].to_numpy(float), expected[col].to_numpy(float),
-                                   rtol=0, atol=2e-5, err_msg=f"{name}: column {col}")
+                                   rtol=0, atol=2e-5,
+                                   err_msg=f"{name}: column {col} (after an intended change to the "
+                                           f"template, components or generator: RWB_REGEN_GOLDEN=1)")
 
 
 # --------------------------------------------------------------------------- rwb reward check / score

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -415,10 +416,9 @@ def test_logged_returns_per_behaviour(tables, scored):
         assert got[b] == pytest.approx(float(np.mean(scored.returns[sel])))
 
 
-def test_step_cap_truncates_without_outcome(data):
-    episodes, tools = data
-    t = build_sim_tables_from(episodes, tools, "finance_risk", masks=MASKS,
-                              config=SimConfig(n_clusters=4, step_cap=2), embedder=HashEmbedder())
+def test_step_cap_truncates_without_outcome(tables):
+    # the step cap does not change the tables: the same ones with another config
+    t = replace(tables, config=replace(tables.config, step_cap=2))
     long_ep = next(e for e in range(t.n_episodes) if int(t.ep_len[e]) > 2)
     sim = BatchedSim(t, 1, seed=0)
     sim.reset(start_episodes=[long_ep])

@@ -300,3 +300,39 @@ def test_dataset_features_are_cached(tmp_path, monkeypatch):
     np.testing.assert_array_equal(again.context, first.context)
     with pytest.raises(InputError, match="no dataset named 'nope'"):
         raw_features_for_dataset(ws, "nope")
+
+
+def test_a_changed_dataset_recomputes_and_drops_stale_features(tmp_path, monkeypatch):
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    ws = dataset_workspace(tmp_path, make_episodes(6))
+    first = raw_features_for_dataset(ws, "fx")
+    with ws.transaction() as conn:
+        ws.insert_episodes(conn, "fx", [e.model_copy(update={"episode_id": e.episode_id + "-new"})
+                                        for e in make_episodes(2, seed=5)])
+    second = raw_features_for_dataset(ws, "fx")
+    assert second.n_steps > first.n_steps and second.fingerprint != first.fingerprint
+    files = sorted(p.name for p in (ws.artifacts / "states").rglob("features-*"))
+    assert files == [f"features-{second.fingerprint[:16]}.json", f"features-{second.fingerprint[:16]}.safetensors"]
+
+
+def test_flatten_names_top_level_lists_and_scalars():
+    out: list = []
+    st_mod._flatten_result([1.0, 2.0, 4.0], "", out)
+    assert out == [("len", 3.0), ("last", 4.0), ("mean", 7.0 / 3)]
+    out = []
+    st_mod._flatten_result("OK", "", out)
+    assert out == [("value", "ok")]
+
+
+def test_episodes_without_steps_anywhere(catalog):
+    from core.episodes import Episode, Task
+
+    eps = make_episodes(3)
+    empty = [Episode(episode_id=f"empty{i}", task=Task(query="nothing")) for i in range(2)]
+    mixed = [empty[0], eps[0], empty[1], eps[1], eps[2], Episode(episode_id="last")]
+    raw = extract_features(mixed, catalog, HashEmbedder())
+    ref = extract_features(eps, catalog, HashEmbedder(), stats=raw.stats)
+    assert raw.n_steps == ref.n_steps and len(raw.episode_ids) == 6
+    np.testing.assert_allclose(raw.context, ref.context, atol=1e-6)
+    np.testing.assert_array_equal(raw.trace_dt, ref.trace_dt)
+    assert extract_features([], catalog, HashEmbedder()).n_steps == 0

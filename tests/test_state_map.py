@@ -209,6 +209,10 @@ def test_states_map_report_and_cache(fx_ws, tmp_path):
     np.testing.assert_array_equal(again.coords, rep.coords)
     assert again.columns["episode_id"] == rep.columns["episode_id"]
     assert again.fidelity == rep.fidelity
+    # a colouring with many values keeps a readable legend
+    rep.columns["action"] = [f"a{i % 40}" for i in range(len(rep.index))]
+    names = [trace.name for trace in rep.figure("action").data]
+    assert len(names) == 24 and "(other)" in names
     with pytest.raises(InputError, match="cannot colour by 'colour'"):
         states_map(ws, dataset="fx", max_points=120, color="colour")
     with pytest.raises(InputError, match="per-step rewards"):

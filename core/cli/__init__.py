@@ -63,6 +63,9 @@ AREAS: list[tuple[str, str | None]] = [
     ("catalog", "catalog"),
     ("reward", "reward"),
     ("reward_versions", None),
+    ("bundle", "bundle"),
+    ("registry", "registry"),
+    ("tune", "tune"),
 ]
 
 

@@ -205,13 +205,27 @@ def _count_invalid(tools: list[ToolSchema], calls: list[tuple[str, dict[str, Any
         if isinstance(parsed, dict):
             observed.append((tool, parsed))
     catalog = build_catalog(tools, calls=observed)
+    # Logs repeat the same calls a lot: normalize each distinct call once, then count.
+    distinct: dict[tuple[str, str | None, str], int] = {}
+    index = []
+    for tool, params, raw in calls:
+        key = (tool, raw, json.dumps(params, sort_keys=True, ensure_ascii=False, default=str))
+        index.append(distinct.setdefault(key, len(distinct)))
+    firsts: dict[int, tuple[str, dict[str, Any], str | None]] = {}
+    for (tool, params, raw), k in zip(calls, index):
+        firsts.setdefault(k, (tool, params, raw))
     # The calls were validated when read (here or in a worker): no need to validate again.
     actions = [Action.model_construct(kind="tool_call", tool=t, params=p, raw_arguments=r)
-               for t, p, r in calls]
+               for t, p, r in (firsts[k] for k in range(len(firsts)))]
     batch = catalog.normalize_many(actions)
-    invalid = batch.token_ids < 0
-    reasons = Counter(r.split(":")[0] for r, bad in zip(batch.reasons, invalid.tolist()) if bad and r)
-    return len(actions), int(invalid.sum()), dict(reasons.most_common(8))
+    bad = (batch.token_ids < 0).tolist()
+    reasons: Counter[str] = Counter()
+    n_invalid = 0
+    for k in index:
+        if bad[k]:
+            n_invalid += 1
+            reasons[(batch.reasons[k] or "invalid").split(":")[0]] += 1
+    return len(calls), n_invalid, dict(reasons.most_common(8))
 
 
 def _merge_tools(existing: list[ToolSchema], new: list[ToolSchema]) -> list[ToolSchema]:
@@ -267,6 +281,7 @@ def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[Parsed
     name = detect_format(doc, options) if format == "auto" else format
     workers = import_workers()
     if name == "rwb" and workers > 1 and len(doc.records) >= parallel.PARALLEL_MIN_RECORDS:
+        check_keys_supported(get_importer(name), options)
         parsed, rows = read_rwb_rows(doc, options, workers)
         _check_tools(parsed.tools, doc)
         return parsed, rows
@@ -313,7 +328,8 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
     unchanged — unless ``skip_invalid``: then the good records are imported and the
     rejected ones are listed in the result and in a JSON report under the artifacts.
     Importing the same bytes into the same dataset again changes nothing
-    (``already_imported``)."""
+    (``already_imported``).  Big ``rwb`` files are validated by several processes
+    (``$RWB_IMPORT_WORKERS``, default: the CPU count; see :mod:`core.importers.parallel`)."""
     path = Path(path)
     options = _options(messages_key, reward_key, id_key, skip_invalid, progress)
     doc = load_document(path)

@@ -193,6 +193,8 @@ def load_document(path: str | Path, data: bytes | None = None) -> Document:
         try:
             value = loads(text)
         except (ValueError, RecursionError) as exc:
+            if isinstance(exc, json.JSONDecodeError) and exc.msg.startswith("Extra data"):
+                return _load_jsonl(path, data, text)  # JSON Lines whose records are lists
             line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
             raise InputError(_json_error_message(exc), file=str(path), line=line) from None
         return Document(path, data, "json-list",

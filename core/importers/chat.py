@@ -206,7 +206,7 @@ def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord
 
     def find_result(j: int, call_id: str | None, name: str) -> int | None:
         for k in by_id.get(call_id, ()) if call_id else ():
-            if k not in consumed:
+            if k > j and k not in consumed:  # an answer comes after its call
                 return k
         # No id to match: the next unanswered result before the next assistant turn.
         for k in range(j + 1, len(messages)):

@@ -113,26 +113,55 @@ def _error(d: dict[str, Any]) -> InputError:
     return InputError(d["reason"], file=d["file"], line=d["line"], record=d["record"], field=d["field"])
 
 
+def _send(stream: Any, header: dict[str, Any], texts: list[str]) -> None:
+    """One message: a JSON header line, then the texts as raw UTF-8 (lengths in the header).
+
+    Raw bytes rather than JSON strings: episode lines and bodies are already JSON, and
+    escaping them again would cost as much as the work being shared."""
+    blobs = [t.encode("utf-8") for t in texts]
+    header = dict(header, lengths=[len(b) for b in blobs])
+    stream.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
+    stream.write(b"".join(blobs))
+    stream.flush()
+
+
+def _receive(stream: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """The next message from :func:`_send` (None at end of stream)."""
+    line = stream.readline()
+    if not line:
+        return None
+    header = json.loads(line)
+    data = stream.read(sum(header["lengths"])) if header["lengths"] else b""
+    texts, pos = [], 0
+    for n in header["lengths"]:
+        texts.append(data[pos:pos + n].decode("utf-8"))
+        pos += n
+    if pos != len(data) or len(data) != sum(header["lengths"]):
+        raise OSError("truncated message from import worker")
+    return header, texts
+
+
 class _Worker:
     """One ``python -m core.importers.parallel`` subprocess, driven by a thread of ours."""
 
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds the core package
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [root, *filter(None, [os.environ.get("PYTHONPATH")])]), PYTHONIOENCODING="utf-8")
+            [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "core.importers.parallel"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, encoding="utf-8")
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
     def convert(self, file: str, items: list[tuple[int, int | None, str]], skip_invalid: bool) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"file": file, "items": items, "skip_invalid": skip_invalid},
-                                         ensure_ascii=False) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        _send(self.proc.stdin, {"file": file, "where": [[r, line] for r, line, _ in items],
+                                "skip_invalid": skip_invalid}, [text for _, _, text in items])
+        message = _receive(self.proc.stdout)
+        if message is None:
             raise OSError("import worker stopped")
-        return json.loads(line)
+        result, bodies = message
+        if "error" not in result:
+            result["episodes"] = [(*row, body) for row, body in zip(result["episodes"], bodies)]
+        return result
 
     def close(self) -> None:
         try:
@@ -173,7 +202,7 @@ def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[Pa
             while (i := take("back")) is not None:
                 try:
                     results[i] = worker.convert(name, chunks[i], options.skip_invalid)
-                except (OSError, ValueError):
+                except (OSError, ValueError, KeyError):
                     return  # the worker broke: this chunk stays None and is done below
         finally:
             worker.close()
@@ -213,14 +242,17 @@ def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[Pa
 
 
 def _serve() -> None:
-    """Worker main loop: one chunk request per stdin line, one JSON answer per stdout line."""
-    out = sys.stdout
-    for line in sys.stdin:
-        request = json.loads(line)
-        result = convert_rwb_chunk(request["file"], [tuple(x) for x in request["items"]],
-                                   request["skip_invalid"])
-        out.write(json.dumps(result, ensure_ascii=False) + "\n")
-        out.flush()
+    """Worker main loop: one chunk per request on stdin, its rows answered on stdout."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while (message := _receive(stdin)) is not None:
+        request, texts = message
+        items = [(r, line, text) for (r, line), text in zip(request["where"], texts)]
+        result = convert_rwb_chunk(request["file"], items, request["skip_invalid"])
+        bodies = []
+        if "error" not in result:
+            bodies = [row[-1] for row in result["episodes"]]
+            result["episodes"] = [row[:-1] for row in result["episodes"]]
+        _send(stdout, result, bodies)
 
 
 if __name__ == "__main__":

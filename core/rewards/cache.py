@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -67,7 +68,8 @@ class ComponentCache:
         key = component_key(frame, comp)
         path = self._path(frame, key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tag = f"{os.getpid()}.{threading.get_ident()}"  # concurrent writers never share a temp file
+        tmp = path.with_name(f".{path.name}.{tag}.tmp")
         with open(tmp, "wb") as fh:
             np.save(fh, np.ascontiguousarray(values, dtype=np.float64), allow_pickle=False)
         os.replace(tmp, path)
@@ -75,7 +77,7 @@ class ComponentCache:
                 "frame": frame.content_hash, "catalog": frame.catalog_version,
                 "n_steps": frame.n_steps, "n_episodes": frame.n_episodes,
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        tmp_meta = path.with_name(f".{key}.json.{os.getpid()}.tmp")
+        tmp_meta = path.with_name(f".{key}.json.{tag}.tmp")
         tmp_meta.write_text(json.dumps(meta, sort_keys=True, default=str))
         os.replace(tmp_meta, path.with_suffix(".json"))
         return path

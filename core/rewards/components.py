@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -169,14 +170,6 @@ def time_rank(frame: StepsFrame) -> np.ndarray:
     return rank
 
 
-def previous_in_episode(rows: np.ndarray, episode: np.ndarray) -> np.ndarray:
-    """For sorted step rows: the previous row of the same episode in ``rows`` (-1 if none)."""
-    prev = np.full(rows.shape[0], -1, dtype=np.int64)
-    if rows.shape[0] > 1:
-        same = episode[rows[1:]] == episode[rows[:-1]]
-        prev[1:] = np.where(same, rows[:-1], -1)
-    return prev
-
 
 # =========================================================================== L1
 @register
@@ -255,7 +248,8 @@ class ParamReasonableness(Component):
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = (cs[idx] - cs[lo]) / cnt
             var = np.maximum((cs2[idx] - cs2[lo]) / cnt - mean * mean, 0.0)
-            std = np.maximum(np.sqrt(var), np.maximum(self.min_std, self.rel_std * np.abs(mean + (x - xc))))
+            floor = np.maximum(self.min_std, self.rel_std * np.abs(mean + (x - xc)))  # vs the true mean
+            std = np.maximum(np.sqrt(var), floor)
             z = np.abs(xc - mean) / std
         score = reasonableness_curve(np.nan_to_num(z, nan=0.0), self.z_ok, self.z_zero, self.max_value)
         return step, np.where(cnt < self.min_history, self.max_value, score)
@@ -420,8 +414,6 @@ class OutputConsistency(Component):
 
     @staticmethod
     def _encode(texts: list[str], ctx: ScoringContext) -> np.ndarray:
-        import time
-
         emb = ctx.get_embedder()
         before = emb.stats["encoded"]
         t0 = time.perf_counter()

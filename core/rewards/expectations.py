@@ -222,7 +222,7 @@ def _component_range(result: ScoreResult, spec: ExpectationSpec) -> ExpectationR
         mask = np.zeros(frame.n_episodes, dtype=bool)
         mask[frame.episode[last_ok]] = True
         weight = result.template.component(name).weight if use == "contribution" else 1.0
-        values = result.matrix.episode_values[k, mask] * weight
+        values = result.matrix.episode_values[mask, k] * weight
         where = frame.episode_ids[mask].tolist()
         unit = "episodes"
     if values.size == 0:

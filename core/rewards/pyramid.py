@@ -48,13 +48,22 @@ class ComponentMatrix:
     #: weighted sums are a fast (L+1, C) @ (C, N) product
     step_values: np.ndarray
     episode_names: list[str]
-    episode_values: np.ndarray       # [n_episode_terms, n_episodes] float64
+    episode_values: np.ndarray       # [n_episodes, n_episode_terms] float64
     components_hash: str
     computed: list[str] = field(default_factory=list)   # evaluated in this call
     cached: list[str] = field(default_factory=list)     # loaded from the cache
     seconds: dict[str, float] = field(default_factory=dict)
     embed_stats: dict[str, float] = field(default_factory=dict)
     _discount: dict[float, np.ndarray] = field(default_factory=dict, repr=False)
+    _segments: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    def episode_starts(self, frame: StepsFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(mask of episodes with steps, their first step rows): the segments of the return
+        sums (memoised: re-weighting does not recompute them)."""
+        if self._segments is None:
+            has = frame.ep_len > 0
+            self._segments = (has, frame.ep_start[has])
+        return self._segments
 
     def discount(self, frame: StepsFrame, gamma: float) -> np.ndarray:
         """γ^t per step (memoised per γ: re-weighting does not recompute powers)."""
@@ -78,11 +87,11 @@ class Pyramid:
         t = self.template
         step_specs, ep_specs = t.step_components, t.episode_terms
         step_values = np.empty((len(step_specs), frame.n_steps), dtype=np.float64)
-        ep_values = np.empty((len(ep_specs), frame.n_episodes), dtype=np.float64)
+        ep_values = np.empty((frame.n_episodes, len(ep_specs)), dtype=np.float64)
         matrix = ComponentMatrix([s.name for s in step_specs], step_values,
                                  [s.name for s in ep_specs], ep_values, t.components_hash())
         for specs, out, size in ((step_specs, step_values, frame.n_steps),
-                                 (ep_specs, ep_values, frame.n_episodes)):
+                                 (ep_specs, ep_values.T, frame.n_episodes)):
             for j, spec in enumerate(specs):
                 comp = self.components[spec.name]
                 values = cache.get(frame, comp) if cache is not None else None
@@ -148,31 +157,56 @@ class ScoreResult:
         W[col_level, np.arange(len(specs))] = w
         S = W @ M if len(specs) else np.zeros((n_levels + 1, n))
         wsum = W.sum(axis=1)
-        passed = np.ones((n_levels, n), dtype=bool)
-        earn = np.ones((n_levels, n), dtype=bool)
-        running = np.ones(n, dtype=bool)   # passed every level below the current one
+        # gate masks only for levels with a gate (None: every step passes); `running` is the
+        # AND of the gates below the current level — what gating lets a step earn
+        gate_pass: list[np.ndarray | None] = []
+        running: np.ndarray | None = None
         reward = S[n_levels].copy()        # penalties are never gated
         for li, lv in enumerate(levels):
-            if t.gating:
-                earn[li] = running
-                reward += S[li] * running
+            if t.gating and running is not None:
+                reward += S[li] * running  # multiply by the mask: branch-free, unlike where=
             else:
                 reward += S[li]
             if lv.gate is not None and wsum[li] > 0:
-                np.greater_equal(S[li], (lv.gate - GATE_TOLERANCE) * wsum[li], out=passed[li])
-                running &= passed[li]
-        self._S, self._passed, self._earn = S, passed, earn
+                ok = S[li] >= (lv.gate - GATE_TOLERANCE) * wsum[li]
+                gate_pass.append(ok)
+                if t.gating:
+                    running = ok if running is None else running & ok
+            else:
+                gate_pass.append(None)
+        self._S, self._gate_pass = S, gate_pass
         self.step_reward = reward
         we = np.array([c.weight for c in t.episode_terms], dtype=np.float64)
-        self.final = we @ self.matrix.episode_values if we.size else np.zeros(frame.n_episodes)
+        self.final = self.matrix.episode_values @ we if we.size else np.zeros(frame.n_episodes)
         disc = self.matrix.discount(frame, t.gamma)
         self.discounted = np.zeros(frame.n_episodes)
-        has = frame.ep_len > 0
-        if has.any():
-            self.discounted[has] = np.add.reduceat(reward * disc, frame.ep_start[has])
+        has, starts = self.matrix.episode_starts(frame)
+        if starts.size:
+            self.discounted[has] = np.add.reduceat(np.multiply(reward, disc), starts)
         self.returns = t.a * self.discounted + t.b * self.final
 
-    # views in step-major orientation (no copies)
+    @property
+    def _passed(self) -> np.ndarray:
+        """[n_levels, n_steps] gate results (True where a level has no gate)."""
+        if "_passed_cache" not in self.__dict__:
+            out = np.ones((len(self.template.levels), self.frame.n_steps), dtype=bool)
+            for li, ok in enumerate(self._gate_pass):
+                if ok is not None:
+                    out[li] = ok
+            self._passed_cache = out
+        return self._passed_cache
+
+    @property
+    def _earn(self) -> np.ndarray:
+        """[n_levels, n_steps]: level counts for the step (with gating: all gates below passed)."""
+        if "_earn_cache" not in self.__dict__:
+            earn = np.ones_like(self._passed)
+            if self.template.gating:
+                for li in range(1, earn.shape[0]):
+                    earn[li] = earn[li - 1] & self._passed[li - 1]
+            self._earn_cache = earn
+        return self._earn_cache
+
     @property
     def passed(self) -> np.ndarray:
         """[n_steps, n_levels]: did the step pass each level's gate."""
@@ -244,7 +278,7 @@ class ScoreResult:
             out.append({"name": c.name, "value": float(c.weight * self.matrix.step_values[j, row] * earn)})
         if t == int(self.frame.ep_len[e]) - 1:
             for k, c in enumerate(self.template.episode_terms):
-                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[k, e])})
+                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[e, k])})
         return out
 
     # ------------------------------------------------------------------ tables
@@ -253,25 +287,26 @@ class ScoreResult:
         """Episode id → return."""
         return dict(zip(self.frame.episode_ids.tolist(), self.returns.tolist()))
 
-    def steps_table(self) -> pd.DataFrame:
-        """One row per step: episode_id, t, action, raw component values, gated level
-        totals, penalties, total (the step reward)."""
+    def steps_table(self, rows: slice | None = None) -> pd.DataFrame:
+        """One row per step (or per step in ``rows``): episode_id, t, action, raw component
+        values, gated level totals, penalties, total (the step reward)."""
         f = self.frame
-        data: dict[str, Any] = {"episode_id": f.episode_ids[f.episode], "t": f.t,
-                                "action": f.action_labels()}
+        rows = slice(None) if rows is None else rows
+        data: dict[str, Any] = {"episode_id": f.episode_ids[f.episode[rows]], "t": f.t[rows],
+                                "action": f.action_labels()[rows]}
         for j, name in enumerate(self.matrix.step_names):
-            data[name] = self.matrix.step_values[j]
+            data[name] = self.matrix.step_values[j, rows]
         for li, lv in enumerate(self.template.levels):
-            data[lv.key] = self.level_totals[:, li]
-        data["penalties"] = self.penalties
-        data["total"] = self.step_reward
+            data[lv.key] = self.level_totals[rows, li]
+        data["penalties"] = self.penalties[rows]
+        data["total"] = self.step_reward[rows]
         return pd.DataFrame(data)
 
     def episodes_table(self) -> pd.DataFrame:
         """One row per episode: id, labels, outcome, raw episode terms, Σγ^t r, R_final, return."""
         df = self.frame.episodes_table()
         for k, name in enumerate(self.matrix.episode_names):
-            df[name] = self.matrix.episode_values[k]
+            df[name] = self.matrix.episode_values[:, k]
         df["discounted"] = self.discounted
         df["final"] = self.final
         df["return"] = self.returns
@@ -284,10 +319,13 @@ class ScoreResult:
         if e is None:
             raise InputError(f"no episode {episode_id!r} in the scored data", field="episode_id")
         rows = slice(int(self.frame.ep_start[e]), int(self.frame.ep_start[e] + self.frame.ep_len[e]))
-        table = self.steps_table().iloc[rows].reset_index(drop=True)
-        contrib = self.contributions()[rows]
-        for j, name in enumerate(self.matrix.step_names):
-            table[f"{name} (weighted)"] = contrib[:, j]
+        table = self.steps_table(rows)
+        level_of = {lv.key: i for i, lv in enumerate(self.template.levels)}
+        for j, c in enumerate(self.template.step_components):
+            value = c.weight * self.matrix.step_values[j, rows]
+            if c.group in level_of:
+                value = value * self._earn[level_of[c.group], rows]
+            table[f"{c.name} (weighted)"] = value
         return table
 
     def summary(self) -> dict[str, Any]:
@@ -299,7 +337,7 @@ class ScoreResult:
                              **_stats(self.matrix.step_values[j])}
         for k, c in enumerate(t.episode_terms):
             comps[c.name] = {"level": "episode", "component": c.component, "weight": c.weight,
-                             **_stats(self.matrix.episode_values[k])}
+                             **_stats(self.matrix.episode_values[:, k])}
         return {
             "template": t.name, "n_episodes": self.frame.n_episodes, "n_steps": self.frame.n_steps,
             "components": comps,

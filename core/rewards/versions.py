@@ -22,8 +22,8 @@ Example::
     >>> tv.label, tv.saved_by                                      # doctest: +SKIP
     ('finance_risk@0', 'reward-workbench')
     >>> edited = tv.template().with_weights({"tool_validity": 0.5})  # doctest: +SKIP
-    >>> save_template(ws, actor, "finance_risk", edited, tv.version, "L1 matters more").label
-    'finance_risk@1'                                               # doctest: +SKIP
+    >>> save_template(ws, actor, "finance_risk", edited, tv.version, "more L1").label  # doctest: +SKIP
+    'finance_risk@1'
     >>> diff_versions(ws, "finance_risk", 0, 1).changes            # doctest: +SKIP
     [{'section': 'weight', 'key': 'tool_validity', 'a': 0.3, 'b': 0.5}]
 """

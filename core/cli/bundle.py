@@ -1,0 +1,63 @@
+"""``rwb bundle``: export a trained run as a policy bundle, and verify a bundle (``core.bundle``).
+
+A bundle is a zip a person can open (manifest, safetensors weights, catalog, masks,
+template, the RDE tree); ``verify`` checks every hash, the schema, paths and pickle
+payloads, and runs the policy on its smoke set.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from core import bundle
+from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
+
+app = typer.Typer(help="Policy bundles: export a trained run, verify a bundle.", no_args_is_help=True)
+
+
+@app.command("export")
+def export_bundle(
+    run_id: str = typer.Argument(..., help="The run to export (finished or stopped)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Bundle file to write (FILE.zip)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Policy name (default: the template's name)."),
+    version: Optional[str] = typer.Option(
+        None, "--version", help="Semantic version (default: next minor after the registered ones)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Write RUN's policy, encoder, catalog, masks, template, evaluation and RDE tree as a bundle zip."""
+    ws = open_workspace()
+    path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version)
+    report = bundle.verify_bundle(path)
+    m = report.manifest or {}
+    if as_json:
+        print_json({"path": str(path), "name": m.get("name"), "version": m.get("version"),
+                    "manifest": m, "verified": report.ok})
+        return
+    ev = m.get("evaluation") or {}
+    typer.echo(f"wrote {path}: {m.get('name')} {m.get('version')} from {run_id}")
+    typer.echo(f"  held-out return {ev.get('policy', {}).get('return_mean')} vs logged expert "
+               f"{ev.get('expert_return')} over {ev.get('episodes')} episodes")
+
+
+@app.command("verify")
+def verify(
+    file: Path = typer.Argument(..., help="Bundle zip (or a promoted bundle folder)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Check hashes, schema, paths, pickle payloads and a smoke run; exit 2 when refused."""
+    report = bundle.verify_bundle(file)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for c in report.checks:
+            typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']:<9} {c['detail']}")
+        if report.ok:
+            m = report.manifest or {}
+            typer.echo(f"bundle ok: {m.get('name')} {m.get('version')}")
+    if not report.ok:  # the CLI prints it and exits 2
+        raise bundle.BundleError(f"bundle refused: {report.reason}", file=str(file))

@@ -1,0 +1,152 @@
+"""``rwb registry``: policy versions, four-eyes approval, promotion and rollback (``core.registry``).
+
+Stages: register → candidate → approve → approved → promote → production; ``rollback``
+returns production to the previous version.  Every transition is an append-only event.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from core import registry
+from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
+
+app = typer.Typer(help="Policy registry: list, register, approve, promote, roll back, history.",
+                  no_args_is_help=True)
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def _line(v: dict[str, Any]) -> str:
+    approvals = ", ".join(a["by"] for a in v["approvals"]) or "-"
+    return (f"{v['name']:<20} {v['version']:<10} {v['stage']:<12} return {_fmt(v['return_mean']):<8} "
+            f"expert {_fmt(v['expert_return']):<8} run {v['run_id'] or '-':<26} by {v['created_by']:<10} "
+            f"approved by {approvals}")
+
+
+@app.command("list")
+def list_versions(
+    name: Optional[str] = typer.Argument(None, help="Only this policy name."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List registered versions with their stage, held-out return and approvals."""
+    ws = open_workspace()
+    versions = registry.list_versions(ws, name)
+    if as_json:
+        print_json({"versions": versions,
+                    "aliases": {n: registry.aliases(ws, n) for n in sorted({v["name"] for v in versions})}})
+        return
+    if not versions:
+        typer.echo("no registered policies: `rwb bundle export RUN --out F.zip`, then `rwb registry register F.zip`")
+    for v in versions:
+        typer.echo(_line(v))
+
+
+@app.command("register")
+def register(
+    file: Path = typer.Argument(..., help="Bundle zip to register as a candidate."),
+    comment: str = typer.Option("", "--comment", "-m", help="Why (kept with the event)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Verify a bundle and register it as a candidate version."""
+    ws = open_workspace()
+    v = registry.register(ws, acting_user(ws, as_name), file, comment=comment)
+    if as_json:
+        print_json({k: x for k, x in v.items() if k != "manifest"})
+        return
+    typer.echo(("already registered: " if v["already_registered"] else "registered: ") + _line(v))
+
+
+@app.command("gate")
+def gate(
+    name: str = typer.Argument(..., help="Policy name."),
+    version: str = typer.Argument(..., help="Version to check."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Run the promotion gate without approving: does VERSION beat its baseline on held-out episodes?
+
+    Exits non-zero when it does not."""
+    result = registry.promotion_gate(open_workspace(), name, version)
+    if as_json:
+        print_json(result)
+    elif result["passed"]:
+        typer.echo("passes: " + result["reason"])
+    if not result["passed"]:  # the CLI prints it and exits non-zero
+        raise registry.GateFailed(f"promotion gate: {result['reason']}")
+
+
+@app.command("approve")
+def approve(
+    name: str = typer.Argument(..., help="Policy name."),
+    version: str = typer.Argument(..., help="Version to approve."),
+    comment: str = typer.Option(..., "--comment", "-m", help="Why you approve (required)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Approve a candidate (approver role, four-eyes, promotion gate)."""
+    ws = open_workspace()
+    v = registry.approve(ws, acting_user(ws, as_name), name, version, comment)
+    if as_json:
+        print_json({k: x for k, x in v.items() if k != "manifest"})
+        return
+    typer.echo("approved: " + _line(v))
+
+
+@app.command("promote")
+def promote(
+    name: str = typer.Argument(..., help="Policy name."),
+    version: str = typer.Argument(..., help="Approved version to put in production."),
+    comment: str = typer.Option("", "--comment", "-m", help="Why (kept with the event)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Write an approved version into core/policies/NAME/ and make it active."""
+    ws = open_workspace()
+    entry = registry.promote(ws, acting_user(ws, as_name), name, version, comment)
+    if as_json:
+        print_json(entry)
+        return
+    typer.echo(f"{name}: {entry['active']} is in production (previous: {', '.join(entry['previous']) or '-'})")
+
+
+@app.command("rollback")
+def rollback(
+    name: str = typer.Argument(..., help="Policy name."),
+    comment: str = typer.Option("", "--comment", "-m", help="Why (kept with the event)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Make the previous production version of NAME active again."""
+    ws = open_workspace()
+    entry = registry.rollback(ws, acting_user(ws, as_name), name, comment)
+    if as_json:
+        print_json(entry)
+        return
+    typer.echo(f"{name}: rolled back to {entry['active']}")
+
+
+@app.command("history")
+def history(
+    name: Optional[str] = typer.Argument(None, help="Only this policy name."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Every registry event, oldest first: who did what, when and why."""
+    events = registry.history(open_workspace(), name)
+    if as_json:
+        print_json({"events": events})
+        return
+    if not events:
+        typer.echo("no registry events yet")
+    for e in events:
+        detail = {k: v for k, v in e["detail"].items() if k in ("from", "bundle_sha256")}
+        typer.echo(f"{e['at']} {e['name']}@{e['version']:<10} {e['event']:<12} {e['actor']} ({e['role']})"
+                   f"{': ' + e['comment'] if e['comment'] else ''}"
+                   f"{' ' + json.dumps(detail) if detail else ''}")

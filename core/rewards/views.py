@@ -1,0 +1,607 @@
+"""Ready-to-render views of a reward pyramid: what the Reward Pyramid page shows.
+
+The page reads its inputs, calls one function here and renders the result; the
+data shaping (tables, figures, editor fields) happens here so that it is tested
+and shared:
+
+- :func:`template_options` — every template version to pick from (shipped seeds and
+  workspace versions);
+- :func:`pyramid_editor` — the editable parts of a template (weights with slider
+  ranges, parameters as typed fields, gating, return coefficients);
+- :func:`apply_edits` / :func:`apply_params` — the edited :class:`Template`;
+- :func:`rescore` — a scored result under an edited template *without* computing any
+  component (a weight edit is :meth:`ScoreResult.reweight`, a matrix product);
+- :func:`pyramid_report` — metrics, the pyramid figure, distributions, the episode
+  table and the expectation results of one scoring;
+- :func:`explain_episode` — one episode's per-step explanation
+  (``reward_components: [{name, value}]`` per step).
+
+Example::
+
+    >>> base = score(ws, "finance_risk", dataset="finance-sample")          # doctest: +SKIP
+    >>> edited = apply_edits(base.template, PyramidEdits(weights={"tool_validity": 0.9}))  # doctest: +SKIP
+    >>> report = pyramid_report(base, edited)                               # doctest: +SKIP
+    >>> report.metrics[0].label, report.metrics[0].value                    # doctest: +SKIP
+    ('Mean episode return', '2.4213')
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import yaml
+
+from core.errors import InputError
+from core.rewards.components import COMPONENTS
+from core.rewards.expectations import CheckReport, evaluate_expectations
+from core.rewards.pyramid import ScoreResult
+from core.rewards.template import ComponentSpec, Template, TemplateError
+from core.rewards.versions import TemplateVersion, get_template, list_versions, parse_spec, template_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.store import Workspace
+
+ParamKind = Literal["number", "integer", "choice", "flag", "text", "yaml"]
+
+#: Colours of the pyramid's rows (levels bottom-up, then penalties and episode terms).
+LEVEL_COLOURS = {"L1": "#4C78A8", "L2": "#72B7B2", "L3": "#54A24B", "L4": "#EECA3B",
+                 "penalty": "#E45756", "episode": "#B279A2"}
+HIST_BINS = 40
+
+
+# --------------------------------------------------------------------------- template choice
+@dataclass(frozen=True)
+class TemplateOption:
+    """One template version a picker offers."""
+
+    spec: str           # "finance_risk@3": what get_template / --template accept
+    name: str
+    version: int
+    latest: bool
+    label: str          # "finance_risk@3 · latest · bob, 2026-05-01T10:00:00Z · more L1"
+
+
+def template_options(ws: "Workspace") -> list[TemplateOption]:
+    """Every version of every template (shipped seeds as ``@0``), newest first per name."""
+    out: list[TemplateOption] = []
+    for name in template_names(ws):
+        versions = list_versions(ws, name)
+        latest = versions[-1].version
+        for v in reversed(versions):
+            who = "shipped" if v.shipped else f"{v.saved_by}, {v.saved_at}"
+            parts = [v.label, *(["latest"] if v.version == latest else []), who]
+            if v.message and not v.shipped:
+                parts.append(v.message if len(v.message) <= 60 else v.message[:57] + "…")
+            out.append(TemplateOption(v.label, name, v.version, v.version == latest, " · ".join(parts)))
+    return out
+
+
+def open_template(ws: "Workspace", spec: str) -> TemplateVersion:
+    """The version a picker's ``spec`` names (``name@N`` or a bare name for the latest)."""
+    name, version = parse_spec(spec)
+    return get_template(ws, name, version)
+
+
+# --------------------------------------------------------------------------- the editor
+@dataclass(frozen=True)
+class ParamField:
+    """One component parameter as a form field."""
+
+    name: str
+    #: number / integer / choice / flag / text, or yaml for lists and mappings (edited as text)
+    kind: ParamKind
+    #: Initial widget value (the YAML text for kind yaml; None for an unset optional).
+    value: Any
+    options: tuple[Any, ...] = ()
+    optional: bool = False
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class ComponentEditor:
+    """One component: its weight (with a slider range) and its parameters."""
+
+    name: str
+    component: str
+    group: str
+    weight: float
+    weight_max: float
+    description: str
+    params: tuple[ParamField, ...]
+
+
+@dataclass(frozen=True)
+class LevelEditor:
+    key: str
+    title: str
+    gate: float | None
+    components: tuple[ComponentEditor, ...]
+
+
+@dataclass(frozen=True)
+class PyramidEditor:
+    """The editable parts of a template, laid out as the page shows them."""
+
+    name: str
+    description: str
+    levels: tuple[LevelEditor, ...]
+    penalties: tuple[ComponentEditor, ...]
+    episode_terms: tuple[ComponentEditor, ...]
+    gating: bool
+    a: float
+    b: float
+    gamma: float
+
+    @property
+    def components(self) -> tuple[ComponentEditor, ...]:
+        return tuple(c for lv in self.levels for c in lv.components) + self.penalties + self.episode_terms
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        return (args[0] if len(args) == 1 else annotation), optional
+    return annotation, False
+
+
+def _yaml_text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip()
+
+
+def _param_field(name: str, annotation: Any, value: Any) -> ParamField:
+    inner, optional = _unwrap_optional(annotation)
+    if typing.get_origin(inner) is Literal:
+        return ParamField(name, "choice", value, tuple(typing.get_args(inner)), optional)
+    if inner is bool:
+        return ParamField(name, "flag", bool(value), (), optional)
+    if inner is int:
+        return ParamField(name, "integer", value, (), optional)
+    if inner is float:
+        return ParamField(name, "number", None if value is None else float(value), (), optional)
+    if inner is str:
+        return ParamField(name, "text", value, (), optional,
+                          "leave empty for none" if optional else "")
+    return ParamField(name, "yaml", _yaml_text(value), (), optional,
+                      "YAML, e.g. [a, b] or {key: value}" + ("; null for none" if optional else ""))
+
+
+def _nice_max(weight: float) -> float:
+    # sliders reach twice the current weight (at least 1.0), rounded up to a tenth
+    return max(1.0, math.ceil(2 * weight * 10) / 10)
+
+
+def _component_editor(spec: ComponentSpec) -> ComponentEditor:
+    cls = COMPONENTS[spec.component]
+    values = spec.params_with_defaults()
+    fields = tuple(_param_field(p, ann, values.get(p, default))
+                   for p, (ann, default) in cls.param_specs().items())
+    return ComponentEditor(spec.name, spec.component, spec.group, spec.weight, _nice_max(spec.weight),
+                           spec.description or cls.description(), fields)
+
+
+def pyramid_editor(template: Template) -> PyramidEditor:
+    """The editor layout of ``template``: levels bottom-up with their components, penalties,
+    episode terms, gating and the return coefficients."""
+    return PyramidEditor(
+        name=template.name, description=template.description,
+        levels=tuple(LevelEditor(lv.key, lv.title, lv.gate,
+                                 tuple(_component_editor(c) for c in lv.components))
+                     for lv in template.levels),
+        penalties=tuple(_component_editor(c) for c in template.penalties),
+        episode_terms=tuple(_component_editor(c) for c in template.episode_terms),
+        gating=template.gating, a=template.a, b=template.b, gamma=template.gamma)
+
+
+@dataclass
+class PyramidEdits:
+    """What the analyst changed in the browser (unset fields keep the template's values)."""
+
+    weights: dict[str, float] = field(default_factory=dict)
+    gating: bool | None = None
+    #: level key -> gate threshold (None: the level has no gate)
+    gates: dict[str, float | None] = field(default_factory=dict)
+    a: float | None = None
+    b: float | None = None
+    gamma: float | None = None
+
+
+def apply_edits(template: Template, edits: PyramidEdits) -> Template:
+    """``template`` with the edited weights, gating, gates and return coefficients
+    (invalid values raise :class:`TemplateError`)."""
+    out = template.with_weights(edits.weights) if edits.weights else template
+    if edits.gating is not None or edits.gates:
+        out = out.with_gating(edits.gating, edits.gates)
+    if edits.a is not None or edits.b is not None or edits.gamma is not None:
+        out = out.with_return(a=edits.a, b=edits.b, gamma=edits.gamma)
+    return out
+
+
+def _parse_field(f: ParamField, raw: Any, component: str) -> Any:
+    where = f"parameter '{f.name}' of '{component}'"
+    if f.kind == "yaml":
+        try:
+            return yaml.safe_load(str(raw)) if str(raw).strip() else None
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise TemplateError(f"{where} is not valid YAML: {problem}", field=f"{component}.{f.name}") from None
+    if f.kind == "text":
+        return None if (raw is None or (f.optional and str(raw) == "")) else str(raw)
+    if raw is None:
+        if not f.optional:
+            raise TemplateError(f"{where} needs a value", field=f"{component}.{f.name}")
+        return None
+    if f.kind == "integer":
+        if isinstance(raw, float) and not raw.is_integer():
+            raise TemplateError(f"{where} must be a whole number, got {raw}", field=f"{component}.{f.name}")
+        return int(raw)
+    if f.kind == "number":
+        return float(raw)
+    if f.kind == "flag":
+        return bool(raw)
+    return raw
+
+
+def apply_params(template: Template, values: Mapping[str, Mapping[str, Any]]) -> Template:
+    """``template`` with component parameters taken from form values
+    (``{component name: {param: widget value}}``; YAML fields as text).
+
+    Only parameters that differ from the current ones are written, so an untouched
+    form changes nothing (and the cached component columns stay valid)."""
+    out = template
+    for name, raw in values.items():
+        spec = out.component(name)
+        editor = _component_editor(spec)
+        current = spec.params_with_defaults()
+        params = dict(spec.params)
+        changed = False
+        for f in editor.params:
+            if f.name not in raw:
+                continue
+            value = _parse_field(f, raw[f.name], name)
+            if value != current.get(f.name):
+                params[f.name] = value
+                changed = True
+        if changed:
+            out = out.with_params(name, params)
+    return out
+
+
+def apply_yaml(text: str, *, name: str | None = None) -> Template:
+    """A template from YAML typed in the browser (errors name the key and line)."""
+    from core.rewards.template import parse_template
+
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the template text is empty", field="yaml")
+    return parse_template(text, file=f"template {name!r}" if name else "edited template")
+
+
+# --------------------------------------------------------------------------- scoring views
+def rescore(base: ScoreResult, template: Template) -> ScoreResult:
+    """``base``'s component matrix under ``template``: weight edits go through
+    :meth:`ScoreResult.reweight`; gating/return/expectation edits through
+    :meth:`ScoreResult.with_template`.  Never computes a component (a template whose
+    components or parameters differ is refused with :class:`TemplateError`)."""
+    if template == base.template:
+        return base
+    same_names = [c.name for c in template.all_components] == [c.name for c in base.template.all_components]
+    if same_names and base.template.with_weights(template.weights()) == template:
+        return base.reweight(template.weights())
+    return base.with_template(template)
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    value: str
+    help: str = ""
+
+
+@dataclass
+class PyramidReport:
+    """Everything the page shows about one scoring."""
+
+    result: ScoreResult
+    check: CheckReport
+    metrics: list[Metric]
+    pyramid_figure: go.Figure
+    #: penalties and episode terms with their weights (the parts outside the levels)
+    pyramid_note: str
+    contributions_figure: go.Figure
+    levels_figure: go.Figure
+    returns_figure: go.Figure
+    #: one row per episode: id, labels, outcome, Σγᵗr, R_final, return, rank
+    episodes: pd.DataFrame
+    #: one row per expectation: result, name, kind, message
+    expectations: pd.DataFrame
+    #: which components were computed in the scoring behind this report, which came from the cache
+    computed: list[str]
+    cached: list[str]
+
+    @property
+    def episode_ids(self) -> list[str]:
+        return self.result.frame.episode_ids.tolist()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def pyramid_figure(result: ScoreResult) -> go.Figure:
+    """The pyramid: one band per level, L1 (widest) at the bottom.  A band is split among its
+    components in proportion to their weights; its label gives the level's total weight, its
+    gate and how often the gate passes and the level earns."""
+    t = result.template
+    fig = go.Figure()
+    n = len(t.levels)
+    labels = []
+    for i, lv in enumerate(t.levels):
+        # bands narrow upwards from the full width to 40 % of it (a pyramid whatever the weights)
+        band = 1.0 - 0.6 * i / max(n - 1, 1)
+        total = sum(c.weight for c in lv.components)
+        steps = result.frame.n_steps
+        earn = float(result.earn[:, i].mean()) if steps else 0.0
+        gate = ""
+        if lv.gate is not None:
+            gate = f" · gate {lv.gate:g} passed by {float(result.passed[:, i].mean()) if steps else 0.0:.0%}"
+        label = f"{lv.key} {lv.title} · Σw {total:.2f}{gate} · earns on {earn:.0%} of steps"
+        labels.append(label)
+        comps = lv.components
+        shares = ([c.weight / total for c in comps] if total > 0 else [1.0 / len(comps)] * len(comps)) \
+            if comps else []
+        offset = -band / 2
+        for c, share in zip(comps, shares):
+            fig.add_trace(go.Bar(
+                x=[band * share], y=[label], base=[offset], orientation="h", name=c.name,
+                text=[f"{c.name}<br>{c.weight:.2f}"], textposition="inside", textangle=0,
+                insidetextanchor="middle",
+                hovertext=[f"{c.name} ({c.component}): weight {c.weight:g}"], hoverinfo="text",
+                marker={"color": LEVEL_COLOURS.get(lv.key, "#888"), "line": {"color": "white", "width": 2},
+                        "opacity": 1.0 if c.weight > 0 else 0.35},
+                showlegend=False))
+            offset += band * share
+    fig.update_layout(barmode="overlay", height=90 + 70 * max(n, 1), bargap=0.08,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, uniformtext={"minsize": 9, "mode": "hide"},
+                      title=f"{t.name}: gating {'on' if t.gating else 'off'} · return = {t.a:g}·Σγᵗr "
+                            f"+ {t.b:g}·R_final, γ = {t.gamma:g}",
+                      xaxis={"visible": False, "range": [-0.52, 0.52]},
+                      yaxis={"categoryorder": "array", "categoryarray": labels})
+    return fig
+
+
+def pyramid_note(template: Template) -> str:
+    """The parts of the pyramid outside the levels, in one line: penalties and R_final terms."""
+    parts = []
+    if template.penalties:
+        parts.append("Penalties (never gated): " + ", ".join(f"{c.name} {c.weight:.2f}" for c in template.penalties))
+    if template.episode_terms:
+        parts.append("R_final terms: " + ", ".join(f"{c.name} {c.weight:.2f}" for c in template.episode_terms))
+    return " · ".join(parts)
+
+
+def _box_stats(values: np.ndarray) -> dict[str, list[float]]:
+    if values.shape[0] == 0:
+        zeros = [0.0] * values.shape[1]
+        return {"q1": zeros, "median": zeros, "q3": zeros, "lowerfence": zeros, "upperfence": zeros,
+                "mean": zeros}
+    q1, med, q3 = np.percentile(values, [25, 50, 75], axis=0)
+    return {"q1": q1.tolist(), "median": med.tolist(), "q3": q3.tolist(),
+            "lowerfence": values.min(axis=0).tolist(), "upperfence": values.max(axis=0).tolist(),
+            "mean": values.mean(axis=0).tolist()}
+
+
+def contributions_figure(result: ScoreResult) -> go.Figure:
+    """Per component, the distribution of its weighted, gated contribution per step (box
+    plots from precomputed quartiles, so the figure stays small on a million steps)."""
+    t = result.template
+    contrib = result.contributions()
+    names = list(result.matrix.step_names)
+    stats = _box_stats(contrib)
+    fig = go.Figure()
+    if names:
+        fig.add_trace(go.Box(x=names, name="per step", boxmean=True,
+                             marker={"color": "#4C78A8"}, **stats))
+    if t.episode_terms and result.frame.n_episodes:
+        we = np.array([c.weight for c in t.episode_terms])
+        ep = result.matrix.episode_values * we
+        fig.add_trace(go.Box(x=result.matrix.episode_names, name="per episode (R_final terms)",
+                             boxmean=True, marker={"color": LEVEL_COLOURS["episode"]}, **_box_stats(ep)))
+    fig.update_layout(title="Each component's reward (weighted, gated): min · quartiles · max, dashed = mean",
+                      height=380, margin={"l": 10, "r": 10, "t": 50, "b": 10}, showlegend=True,
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def _hist_traces(groups: Sequence[tuple[str, np.ndarray]], colours: Sequence[str] | None = None
+                 ) -> list[go.Bar]:
+    """Overlaid histograms of several value sets on common bins (binned here with numpy)."""
+    data = [v for _, v in groups if v.size]
+    if not data:
+        return []
+    lo = float(min(v.min() for v in data))
+    hi = float(max(v.max() for v in data))
+    if hi <= lo:
+        hi = lo + 1e-6
+    edges = np.linspace(lo, hi, HIST_BINS + 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    traces = []
+    for i, (name, values) in enumerate(groups):
+        counts, _ = np.histogram(values, bins=edges)
+        marker = {"color": colours[i]} if colours else {}
+        traces.append(go.Bar(x=centres, y=counts, width=float(edges[1] - edges[0]), name=name,
+                             opacity=0.6, marker=marker))
+    return traces
+
+
+def levels_figure(result: ScoreResult) -> go.Figure:
+    """Distribution of each level's gated reward per step, of the penalties and of the step reward."""
+    t = result.template
+    groups = [(f"{lv.key} {lv.title}", result.level_totals[:, i]) for i, lv in enumerate(t.levels)]
+    colours = [LEVEL_COLOURS.get(lv.key, "#888") for lv in t.levels]
+    if t.penalties:
+        groups.append(("penalties", result.penalties))
+        colours.append(LEVEL_COLOURS["penalty"])
+    groups.append(("step reward", result.step_reward))
+    colours.append("#333333")
+    fig = go.Figure(_hist_traces(groups, colours))
+    fig.update_layout(barmode="overlay", title="Per-level reward per step (gated)", height=360,
+                      xaxis_title="reward", yaxis_title="steps",
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def returns_figure(result: ScoreResult) -> go.Figure:
+    """Distribution of episode returns, one colour per behaviour label (when the data has them)."""
+    behaviour = result.frame.behaviour.astype(object)
+    labels = sorted({str(b) for b in behaviour if b not in (None, "")})
+    if labels:
+        groups = [(b, result.returns[behaviour == b]) for b in labels]
+        missing = np.array([b in (None, "") for b in behaviour], dtype=bool)
+        if missing.any():
+            groups.append(("(no label)", result.returns[missing]))
+    else:
+        groups = [("all episodes", result.returns)]
+    fig = go.Figure(_hist_traces(groups))
+    fig.update_layout(barmode="overlay", title="Episode returns", height=360,
+                      xaxis_title="return", yaxis_title="episodes",
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return fig
+
+
+def episodes_table(result: ScoreResult) -> pd.DataFrame:
+    """One row per episode, in data order: labels, outcome, Σγᵗr, R_final, return and rank
+    (1 = highest return)."""
+    f = result.frame
+    resolved = np.where(np.isnan(f.resolved), None, f.resolved == 1.0).astype(object)
+    rank = np.empty(f.n_episodes, dtype=np.int64)
+    rank[np.argsort(-result.returns, kind="stable")] = np.arange(1, f.n_episodes + 1)
+    return pd.DataFrame({
+        "episode_id": f.episode_ids, "behaviour": f.behaviour, "task_type": f.task_type,
+        "resolved": resolved, "steps": f.ep_len, "Σγᵗr": np.round(result.discounted, 4),
+        "R_final": np.round(result.final, 4), "return": np.round(result.returns, 4), "rank": rank})
+
+
+def expectations_table(report: CheckReport) -> pd.DataFrame:
+    """One row per expectation: PASS/FAIL, name, kind and the message with the numbers."""
+    return pd.DataFrame({
+        "result": ["PASS" if r.passed else "FAIL" for r in report.results],
+        "expectation": [r.name for r in report.results],
+        "kind": [r.kind for r in report.results],
+        "numbers": [r.message for r in report.results],
+    })
+
+
+def pyramid_report(base: ScoreResult, template: Template) -> PyramidReport:
+    """The page's whole view of ``template`` on the data scored in ``base`` (no component
+    is computed: see :func:`rescore`)."""
+    result = rescore(base, template)
+    check = evaluate_expectations(result)
+    n_pass = sum(r.passed for r in check.results)
+    f = result.frame
+    all_levels = (result.earn[:, -1] & result.passed[:, -1]) if result.template.levels and f.n_steps \
+        else np.zeros(0, dtype=bool)
+    metrics = [
+        Metric("Mean episode return", _fmt(float(result.returns.mean())) if f.n_episodes else "—",
+               f"a·Σγᵗr + b·R_final averaged over {f.n_episodes} episodes"),
+        Metric("Mean step reward", _fmt(float(result.step_reward.mean())) if f.n_steps else "—",
+               f"gated level rewards plus penalties, over {f.n_steps} steps"),
+        Metric("Steps earning every level", f"{float(all_levels.mean()):.1%}" if all_levels.size else "—",
+               "steps whose every level counts (gates passed below) and whose top level passes its gate"),
+        Metric("Expectations passing", f"{n_pass} / {len(check.results)}" if check.results else "none",
+               "the template's reward unit tests and hacking probes"),
+    ]
+    return PyramidReport(
+        result=result, check=check, metrics=metrics, pyramid_figure=pyramid_figure(result),
+        pyramid_note=pyramid_note(result.template),
+        contributions_figure=contributions_figure(result), levels_figure=levels_figure(result),
+        returns_figure=returns_figure(result), episodes=episodes_table(result),
+        expectations=expectations_table(check), computed=list(base.matrix.computed),
+        cached=list(base.matrix.cached))
+
+
+# --------------------------------------------------------------------------- one episode
+@dataclass
+class EpisodeExplanation:
+    """Why one episode scored what it did."""
+
+    episode_id: str
+    #: "return = a × Σγᵗr + b × R_final = …" with the numbers
+    formula: str
+    #: one row per step: t, action, levels earned, gate failed, each component's weighted
+    #: contribution, penalties, step reward
+    steps: pd.DataFrame
+    #: per step, the audit schema's ``reward_components: [{name, value}]`` (episode terms on
+    #: the last step)
+    reward_components: list[list[dict[str, Any]]]
+    #: the episode terms (weighted) that make up R_final
+    episode_terms: list[dict[str, Any]]
+
+
+def explain_episode(result: ScoreResult, episode_id: str) -> EpisodeExplanation:
+    """The per-step explanation of one scored episode."""
+    f, t = result.frame, result.template
+    e = f.episode_index().get(episode_id)
+    if e is None:
+        raise InputError(f"no episode {episode_id!r} in the scored data", field="episode_id")
+    start, n = int(f.ep_start[e]), int(f.ep_len[e])
+    rows = slice(start, start + n)
+    keys = [lv.key for lv in t.levels]
+    earn, passed = result.earn[rows], result.passed[rows]
+    earned = [", ".join(k for k, ok in zip(keys, r) if ok) for r in earn]
+    failed = [", ".join(k for k, e_ok, p_ok in zip(keys, er, pr) if e_ok and not p_ok)
+              for er, pr in zip(earn, passed)]
+    output = f.output_text[rows]
+    table: dict[str, Any] = {
+        "t": f.t[rows], "action": f.action_labels()[rows],
+        "output": [("" if o is None else (str(o) if len(str(o)) <= 80 else str(o)[:77] + "…")) for o in output],
+        "levels earned": earned, "gate failed": failed}
+    contrib = result.contributions()[rows]
+    for j, name in enumerate(result.matrix.step_names):
+        table[name] = np.round(contrib[:, j], 4)
+    table["step reward"] = np.round(result.step_reward[rows], 4)
+    components = [result.explain(episode_id, i) for i in range(n)]
+    terms = [{"name": c.name, "value": float(c.weight * result.matrix.episode_values[e, k])}
+             for k, c in enumerate(t.episode_terms)]
+    formula = (f"return = {t.a:g} × Σγᵗr ({result.discounted[e]:.4f}) + {t.b:g} × R_final "
+               f"({result.final[e]:.4f}) = {result.returns[e]:.4f}")
+    return EpisodeExplanation(episode_id, formula, pd.DataFrame(table), components, terms)
+
+
+# --------------------------------------------------------------------------- versions
+def versions_table(ws: "Workspace", name: str) -> pd.DataFrame:
+    """The versions of a template, newest first: version, saved by/at, base, sha256, message."""
+    rows = list(reversed(list_versions(ws, name)))
+    return pd.DataFrame({
+        "version": [v.version for v in rows],
+        "saved by": [v.saved_by for v in rows],
+        "saved at": [v.saved_at or "shipped" for v in rows],
+        "base": [("" if v.base_version is None else str(v.base_version)) for v in rows],
+        "sha256": [v.sha256[:12] for v in rows],
+        "message": [v.message for v in rows],
+    })
+
+
+def changes_table(changes: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Structured template changes (:func:`core.rewards.versions.diff_templates`) as a table."""
+    def show(v: Any) -> str:
+        return "—" if v is None else (_yaml_text(v) if isinstance(v, (dict, list)) else str(v))
+
+    return pd.DataFrame({"section": [c["section"] for c in changes], "key": [c["key"] for c in changes],
+                         "before": [show(c["a"]) for c in changes], "after": [show(c["b"]) for c in changes]})
+
+
+__all__ = ["ComponentEditor", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",
+           "PyramidEdits", "PyramidEditor", "PyramidReport", "TemplateOption", "apply_edits",
+           "apply_params", "apply_yaml", "changes_table", "contributions_figure", "episodes_table",
+           "expectations_table", "explain_episode", "levels_figure", "open_template",
+           "pyramid_editor", "pyramid_figure", "pyramid_note", "pyramid_report", "rescore", "returns_figure",
+           "template_options", "versions_table"]

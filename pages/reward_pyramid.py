@@ -1,0 +1,253 @@
+"""Reward Pyramid: edit a reward template's weights, parameters and gating and see what it does to the data."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core.errors import RwbError
+from core.rewards import views
+from core.rewards.versions import TemplateConflict, diff_versions, save_template
+from core.store import WorkspaceError
+from core.users import current_user
+
+USER_ERRORS = (RwbError, WorkspaceError)
+
+st.title("Reward Pyramid")
+st.caption("Pick a reward template and a dataset, move the weights, change component parameters and "
+           "gating, and watch every component, level and episode return change; expectations say "
+           "whether hacks still rank below honest work. Save your edit as a new template version.")
+
+ws = resources.workspace()
+datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
+if not datasets:
+    st.info("No dataset with steps yet: import episodes on the Episodes page "
+            "(or `rwb episodes import FILE`), then come back to score them.")
+    st.stop()
+try:
+    options = views.template_options(ws)
+except USER_ERRORS as exc:
+    st.error(str(exc))
+    st.stop()
+if not options:
+    st.info("No reward template found: save one with `rwb reward save NAME FILE --base 0`.")
+    st.stop()
+
+flash = st.session_state.pop("rp_flash", None)
+if flash:
+    st.success(flash)
+# A save or a "load the latest" picks another version before the picker is drawn.
+if "rp_select" in st.session_state:
+    st.session_state["rp_template"] = st.session_state.pop("rp_select")
+
+labels = {o.spec: o.label for o in options}
+pick_dataset, pick_template = st.columns(2)
+dataset = pick_dataset.selectbox("Dataset", datasets, key="rp_dataset")
+spec = pick_template.selectbox("Template version", list(labels), format_func=labels.get,
+                               key="rp_template",
+                               help="@0 is the template shipped with the workbench; every save in "
+                                    "this workspace is a new version.")
+
+work = st.session_state.get("rp_work")
+if work is None or work["spec"] != spec:
+    try:
+        version = views.open_template(ws, spec)
+        loaded = version.template()
+    except USER_ERRORS as exc:
+        st.error(str(exc))
+        st.stop()
+    # `gen` is part of every editor widget's key: a newly loaded template resets the widgets.
+    work = {"spec": spec, "name": version.name, "base_version": version.version,
+            "template": loaded, "gen": (work or {}).get("gen", 0) + 1}
+    st.session_state["rp_work"] = work
+    st.session_state.pop("rp_conflict", None)
+
+
+def _param_widget(field: views.ParamField, key: str):
+    """One parameter field as the widget its kind calls for."""
+    if field.kind == "choice":
+        return st.selectbox(field.name, field.options, index=list(field.options).index(field.value)
+                            if field.value in field.options else 0, key=key, help=field.help or None)
+    if field.kind == "flag":
+        return st.checkbox(field.name, value=field.value, key=key, help=field.help or None)
+    if field.kind == "integer":
+        return st.number_input(field.name, value=field.value, step=1, key=key, help=field.help or None)
+    if field.kind == "number":
+        return st.number_input(field.name, value=field.value, format="%g", key=key,
+                               placeholder="none" if field.optional else None, help=field.help or None)
+    return st.text_input(field.name, value=field.value or "", key=key, help=field.help or None)
+
+
+@st.fragment
+def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOption]) -> None:
+    """Editor and results: a weight edit reruns only this part of the page."""
+    gen, template = work["gen"], work["template"]
+    editor = views.pyramid_editor(template)
+    edit_col, view_col = st.columns([1, 2])
+
+    # ------------------------------------------------------------------ weights and gating
+    with edit_col:
+        st.subheader("Weights")
+        weights: dict[str, float] = {}
+        groups = [(f"{lv.key} {lv.title}", lv.components) for lv in reversed(editor.levels)]
+        groups += [("Penalties", editor.penalties), ("Episode terms (R_final)", editor.episode_terms)]
+        for title, comps in groups:
+            if not comps:
+                continue
+            st.markdown(f"**{title}**")
+            for c in comps:
+                weights[c.name] = st.slider(c.name, 0.0, c.weight_max, c.weight, 0.01,
+                                            key=f"rp_w{gen}_{c.name}", help=c.description)
+        st.subheader("Gating")
+        gating = st.toggle("Levels constrain upward", value=editor.gating, key=f"rp_gating{gen}",
+                           help="A step that fails level k's gate earns nothing from the levels above.")
+        gates = {lv.key: st.number_input(f"{lv.key} gate", value=lv.gate, step=0.05, format="%g",
+                                         placeholder="no gate", key=f"rp_gate{gen}_{lv.key}",
+                                         help="The level passes when its weighted mean reaches this.")
+                 for lv in editor.levels}
+        with st.expander("Episode return  a·Σγᵗr + b·R_final"):
+            a = st.number_input("a", value=editor.a, step=0.05, format="%g", key=f"rp_a{gen}")
+            b = st.number_input("b", value=editor.b, step=0.05, format="%g", key=f"rp_b{gen}")
+            gamma = st.number_input("γ", value=editor.gamma, min_value=0.01, max_value=1.0, step=0.01,
+                                    format="%g", key=f"rp_gamma{gen}")
+
+    try:
+        edited = views.apply_edits(template, views.PyramidEdits(weights, gating, gates, a, b, gamma))
+        with st.spinner(f"Scoring {dataset} (components are computed once per dataset and parameters)…"):
+            report = resources.pyramid_report(dataset, edited)
+    except USER_ERRORS as exc:
+        view_col.error(str(exc))
+        return
+
+    # ------------------------------------------------------------------ the pyramid
+    with view_col:
+        for col, m in zip(st.columns(len(report.metrics)), report.metrics):
+            col.metric(m.label, m.value, help=m.help)
+        st.plotly_chart(report.pyramid_figure, width="stretch", key="rp_pyramid")
+        st.caption(report.pyramid_note)
+        st.caption(f"Components computed for this dataset and parameters: "
+                   f"{', '.join(report.computed) or 'none'}; read from the workspace cache: "
+                   f"{', '.join(report.cached) or 'none'}. Weight, gating and return edits reuse them.")
+
+    tabs = view_col.tabs(["Distributions", "Episodes", "Expectations", "Parameters", "YAML",
+                          "Save & versions"])
+    with tabs[0]:
+        st.plotly_chart(report.contributions_figure, width="stretch", key="rp_components")
+        left, right = st.columns(2)
+        left.plotly_chart(report.levels_figure, width="stretch", key="rp_levels")
+        right.plotly_chart(report.returns_figure, width="stretch", key="rp_returns")
+
+    with tabs[1]:
+        st.dataframe(report.episodes, hide_index=True, width="stretch", key="rp_episodes")
+        episode = st.selectbox("Explain one episode", report.episode_ids, key="rp_episode")
+        if episode:
+            explanation = views.explain_episode(report.result, episode)
+            st.caption(explanation.formula)
+            st.dataframe(explanation.steps, hide_index=True, width="stretch", key="rp_episode_steps")
+            steps = list(range(len(explanation.reward_components)))
+            if steps:
+                step = st.selectbox("reward_components of step", steps, index=len(steps) - 1,
+                                    key=f"rp_step_{episode}")
+                st.json(explanation.reward_components[step], expanded=True)
+
+    with tabs[2]:
+        check = report.check
+        if not check.results:
+            st.info("This template carries no expectations; add some in the YAML tab "
+                    "(kinds: episode_score, component_range, twins_rank, rank_auc).")
+        elif check.passed:
+            st.success(f"All {len(check.results)} expectations pass.")
+        else:
+            st.error(f"{len(check.failed)} of {len(check.results)} expectations fail: "
+                     + ", ".join(r.name for r in check.failed))
+        if check.results:
+            st.dataframe(report.expectations, hide_index=True, width="stretch", key="rp_expectations")
+
+    with tabs[3]:
+        st.caption("Changing a parameter recomputes that component only (the others come from the cache).")
+        with st.form(f"rp_params{gen}"):
+            values: dict[str, dict] = {}
+            for c in editor.components:
+                with st.expander(f"{c.name} ({c.component}, {c.group})"):
+                    st.caption(c.description)
+                    values[c.name] = {p.name: _param_widget(p, f"rp_p{gen}_{c.name}_{p.name}")
+                                      for p in c.params}
+            applied = st.form_submit_button("Apply parameters")
+        if applied:
+            try:
+                work["template"] = views.apply_params(work["template"], values)
+            except USER_ERRORS as exc:
+                st.error(str(exc))
+            else:
+                st.rerun()
+
+    with tabs[4]:
+        st.caption("The whole template, expectations included. Errors name the key and the line.")
+        with st.form(f"rp_yaml{gen}"):
+            text = st.text_area("Template YAML", value=edited.to_yaml(), height=480)
+            use_yaml = st.form_submit_button("Use this YAML")
+        if use_yaml:
+            try:
+                work["template"] = views.apply_yaml(text, name=work["name"])
+            except USER_ERRORS as exc:
+                st.error(str(exc))
+            else:
+                work["gen"] += 1
+                st.rerun()
+
+    with tabs[5]:
+        base = work["base_version"]
+        st.caption(f"You are editing {work['name']}@{base}. Saving writes a new version; if someone "
+                   "saved a newer one meanwhile, the save is refused and you can reload theirs.")
+        with st.form("rp_save"):
+            name = st.text_input("Save as template", value=work["name"], key=f"rp_save_name{gen}")
+            message = st.text_input("Message", key=f"rp_save_message{gen}",
+                                    placeholder="why this change (shown in the version history)")
+            save = st.form_submit_button("Save as new version", type="primary")
+        if save:
+            try:
+                saved = save_template(ws, current_user(ws), name, edited,
+                                      base if name == work["name"] else None, message)
+            except TemplateConflict as exc:
+                st.session_state["rp_conflict"] = {
+                    "message": str(exc), "name": exc.name, "base": exc.base_version,
+                    "latest": exc.latest.label, "latest_version": exc.latest.version}
+            except USER_ERRORS as exc:
+                st.error(str(exc))
+            else:
+                st.session_state["rp_flash"] = f"Saved {saved.label}."
+                st.session_state["rp_select"] = saved.label
+                st.rerun()
+        conflict = st.session_state.get("rp_conflict")
+        if conflict:
+            st.error(conflict["message"])
+            if conflict["base"] is not None:
+                since = diff_versions(ws, conflict["name"], conflict["base"], conflict["latest_version"])
+                st.caption(f"What changed from version {conflict['base']} to {conflict['latest']}:")
+                st.dataframe(views.changes_table(since.changes), hide_index=True, key="rp_conflict_diff")
+            if st.button(f"Load {conflict['latest']} (drops your edits)", key="rp_conflict_reload"):
+                st.session_state.pop("rp_conflict", None)
+                st.session_state["rp_select"] = conflict["latest"]
+                st.rerun()
+
+        st.subheader("Versions")
+        try:
+            st.dataframe(views.versions_table(ws, work["name"]), hide_index=True, key="rp_versions")
+        except USER_ERRORS as exc:
+            st.error(str(exc))
+            return
+        numbers = [o.version for o in options if o.name == work["name"]]   # newest first
+        if len(numbers) > 1:
+            older, newer = st.columns(2)
+            va = older.selectbox("Compare version", numbers, index=1, key="rp_diff_a")
+            vb = newer.selectbox("Against version", numbers, index=0, key="rp_diff_b")
+            diff = diff_versions(ws, work["name"], va, vb)
+            if diff.changes:
+                st.dataframe(views.changes_table(diff.changes), hide_index=True, key="rp_diff")
+            if diff.unified:
+                st.code(diff.unified, language="diff")
+            else:
+                st.caption("The two versions are identical.")
+
+
+pyramid_workbench(work, dataset, options)

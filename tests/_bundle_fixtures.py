@@ -1,0 +1,137 @@
+"""One real tiny training run shared by the bundle, registry and Policies-page tests.
+
+A workspace with users (admin ``ada``, analyst ``ana`` who trains and exports, approvers
+``bob`` and ``cy``, reviewer ``rae``), the finance sample imported, a short PPO run by
+``ana`` and its exported bundle.  It is built once per test process (a few seconds of
+training) and then only read; tests that change the registry use their own policy names
+(:func:`reseal` re-labels a bundle) and their own policies folder.
+
+The sentence model is replaced by the deterministic hash embedder while these tests run
+(the text model is not what they test; tests/test_rewards_templates.py covers it).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _state_fixtures import HashEmbedder
+
+PASSWORDS = {"ada": "ada-password", "ana": "ana-password", "bob": "bob-password", "cy": "cy-password",
+             "rae": "rae-password"}
+ROLES = {"ada": "admin", "ana": "analyst", "bob": "approver", "cy": "approver", "rae": "reviewer"}
+#: Episodes of the finance sample the run trains on (every task type and behaviour is present).
+N_EPISODES = 150
+
+
+@dataclass
+class Trained:
+    root: Path
+    run_id: str
+    bundle: Path
+
+    def workspace(self):
+        from core.store import Workspace
+
+        return Workspace.open(self.root)
+
+    def actor(self, name: str):
+        from core.users import Actor
+
+        return Actor(name=name, role=ROLES[name])
+
+
+_CACHE: dict[str, Trained] = {}
+
+
+def tiny_config() -> Any:
+    from core.ppo import PPOConfig
+
+    return PPOConfig(total_steps=2048, n_envs=64, rollout_len=16, update_epochs=2, n_minibatches=2,
+                     bc_epochs=10, hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu",
+                     checkpoint_every=100, seed=0)
+
+
+def hash_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swap the sentence model for the hash embedder (everywhere core looks it up)."""
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+
+
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """The shared workspace, run and bundle (built on first use in this process)."""
+    if "run" in _CACHE:
+        return _CACHE["run"]
+    from core.importers import import_file
+    from core.runs import train
+    from core.store import Workspace
+    from core.users import LOCAL_ADMIN, Actor, add_user
+
+    root = tmp_path_factory.mktemp("bundle-ws")
+    sample = Path(__file__).resolve().parents[1] / "datasets" / "finance" / "sample.jsonl"
+    lines = sample.read_text(encoding="utf-8").splitlines()
+    subset = root.parent / "finance-subset.jsonl"
+    subset.write_text("\n".join(lines[:N_EPISODES + 1]) + "\n", encoding="utf-8")  # header + episodes
+    ws = Workspace.open(root)
+    import_file(ws, subset, dataset="finance")
+    add_user(ws, LOCAL_ADMIN, "ada", "admin", password=PASSWORDS["ada"])
+    ada = Actor("ada", "admin")
+    for name in ("ana", "bob", "cy", "rae"):
+        add_user(ws, ada, name, ROLES[name], password=PASSWORDS[name])
+    ana = Actor("ana", "analyst")
+    result = train(ws, ana, template="finance_risk", dataset="finance", config=tiny_config())
+    from core.bundle import export_bundle
+
+    bundle = export_bundle(ws, ana, result["run_id"], root.parent / "finance_risk-0.1.0.zip")
+    ws.close()
+    _CACHE["run"] = Trained(root=root, run_id=result["run_id"], bundle=bundle)
+    return _CACHE["run"]
+
+
+def members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as zf:
+        return {i.filename: zf.read(i) for i in zf.infolist()}
+
+
+def write_zip(path: Path, files: dict[str, bytes], *, symlinks: tuple[str, ...] = ()) -> Path:
+    """A zip of exactly ``files`` (in order), entries named in ``symlinks`` marked as links."""
+    import stat
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2025, 1, 1, 0, 0, 0))
+            mode = stat.S_IFLNK | 0o777 if name in symlinks else stat.S_IFREG | 0o644
+            info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return path
+
+
+def reseal(src: Path, dst: Path, *, name: str | None = None, version: str | None = None,
+           policy_return: float | None = None, expert_return: float | None = None,
+           created_by: str | None = None, files: dict[str, bytes] | None = None) -> Path:
+    """A re-labelled copy of a bundle: a new manifest (name, version, evaluation numbers,
+    exporter) sealed over the same — or the given — files, as an exporter would write it."""
+    from core.bundle import BUNDLE_FILES, write_bundle
+
+    m = members(src)
+    manifest = json.loads(m["manifest.json"])
+    for key in ("digest", "files"):
+        manifest.pop(key)
+    if name is not None:
+        manifest["name"] = name
+    if version is not None:
+        manifest["version"] = version
+    if created_by is not None:
+        manifest["created_by"] = created_by
+    ev = manifest["evaluation"]
+    if policy_return is not None:
+        ev["policy"]["return_mean"] = policy_return
+    if expert_return is not None:
+        ev["expert_return"] = expert_return
+        ev["logged"]["expert"] = expert_return
+    body_files = {n: (files or {}).get(n, m[n]) for n in BUNDLE_FILES}
+    return write_bundle(dst, manifest, body_files)

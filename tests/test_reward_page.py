@@ -1,0 +1,195 @@
+"""The Reward Pyramid page (AppTest) on the finance sample dataset: totals follow the weights
+without recomputing a component, parameter edits recompute only that component, template
+errors and save conflicts are shown as errors, saves create versions."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from _state_fixtures import HashEmbedder
+from core import rewards
+from core.rewards.pyramid import Pyramid
+from core.rewards.versions import get_template, list_versions, save_template
+from core.store import Workspace
+from core.users import Actor
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = str(ROOT / "pages" / "reward_pyramid.py")
+SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
+DATASET = "finance-sample"
+
+
+@pytest.fixture(scope="module")
+def sample_workspace(tmp_path_factory) -> Path:
+    """The finance sample imported and scored once (the component cache is filled), copied per test."""
+    from core.importers import import_file
+
+    path = tmp_path_factory.mktemp("reward-page") / "seed"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+        ws = Workspace.open(path)
+        import_file(ws, SAMPLE, dataset=DATASET)
+        rewards.score(ws, "finance_risk", dataset=DATASET)
+        ws.close()
+    return path
+
+
+@pytest.fixture
+def page(sample_workspace, tmp_path, monkeypatch):
+    """A fresh copy of the sample workspace and a counter of component evaluations."""
+    path = tmp_path / "ws"
+    shutil.copytree(sample_workspace, path)
+    monkeypatch.setenv("RWB_WORKSPACE", str(path))
+    # The hash embedder stands in for the sentence model (loaded elsewhere in the suite).
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    computed: list[list[str]] = []
+    original = Pyramid.compute_matrix
+
+    def counting(self, frame, **kw):
+        matrix = original(self, frame, **kw)
+        computed.append(list(matrix.computed))
+        return matrix
+
+    monkeypatch.setattr(Pyramid, "compute_matrix", counting)
+    return path, computed
+
+
+def open_page(template: str = "finance_risk@0") -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.session_state["rp_dataset"] = DATASET
+    at.session_state["rp_template"] = template
+    return at.run()
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def slider(at: AppTest, label: str):
+    return next(s for s in at.slider if s.label == label)
+
+
+def episodes_table(at: AppTest):
+    return next(d.value for d in at.dataframe if "rank" in d.value.columns)
+
+
+def test_empty_workspace_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "empty"))
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Reward Pyramid"]
+    assert "import episodes" in at.info[0].value
+
+
+def test_weight_edits_change_the_totals_without_recomputing(page):
+    path, computed = page
+    at = open_page()
+    assert not at.exception, at.exception
+    assert not at.error
+    ws = Workspace.open(path)
+    shipped = rewards.load_template("finance_risk")
+    expected = rewards.score(ws, shipped, dataset=DATASET)
+    assert metric(at, "Mean episode return") == f"{expected.returns.mean():.4f}"
+    assert metric(at, "Expectations passing").endswith(f"/ {len(shipped.expectations)}")
+    before = episodes_table(at)
+    assert len(before) == expected.frame.n_episodes
+    assert len(at.get("plotly_chart")) == 4          # pyramid, components, levels, returns
+    n_scorings = len(computed)
+
+    widget = slider(at, "tool_validity")
+    new = float(widget.max)                          # at least twice the shipped weight
+    assert widget.value == shipped.component("tool_validity").weight < new
+    widget.set_value(new).run()
+    assert not at.exception and not at.error
+    after = episodes_table(at)
+    reweighted = expected.reweight({"tool_validity": new})
+    assert metric(at, "Mean episode return") == f"{reweighted.returns.mean():.4f}"
+    assert metric(at, "Mean episode return") != f"{expected.returns.mean():.4f}"
+    assert (after["return"] > before["return"]).sum() > 0.9 * len(after)
+    assert list(after["return"]) == pytest.approx(reweighted.returns.round(4).tolist())
+    # gating off: another matrix product, still no component evaluated
+    at.toggle[0].set_value(False).run()
+    assert not at.exception
+    gated_off = reweighted.with_template(reweighted.template.with_gating(False))
+    assert metric(at, "Mean episode return") == f"{gated_off.returns.mean():.4f}"
+    assert len(computed) == n_scorings, "a weight or gating edit must not compute components"
+
+    # drill-down: one episode's per-step explanation sums to its step rewards
+    episode = at.selectbox(key="rp_episode").value
+    steps = next(d.value for d in at.dataframe if "step reward" in d.value.columns)
+    components = [c for c in steps.columns if c in gated_off.matrix.step_names]
+    assert steps[components].sum(axis=1).round(3).tolist() == steps["step reward"].round(3).tolist()
+    shown = at.json[0].value
+    assert '"name"' in shown and "tool_validity" in shown
+    assert episode == gated_off.frame.episode_ids[0]
+
+
+def test_parameter_edit_recomputes_only_that_component(page):
+    _, computed = page
+    at = open_page()
+    before = metric(at, "Mean episode return")
+    computed.clear()
+    at.number_input(key="rp_p1_latency_per").set_value(0.5)
+    next(b for b in at.button if b.label == "Apply parameters").click().run()
+    assert not at.exception and not at.error
+    assert computed == [["latency"]]                 # the other components came from the cache
+    assert metric(at, "Mean episode return") != before
+    caption = " ".join(c.value for c in at.caption)
+    assert "Components computed for this dataset and parameters: latency;" in caption
+
+
+def test_template_errors_are_shown_not_raised(page):
+    at = open_page()
+    yaml_box = next(t for t in at.text_area if t.label == "Template YAML")
+    text = yaml_box.value
+    assert "tool_validity:" in text
+    yaml_box.set_value(text.replace("tool_validity:", "tool_valdity:", 1))
+    next(b for b in at.button if b.label == "Use this YAML").click().run()
+    assert not at.exception
+    messages = [e.value for e in at.error]
+    assert any("unknown component 'tool_valdity' at line" in m for m in messages), messages
+    # a bad parameter value is an error too, and the page keeps working
+    at.text_input(key="rp_p1_trade_reversal_opposites").set_value("[[a, b")
+    next(b for b in at.button if b.label == "Apply parameters").click().run()
+    assert not at.exception
+    assert any("parameter 'opposites' of 'trade_reversal' is not valid YAML" in e.value for e in at.error)
+    assert metric(at, "Mean episode return")
+
+
+def test_save_creates_a_version_and_a_stale_save_shows_the_conflict(page):
+    path, _ = page
+    at = open_page()
+    slider(at, "latency").set_value(0.5).run()
+    at.text_input(key="rp_save_message1").set_value("latency matters less")
+    next(b for b in at.button if b.label == "Save as new version").click().run()
+    assert not at.exception and not at.error
+    assert "Saved finance_risk@1." in [s.value for s in at.success]
+    assert at.selectbox(key="rp_template").value == "finance_risk@1"
+    ws = Workspace.open(path)
+    v1 = get_template(ws, "finance_risk")
+    assert (v1.version, v1.base_version, v1.saved_by, v1.message) == (1, 0, "local", "latency matters less")
+    assert v1.template().component("latency").weight == 0.5
+    assert slider(at, "latency").value == 0.5       # the page now edits version 1
+
+    # someone else saves version 2 meanwhile; this page still edits version 1
+    other = v1.template().with_weights({"tool_validity": 0.9})
+    save_template(ws, Actor("bob", "analyst"), "finance_risk", other, 1, "bob's change")
+    slider(at, "latency").set_value(0.4).run()
+    next(b for b in at.button if b.label == "Save as new version").click().run()
+    assert not at.exception
+    messages = [e.value for e in at.error]
+    assert any(m.startswith("template 'finance_risk' is at version 2 (saved by bob at ")
+               and m.endswith("you edited version 1 — reload and re-apply your change") for m in messages), messages
+    assert [v.version for v in list_versions(ws, "finance_risk")] == [0, 1, 2]
+    diff = next(d.value for d in at.dataframe if "before" in d.value.columns and len(d.value) == 1)
+    assert diff.iloc[0].to_dict() == {"section": "weight", "key": "tool_validity",
+                                      "before": str(v1.template().component("tool_validity").weight),
+                                      "after": "0.9"}
+    next(b for b in at.button if b.label.startswith("Load finance_risk@2")).click().run()
+    assert not at.exception and not at.error
+    assert at.selectbox(key="rp_template").value == "finance_risk@2"
+    assert slider(at, "tool_validity").value == 0.9
