@@ -25,6 +25,9 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("episodes.py", "Episodes", "episodes", ":material/list_alt:"),
     ("state_explorer.py", "State Explorer", "states", ":material/scatter_plot:"),
     ("reward_pyramid.py", "Reward Pyramid", "rewards", ":material/change_history:"),
+    ("training.py", "Training", "training", ":material/model_training:"),
+    ("diagnostics.py", "Diagnostics", "diagnostics", ":material/troubleshoot:"),
+    ("policies.py", "Policies", "policies", ":material/verified:"),
 ]
 
 

@@ -17,6 +17,7 @@ from core.store import Workspace, default_workspace_path
 from core.workspace_setup import WorkspaceStatus, init_workspace
 
 if TYPE_CHECKING:  # pragma: no cover
+    from core.users import Actor
     from core.rewards import ScoreResult, StepsFrame, Template
     from core.rewards.views import PyramidReport
     from core.statemap import StateMapReport
@@ -139,3 +140,78 @@ def pyramid_report(dataset: str, template: "Template") -> "PyramidReport":
     base = _scored(path, dataset, dataset_version(workspace(), dataset), template.components_hash(),
                    template)
     return build_report(base, template)
+
+
+# --------------------------------------------------------------------------- acting user
+def acting_user() -> "Actor | None":
+    """Who acts in this session: the signed-in user (stored under ``"actor"`` in the session
+    state by the sign-in), else the local admin of a workspace without users; None when the
+    workspace has users and nobody signed in (pages then only read).  ``core`` checks the
+    permission again on every call."""
+    from core.users import current_user, multi_user
+
+    actor = st.session_state.get("actor")
+    if actor is not None:
+        return actor
+    ws = workspace()
+    return None if multi_user(ws) else current_user(ws)
+
+
+# --------------------------------------------------------------------------- training and diagnostics
+@st.cache_data(show_spinner=False, ttl=30)
+def _template_specs(path: str) -> list[str]:
+    from core.rewards.views import template_options
+
+    return [o.spec for o in template_options(_workspace(path))]
+
+
+def template_specs() -> list[str]:
+    """Every reward template version a run can train against (``name@N``), newest first."""
+    return _template_specs(_session_path())
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _run_curves(path: str, run_ids: tuple[str, ...], progress: tuple) -> dict:
+    # `progress` (updates and status of each run) changes with every recorded update, so a
+    # refresh that finds no new update reuses the curves.
+    from core.runs import run_curves
+
+    return run_curves(_workspace(path), list(run_ids))
+
+
+def run_curves(run_ids: tuple[str, ...]) -> dict:
+    """Every metric curve of ``run_ids`` (core.runs.run_curves), recomputed when a run records an update."""
+    from core.runs import run_progress
+
+    return _run_curves(_session_path(), tuple(run_ids), run_progress(workspace(), run_ids))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _diagnosis(path: str, run_id: str, checkpoint: int | None) -> dict:
+    # Keyed by the run's latest checkpoint: a new checkpoint is a new policy to diagnose.
+    from core.doctor import diagnose
+
+    return diagnose(_workspace(path), run_id)
+
+
+def diagnosis(run_id: str) -> dict:
+    """The four-step diagnosis of ``run_id`` (core.doctor.diagnose), once per checkpoint."""
+    from core.runs import latest_checkpoint
+
+    ckpt = latest_checkpoint(workspace(), run_id)
+    return _diagnosis(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"])
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int) -> dict:
+    from core.evaluation import evaluate
+
+    return evaluate(_workspace(path), run_id, repeats=repeats)
+
+
+def evaluation(run_id: str, repeats: int = 3) -> dict:
+    """The held-out evaluation of ``run_id`` (core.evaluation.evaluate), once per checkpoint."""
+    from core.runs import latest_checkpoint
+
+    ckpt = latest_checkpoint(workspace(), run_id)
+    return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats)

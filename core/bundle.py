@@ -602,6 +602,8 @@ def _policy_module(policy_meta: Mapping[str, Any], encoder: "StateEncoder",
     """core.ppo's :class:`~core.ppo.Agent` rebuilt from ``policy.json`` around ``encoder``
     (already loaded), with the actor and critic weights of ``policy.safetensors`` (exact
     key, shape and dtype match)."""
+    import torch
+
     from core.ppo import Agent
 
     if policy_meta.get("class") != "core.ppo.Agent":
@@ -610,8 +612,12 @@ def _policy_module(policy_meta: Mapping[str, Any], encoder: "StateEncoder",
     n_actions = int(policy_meta["n_actions"])
     if n_actions != encoder.n_actions:
         raise ValueError(f"the policy has {n_actions} actions, the encoder {encoder.n_actions}")
-    agent = Agent(n_actions, encoder.config, hidden=int(policy_meta["hidden"]),
-                  n_critics=int(policy_meta["n_critics"]))
+    # Built on the meta device (no initialisation work: every tensor is loaded below and
+    # _load_exact refuses weights that would leave one out), then given real storage.
+    with torch.device("meta"):
+        agent = Agent(n_actions, encoder.config, hidden=int(policy_meta["hidden"]),
+                      n_critics=int(policy_meta["n_critics"]))
+    agent = agent.to_empty(device="cpu")
     agent.encoder = encoder
     own = {k: v for k, v in agent.state_dict().items() if not k.startswith(ENCODER_PREFIX)}
     _load_exact(agent, own, weights, "policy.safetensors", prefix="")
@@ -755,7 +761,11 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
         problems.append("policy.json differs from the manifest's policy configuration")
 
     def make_encoder():
-        enc = StateEncoder.from_config_dict(parsed["encoder.json"])
+        import torch
+
+        with torch.device("meta"):  # no initialisation: every tensor is loaded (see _policy_module)
+            enc = StateEncoder.from_config_dict(parsed["encoder.json"])
+        enc = enc.to_empty(device="cpu")
         if enc.n_actions != manifest.n_actions:
             raise ValueError(f"the encoder knows {enc.n_actions} actions, the catalog {manifest.n_actions}")
         _load_exact(enc, enc.state_dict(), _tensors("encoder.safetensors", members["encoder.safetensors"]),
@@ -829,29 +839,34 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
         if not np.array_equal(ref, mask):
             problems.append("the compiled masks disagree with the rules on the smoke states")
         obs = bundle.smoke_obs()
-        logits = bundle.logits(obs)
+        with torch.no_grad():  # one forward pass; everything below derives from it
+            state = bundle.policy.state(obs)
+            logits, value_heads = bundle.policy.heads(state)
         S, A = mask.shape
         if tuple(logits.shape) != (S, A):
             problems.append(f"the policy answers logits of shape {tuple(logits.shape)} for {S} states "
                             f"and {A} actions")
         else:
+            from core.rl_common import MaskedCategorical
+
             allowed = torch.as_tensor(mask)
             if not bool(torch.isfinite(logits[allowed]).all()):
                 problems.append("the policy gives non-finite logits to allowed actions")
             else:
-                dist = bundle.distribution(obs, mask)
+                dist = MaskedCategorical(logits, allowed)
                 if float(dist.probs[~allowed].abs().sum()) != 0.0:
                     problems.append("the policy gives probability to masked actions")
                 gen = torch.Generator().manual_seed(0)
-                picks = np.concatenate([bundle.act(obs, mask), bundle.act(obs, mask, greedy=False, generator=gen)])
+                picks = np.concatenate([dist.greedy().numpy(), dist.sample(gen).numpy()])
                 rows = np.concatenate([np.arange(S), np.arange(S)])
                 if not mask[rows, picks].all():
                     problems.append("the policy picked a masked action on the smoke set")
-                top, p = bundle.top_k(obs, mask, k=3)
+                p, top = torch.topk(dist.probs, min(3, A), dim=1)
+                top = torch.where(p > 0, top, torch.full_like(top, -1)).numpy()
                 ok = (top < 0) | mask[np.arange(S)[:, None], np.maximum(top, 0)]
                 if not ok.all():
                     problems.append("a top-3 candidate of the policy is masked")
-                values = bundle.values(obs)
+                values = value_heads.mean(-1)
                 if tuple(values.shape) != (S,) or not bool(torch.isfinite(values).all()):
                     problems.append("the critic's values are not one finite number per state")
         rde = bundle.rde
@@ -1151,6 +1166,17 @@ def list_bundles(ws: "Workspace") -> list[dict[str, Any]]:
             row.update(name=None, version=None, problem=f"unreadable: {exc}")
         out.append(row)
     return out
+
+
+def exported_bundle_bytes(ws: "Workspace", file: str) -> bytes:
+    """The bytes of an exported bundle in ``artifacts/bundles/`` by file name (for a download);
+    names outside that folder are refused."""
+    if unsafe_member_name(file) is not None or not file.endswith(".zip"):
+        raise InputError(f"{file!r} is not a bundle file name", field="file")
+    path = bundles_dir(ws) / file
+    if not path.is_file():
+        raise InputError(f"no exported bundle {file!r} in {bundles_dir(ws)}", field="file")
+    return path.read_bytes()
 
 
 def run_training_data(ws: "Workspace", run: Mapping[str, Any], template: Any, cfg: Any) -> Any:

@@ -492,8 +492,9 @@ def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, gener
     n = int(bc["action"].shape[0])
     if n == 0:
         return {"bc_samples": 0.0, "bc_accuracy": float("nan"), "bc_loss": float("nan")}
-    opt = torch.optim.Adam(agent.parameters(), lr=cfg.bc_lr)
-    mb = min(256, n)
+    opt = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=cfg.bc_lr)
+    # at least ~8 steps per pass, so a small warm-start set is not fitted in a handful of steps
+    mb = max(1, min(256, max(32, n // 8), n))
     for _ in range(cfg.bc_epochs):
         perm = torch.randperm(n, generator=generator).to(bc["action"].device)
         for start in range(0, n, mb):
@@ -787,7 +788,7 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
     # Random-in-mask return on the training episodes: progress 0; the best logged behaviour: 1.
     best_logged = data.logged_returns[data.best_behaviour]
     random_return = mean_return(tb, None, data.train_episodes, n_envs=min(512, 4 * B), device=device,
-                                seed=cfg.seed + 1, min_episodes=512)
+                                seed=cfg.seed + 1, min_episodes=512, support_episodes=None)
     pick = torch.randperm(int(data.train_episodes.numel()), generator=torch.Generator().manual_seed(cfg.seed))
     eval_starts = data.train_episodes.cpu()[pick[:cfg.eval_episodes]]
 
@@ -1033,11 +1034,12 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
 # =========================================================================== rollouts for evaluation
 def mean_return(tables: "SimTables", agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,
                 device: str | torch.device = "cpu", seed: int = 0, min_episodes: int = 256,
-                greedy: bool = True, max_steps: int | None = None) -> float:
+                greedy: bool = True, max_steps: int | None = None, support_episodes: Any = "all") -> float:
     """Mean template return of episodes started from ``episodes``: by ``agent`` (greedy or
     sampled) or, with ``agent=None``, uniformly at random among the unmasked actions."""
     stats = episode_stats(tables, agent, episodes, n_envs=n_envs, device=device, seed=seed,
-                          min_episodes=min_episodes, greedy=greedy, max_steps=max_steps)
+                          min_episodes=min_episodes, greedy=greedy, max_steps=max_steps,
+                          support_episodes=support_episodes)
     return stats["return_mean"]
 
 

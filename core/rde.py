@@ -163,12 +163,15 @@ class RdeModel:
             raise InputError(f"the RDE tree reads {self.n_features} features per row, got shape {X.shape}")
         node = np.zeros(X.shape[0], dtype=np.int64)
         rows = np.arange(X.shape[0])
-        for _ in range(self.depth):
+        # until every row sits on a leaf: at most `depth` levels, without computing the
+        # depth (a Python walk over the nodes) on every call — serving predicts per request
+        while True:
             left = self.children_left[node]
             inner = left >= 0
+            if not inner.any():
+                return node
             go_left = X[rows, np.maximum(self.feature[node], 0)] <= self.threshold[node]
             node = np.where(inner, np.where(go_left, left, self.children_right[node]), node)
-        return node
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """``[B, len(classes)]`` class probabilities (the leaf's class shares)."""

@@ -163,6 +163,12 @@ def production_version(ws: "Workspace", name: str) -> str | None:
     return stack[-1] if stack else None
 
 
+def previous_version(ws: "Workspace", name: str) -> str | None:
+    """The version :func:`rollback` would restore (None when there is none)."""
+    stack = _state(ws.conn, name)[1]
+    return stack[-2] if len(stack) >= 2 else None
+
+
 def aliases(ws: "Workspace", name: str) -> dict[str, str | None]:
     """``{"production", "approved", "candidate"}`` → the version each alias points to: the
     production version, and the highest approved and highest candidate version."""
@@ -340,6 +346,21 @@ def _registered_bundle(row: Mapping[str, Any]) -> Path:
         raise BundleError(f"the registered copy of {row['name']} {row['version']} was changed after "
                           "registration", file=str(path))
     return path
+
+
+def bundle_bytes(ws: "Workspace", name: str, version: str) -> bytes:
+    """The registered bundle zip of ``name@version`` (for a download), checked against the
+    sha256 recorded at registration."""
+    path = _registered_bundle(_row(ws.conn, name, version))
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != _row(ws.conn, name, version)["bundle_sha256"]:
+        raise BundleError(f"the registered copy of {name} {version} changed while it was read", file=str(path))
+    return data
+
+
+def policy_names(ws: "Workspace") -> list[str]:
+    """Names with at least one registered version."""
+    return [r[0] for r in ws.conn.execute("SELECT DISTINCT name FROM policy_versions ORDER BY name")]
 
 
 # --------------------------------------------------------------------------- the gate
@@ -600,5 +621,5 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
 
 
 __all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "compare_versions", "get_version",
-           "history", "list_versions", "next_version", "production_version", "promote", "promotion_gate", "register",
+           "bundle_bytes", "history", "list_versions", "next_version", "policy_names", "previous_version", "production_version", "promote", "promotion_gate", "register",
            "rollback"]

@@ -67,7 +67,7 @@ KEEP_CHECKPOINTS = 2
 
 _RUN_COLUMNS = (
     "id", "status", "dataset", "episodes_file", "template_name", "template_version", "template_hash",
-    "template_yaml", "device", "config", "total_steps", "env_steps", "updates", "curriculum_level",
+    "template_yaml", "masks_source", "masks_yaml", "device", "config", "total_steps", "env_steps", "updates", "curriculum_level",
     "pid", "host", "stop_requested", "created_by", "created_at", "started_at", "ended_at",
     "heartbeat_at", "error", "final_metrics", "log_path")
 
@@ -146,6 +146,7 @@ def get_run(ws: "Workspace", run_id: str) -> dict[str, Any]:
     """One run as a dict (config parsed; ``process_alive``/``interrupted`` derived)."""
     d = _row_dict(_get_row(ws, run_id))
     d.pop("template_yaml")
+    d.pop("masks_yaml")
     return d
 
 
@@ -167,6 +168,7 @@ def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None
     for row in ws.conn.execute(sql, [*args, int(limit)]).fetchall():
         d = _row_dict(row)
         d.pop("template_yaml")
+        d.pop("masks_yaml")
         last = ws.conn.execute("SELECT metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx DESC "
                                "LIMIT 1", (d["id"],)).fetchone()
         m = json.loads(last[0]) if last else {}
@@ -184,6 +186,15 @@ def run_template(ws: "Workspace", run_id: str) -> "Template":
     return parse_template(row["template_yaml"], file=f"run {run_id} template")
 
 
+def run_masks(ws: "Workspace", run_id: str) -> Any:
+    """The mask rules the run trains under (stored with it; None when it has none).  The
+    workspace's review rules join them when the simulator is built."""
+    from core.masking import MaskRules
+
+    text = _row_dict(_get_row(ws, run_id))["masks_yaml"]
+    return None if text is None else MaskRules.from_yaml(text)
+
+
 def template_hash(template: "Template") -> str:
     """sha256 of the template's canonical YAML (what the run's rewards depend on)."""
     return hashlib.sha256(template.to_yaml().encode("utf-8")).hexdigest()
@@ -194,9 +205,49 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(2)
 
 
+def _default_masks(ws: "Workspace", dataset: str | None, episodes_file: str | Path | None) -> Path | None:
+    """The committed mask rules of the data's domain (what a run trains under by default)."""
+    from core import ppo
+
+    if dataset is not None:
+        return ppo.domain_masks(ws, dataset)
+    from core.importers import read_file
+
+    parsed = read_file(episodes_file)  # type: ignore[arg-type]
+    return ppo.masks_for_domain(parsed.episodes[0].domain if parsed.episodes else None)
+
+
+def resolve_run_template(ws: "Workspace", template: "Template | str | Path") -> tuple["Template", str]:
+    """The template a run trains against and its version label: a workspace version
+    (``finance_risk@3``, or a bare name = the latest version, ``@0`` = the shipped file), a
+    YAML file, or a Template (its YAML ``version``)."""
+    from core.rewards.template import Template
+    from core.rewards.versions import get_template, parse_spec
+
+    if isinstance(template, Template):
+        return template, str(template.version)
+    spec = str(template)
+    path = Path(spec)
+    if path.is_file() or spec.endswith((".yaml", ".yml")):
+        from core.rewards.template import load_template
+
+        t = load_template(path)
+        return t, f"file v{t.version}"
+    name, version = parse_spec(spec)
+    tv = get_template(ws, name, version)
+    return tv.template(), f"@{tv.version}"
+
+
 def create_run(ws: "Workspace", actor: Actor, *, template: "Template", config: "PPOConfig",
-               dataset: str | None = None, episodes_file: str | Path | None = None) -> str:
-    """Record a new run (status ``running``, no process yet) and return its id.  Needs ``train``."""
+               dataset: str | None = None, episodes_file: str | Path | None = None,
+               masks: str | Path | None = None, template_version: str | None = None) -> str:
+    """Record a new run (status ``running``, no process yet) and return its id.  Needs ``train``.
+
+    ``masks``: a mask-rules YAML file; default the committed rules of the data's domain
+    (``datasets/<domain>/masks.yaml``).  The rules' text is stored with the run, so a resume
+    trains under the same rules."""
+    from core.masking import MaskRules
+
     authorize(ws, actor, "train")
     if (dataset is None) == (episodes_file is None):
         raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file "
@@ -213,15 +264,23 @@ def create_run(ws: "Workspace", actor: Actor, *, template: "Template", config: "
                          field="dataset")
     from dataclasses import asdict
 
+    masks_path = Path(masks) if masks is not None else _default_masks(ws, dataset, episodes_file)
+    masks_yaml = None
+    if masks_path is not None:
+        if not masks_path.is_file():
+            raise InputError(f"no such mask rules file: {masks_path}", file=str(masks_path))
+        masks_yaml = masks_path.read_text(encoding="utf-8")
+        MaskRules.from_yaml(masks_yaml)  # refuse broken rules before the run exists
     run_id = new_run_id()
     cfg = asdict(config)
     with ws.transaction() as conn:
         conn.execute(
-            f"INSERT INTO runs (id, status, dataset, episodes_file, template_name, template_version, "
-            f"template_hash, template_yaml, device, config, total_steps, created_by, created_at, log_path) "
-            f"VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO runs (id, status, dataset, episodes_file, template_name, template_version, "
+            "template_hash, template_yaml, masks_source, masks_yaml, device, config, total_steps, created_by, "
+            "created_at, log_path) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, "running", dataset, None if file_info is None else _json(file_info), template.name,
-             str(template.version), template_hash(template), template.to_yaml(), config.device,
+             template_version or str(template.version), template_hash(template), template.to_yaml(),
+             None if masks_path is None else str(masks_path), masks_yaml, config.device,
              _json(cfg), int(config.total_steps), actor.name, _now_iso(),
              str(run_dir(ws, run_id) / "train.log")))
     return run_id
@@ -233,9 +292,10 @@ def run_dir(ws: "Workspace", run_id: str) -> Path:
 
 
 def mark_started(ws: "Workspace", run_id: str, *, device: str) -> None:
-    """The calling process now trains ``run_id`` on ``device``."""
+    """The calling process now trains ``run_id`` on ``device`` (a launch token is used up)."""
     with ws.transaction() as conn:
         conn.execute("UPDATE runs SET status='running', pid=?, host=?, device=?, stop_requested=0, "
+                     "launch_token_hash=NULL, "
                      "started_at=COALESCE(started_at, ?), ended_at=NULL, error=NULL, heartbeat_at=? "
                      "WHERE id=?", (os.getpid(), socket.gethostname(), device, _now_iso(), time.time(),
                                     run_id))
@@ -364,6 +424,47 @@ def metrics_table(ws: "Workspace", run_ids: Sequence[str], metric: str) -> "Any"
     return pd.concat(frames, axis=1).sort_index()
 
 
+def run_curves(ws: "Workspace", run_ids: Sequence[str]) -> dict[str, Any]:
+    """Every curve of :data:`CURVES` and :data:`GROUPED_CURVES` for ``run_ids``, as wide
+    DataFrames indexed by env steps (one column per run; per key for a grouped metric of
+    one run).  Metrics no update recorded are left out."""
+    import pandas as pd
+
+    rows = {run_id: run_metrics(ws, run_id) for run_id in run_ids}
+    out: dict[str, Any] = {}
+    for metric, _title in CURVES:
+        cols = {}
+        for run_id, ms in rows.items():
+            values = [m.get(metric) for m in ms]
+            if any(v is not None for v in values):
+                cols[run_id] = pd.Series(pd.to_numeric(pd.Series(values, dtype="object"), errors="coerce").to_numpy(),
+                                         index=[m["env_steps"] for m in ms])
+        if cols:
+            out[metric] = pd.DataFrame(cols).rename_axis("env_steps").sort_index()
+    for metric, _title in GROUPED_CURVES:
+        parts = []
+        for run_id, ms in rows.items():
+            present = [m for m in ms if isinstance(m.get(metric), dict)]
+            if not present:
+                continue
+            table = pd.DataFrame([m[metric] for m in present], index=[m["env_steps"] for m in present])
+            if len(run_ids) > 1:
+                table.columns = [f"{run_id}: {c}" for c in table.columns]
+            parts.append(table)
+        if parts:
+            out[metric] = pd.concat(parts, axis=1).rename_axis("env_steps").sort_index()
+    return out
+
+
+def run_progress(ws: "Workspace", run_ids: Sequence[str]) -> tuple[tuple[str, int, str], ...]:
+    """``(run id, updates, status)`` of each run: changes exactly when its curves can."""
+    out = []
+    for run_id in run_ids:
+        row = ws.conn.execute("SELECT updates, status FROM runs WHERE id=?", (run_id,)).fetchone()
+        out.append((run_id, -1 if row is None else int(row[0]), "" if row is None else str(row[1])))
+    return tuple(out)
+
+
 def compare_runs(ws: "Workspace", run_ids: Sequence[str]) -> list[dict[str, Any]]:
     """Side-by-side summary rows: config differences and final/last metrics of each run."""
     runs = [get_run(ws, r) for r in run_ids]
@@ -394,6 +495,49 @@ def _std(xs: Sequence[float]) -> float | None:
         return None
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+# --------------------------------------------------------------------------- a run's policy and data
+@dataclass
+class RunContext:
+    """A run with its configuration, template, rebuilt training data and trained policy."""
+
+    run: dict[str, Any]
+    config: "PPOConfig"
+    template: "Template"
+    data: Any
+    agent: Any
+    checkpoint: dict[str, Any] | None
+
+
+def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: bool = True) -> RunContext:
+    """Rebuild what a run trained on (simulator tables, split, baselines — as its trainer
+    built them) and load its latest checkpoint's policy (None without one, unless
+    ``need_policy`` makes that an error)."""
+    from core import ppo
+
+    run = get_run(ws, run_id)
+    cfg = ppo.PPOConfig.from_dict(run["config"])
+    template = run_template(ws, run_id)
+    ckpt = latest_checkpoint(ws, run_id)
+    if ckpt is None and need_policy:
+        raise ConflictError(f"run {run_id} has no checkpoint yet (status {run['display_status']}); "
+                            "wait for its first checkpoint or resume it")
+    episodes_file = None
+    if run["episodes_file"]:
+        info = json.loads(run["episodes_file"])
+        episodes_file = info["path"]
+        if not Path(episodes_file).is_file():
+            raise InputError(f"the episodes file of run {run_id} is gone: {episodes_file}", file=episodes_file)
+    data = ppo.load_training_data(ws, template, dataset=run["dataset"], episodes_file=episodes_file,
+                                  masks=run_masks(ws, run_id), config=cfg)
+    agent = None
+    if ckpt is not None:
+        agent = ppo.load_agent(Path(ckpt["path"]), device).eval()
+        if agent.n_actions != data.tables.n_actions:
+            raise ConflictError(f"the data of run {run_id} now has {data.tables.n_actions} action tokens, the "
+                                f"trained policy {agent.n_actions}: the dataset or its tools changed since training")
+    return RunContext(run=run, config=cfg, template=template, data=data, agent=agent, checkpoint=ckpt)
 
 
 # --------------------------------------------------------------------------- stop
@@ -435,24 +579,20 @@ class _Recorder:
         record_checkpoint(self.ws, self.run_id, update_idx, env_steps, path)
 
     def on_review(self, requests: Sequence[Any]) -> int:
-        """Curriculum L3: high-risk repeats go to the review queue (origin ``training``)."""
+        """Curriculum L3: high-risk repeats go to the review queue (origin ``training``).
+
+        The trainer enqueues as a service principal ("trainer", holding only
+        ``enqueue_review``): the run's launcher was authorised to train when it started."""
         from core.review import enqueue_many
-        from core.users import current_user
 
         if not requests:
             return 0
-        return len(enqueue_many(self.ws, _service_actor(self.ws), requests)) if requests else 0
-
-
-def _service_actor(ws: "Workspace") -> Actor:
-    # The trainer enqueues review items on behalf of the run (a machine principal with
-    # only `enqueue_review`), whoever launched it.
-    return Actor.service("trainer")
+        return len(set(enqueue_many(self.ws, Actor.service("trainer"), requests)))
 
 
 def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | None" = None,
           dataset: str | None = None, episodes_file: str | Path | None = None,
-          config: "PPOConfig | None" = None, resume: str | None = None,
+          config: "PPOConfig | None" = None, masks: str | Path | None = None, resume: str | None = None,
           progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train a policy in this process: create a run (or ``resume`` one) and run PPO to the end.
 
@@ -460,11 +600,10 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     request ends it with status ``stopped``; an exception marks it ``failed`` (and is
     re-raised).  Needs ``train``."""
     from core import ppo
-    from core.rewards.api import as_template
 
     authorize(ws, actor, "train")
     if resume is not None:
-        if template is not None or dataset is not None or episodes_file is not None or config is not None:
+        if any(x is not None for x in (template, dataset, episodes_file, config, masks)):
             raise InputError("--resume continues a run with its own template, data and settings; "
                              "give nothing else")
         run = get_run(ws, resume)
@@ -488,10 +627,11 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     else:
         if template is None:
             raise InputError("give a reward template (--template NAME or FILE)", field="template")
-        tmpl = as_template(template)
+        tmpl, label = resolve_run_template(ws, template)
         cfg = config or ppo.PPOConfig()
         cfg.validate()
-        run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file)
+        run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
+                            masks=masks, template_version=label)
     device = ppo.resolve_device(cfg.device)
     mark_started(ws, run_id, device=device)
     recorder = _Recorder(ws, run_id, progress)
@@ -508,12 +648,12 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     except ValueError:  # not the main thread (e.g. inside a server): no signal handler
         previous = None
     try:
-        data = ppo.load_training_data(ws, tmpl, dataset=dataset, episodes_file=episodes_file, config=cfg)
+        data = ppo.load_training_data(ws, tmpl, dataset=dataset, episodes_file=episodes_file,
+                                      masks=run_masks(ws, run_id), config=cfg)
         ckpt = latest_checkpoint(ws, run_id) if resume is not None else None
         if resume is not None:
             truncate_metrics(ws, run_id, ckpt["update_idx"] if ckpt else 0)
-        result = ppo.train(cfg, data, recorder=recorder, resume_from=None if ckpt is None else Path(ckpt["path"]),
-                           ws=ws, run_id=run_id, dataset=dataset)
+        result = ppo.train(cfg, data, recorder=recorder, resume_from=None if ckpt is None else Path(ckpt["path"]))
     except BaseException as exc:
         finish_run(ws, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -528,22 +668,35 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
 # --------------------------------------------------------------------------- launch (background)
 def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Path",
                dataset: str | None = None, episodes_file: str | Path | None = None,
-               config: "PPOConfig | None" = None) -> dict[str, Any]:
+               config: "PPOConfig | Mapping[str, Any] | None" = None,
+               masks: str | Path | None = None) -> dict[str, Any]:
     """Create a run and train it in a detached background process (``rwb train --resume RUN``).
 
+    ``config``: a PPOConfig or a mapping of its settings (what the Training page sends).
     The process has its own session, so it survives the page (or terminal) that launched
     it; its output goes to ``artifacts/runs/<id>/train.log``.  Needs ``train``."""
     from core import ppo
-    from core.rewards.api import as_template
 
-    tmpl = as_template(template)
-    cfg = config or ppo.PPOConfig()
+    authorize(ws, actor, "train")
+    tmpl, label = resolve_run_template(ws, template)
+    if config is None or isinstance(config, Mapping):
+        cfg = ppo.PPOConfig.from_dict(dict(config or {}))
+    else:
+        cfg = config
     cfg.validate()
-    run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file)
+    run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
+                        masks=masks, template_version=label)
     log_path = run_dir(ws, run_id) / "train.log"
     cmd = [sys.executable, "-m", "core.cli", "--workspace", str(ws.root), "train", "--resume", run_id, "--quiet"]
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    # The child acts for the launcher: a one-time token (its hash stored with the run) lets
+    # it resume this run as the user who launched it, without a password.
+    token = secrets.token_urlsafe(24)
+    with ws.transaction() as conn:
+        conn.execute("UPDATE runs SET launch_token_hash=? WHERE id=?", (_token_hash(token), run_id))
+    env = {**os.environ, LAUNCH_TOKEN_ENV: token,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env.pop("RWB_PASSWORD", None)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=str(root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)
@@ -552,6 +705,32 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
         conn.execute("UPDATE runs SET pid=?, host=?, started_at=? WHERE id=?",
                      (proc.pid, socket.gethostname(), _now_iso(), run_id))
     return {"run_id": run_id, "pid": proc.pid, "log": str(log_path)}
+
+
+#: Environment variable that carries a launch token to the background trainer.
+LAUNCH_TOKEN_ENV = "RWB_LAUNCH_TOKEN"
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def launched_actor(ws: "Workspace", run_id: str, token: str) -> Actor:
+    """The user who launched ``run_id`` in the background, for the trainer process that
+    holds its launch token (refused when the token does not match or was used)."""
+    import hmac
+
+    from core.users import LOCAL_ADMIN, get_user, multi_user
+
+    row = ws.conn.execute("SELECT launch_token_hash, created_by FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None or row[0] is None or not hmac.compare_digest(row[0], _token_hash(token)):
+        from core.errors import PermissionDenied
+
+        raise PermissionDenied(f"the launch token does not open run {run_id}; resume it as a user "
+                               "(rwb train --resume RUN --as NAME)")
+    if not multi_user(ws):
+        return LOCAL_ADMIN
+    return get_user(ws, row[1]).actor()
 
 
 def run_log(ws: "Workspace", run_id: str, tail: int = 4000) -> str:

@@ -37,7 +37,8 @@ flat float32 observation, ``action_masks()``) for Stable-Baselines3 / sb3-contri
 
 Example::
 
-    >>> tables = build_sim_tables(ws, "finance", "finance_risk", masks="datasets/finance/masks.yaml")  # doctest: +SKIP
+    >>> masks = "datasets/finance/masks.yaml"
+    >>> tables = build_sim_tables(ws, "finance", "finance_risk", masks=masks)     # doctest: +SKIP
     >>> sim = BatchedSim(tables, 4096, device="cuda")                              # doctest: +SKIP
     >>> obs, mask = sim.reset()                                                     # doctest: +SKIP
     >>> out = sim.step(random_masked_actions(mask, sim.generator))                  # doctest: +SKIP
@@ -173,9 +174,9 @@ class SimTables:
             if col is None:  # no step has it: unknown everywhere
                 arr = np.full(n, np.nan)
             elif col.dtype == object:
+                example = next(v for v in col if v is not None and not isinstance(v, (int, float)))
                 raise InputError(f"mask rules compare state feature '{name}' with numbers, but the "
-                                 f"dataset logs text values for it (e.g. {next(v for v in col if v is not None)!r})",
-                                 field=name)
+                                 f"dataset logs text values for it (e.g. {example!r})", field=name)
             else:
                 arr = col.astype(np.float64)
             out[name] = torch.as_tensor(arr, dtype=torch.float64, device=self.device)
@@ -427,9 +428,11 @@ class BatchedSim:
 
     ``reset``/``step`` are gathers over :class:`SimTables` and ``where``s over the batch — no
     Python loop per environment or step, and on an accelerator no host synchronisation but
-    the check that the actions are tokens (so it runs on CUDA at the GPU's pace).  ``episodes`` restricts the start episodes (a train / held-out split)
-    and, unless ``support_episodes`` says otherwise, the recorded steps counterfactual
-    outcomes are drawn from.  ``extra_mask_rules`` (rules or rule dicts) join the tables'.
+    the check that the actions are tokens (so it runs on CUDA at the GPU's pace).
+    ``episodes`` restricts the start episodes (a train / held-out split) and, unless
+    ``support_episodes`` says otherwise (indices, or ``"all"``), the recorded steps that
+    counterfactual outcomes are drawn from.  ``extra_mask_rules`` (rules or rule dicts)
+    join the tables' rules.
 
     Randomness: each reset/step draws one ``[B, 2]`` tensor of integers from
     :attr:`generator` (column 0: the counterfactual pick, column 1: the next start episode).

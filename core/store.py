@@ -255,6 +255,7 @@ def _m3_runs(conn: sqlite3.Connection) -> None:
             pid INTEGER,
             host TEXT,
             stop_requested INTEGER NOT NULL DEFAULT 0,
+            launch_token_hash TEXT,
             created_by TEXT NOT NULL,
             created_at TEXT NOT NULL,
             started_at TEXT,

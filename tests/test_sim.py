@@ -404,6 +404,11 @@ def test_training_split_keeps_starts_and_support_inside(tables):
         assert set(np_(sim.episode).tolist()) <= allowed
         src = np_(out.info["source_step"])
         assert {int(step_ep[s]) for s in src[src >= 0]} <= allowed
+    # outcomes drawn from every episode when asked (evaluation on held-out starts)
+    full = BatchedSim(tables, 4, seed=2, episodes=held, support_episodes="all")
+    assert torch.equal(full.bucket_steps, tables.bucket_steps)
+    with pytest.raises(InputError):
+        BatchedSim(tables, 4, episodes=held, support_episodes="some")
     with pytest.raises(InputError):
         split_episodes(tables, 1.0)
 
@@ -440,6 +445,23 @@ def test_bad_actions_are_refused(tables):
         sim.step(torch.tensor([0, tables.n_actions]))
     with pytest.raises(InputError, match="needs 2 actions"):
         sim.step(torch.tensor([0]))
+
+
+def test_reused_observation_buffers_hold_the_same_values(tables):
+    fresh = BatchedSim(tables, 64, seed=4)
+    reuse = BatchedSim(tables, 64, seed=4, reuse_obs_buffers=True)
+    (o1, m1), (o2, m2) = fresh.reset(), reuse.reset()
+    gen = torch.Generator().manual_seed(2)
+    kept = o1["context"]
+    for _ in range(8):
+        for k in o1:
+            assert torch.equal(o1[k], o2[k]), k
+        a = random_masked_actions(m1, gen)
+        s1, s2 = fresh.step(a), reuse.step(a)
+        o1, m1, o2 = s1.obs, s1.mask, s2.obs
+        assert torch.equal(s1.reward, s2.reward)
+    assert o2["context"].data_ptr() == reuse._context.data_ptr()      # one buffer, rewritten
+    assert kept.data_ptr() != o1["context"].data_ptr()                 # fresh tensors by default
 
 
 def test_random_masked_actions_stay_in_the_mask():

@@ -66,6 +66,8 @@ AREAS: list[tuple[str, str | None]] = [
     ("bundle", "bundle"),
     ("registry", "registry"),
     ("tune", "tune"),
+    ("train", None),
+    ("serve", "serve"),
 ]
 
 
@@ -84,7 +86,9 @@ _wire()
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; user errors print a message and exit non-zero."""
     try:
-        root(args=argv, standalone_mode=False)
+        # With standalone_mode=False click returns a command's exit code (typer.Exit(n))
+        # instead of raising SystemExit.
+        rv = root(args=argv, standalone_mode=False)
     except RwbError as exc:
         typer.echo(f"Error: {exc}", err=True)
         return exc.exit_code
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             typer.echo("Aborted.", err=True)
             return 1
         raise
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -56,7 +56,9 @@ def tune(
     label: str = typer.Option("success", "--label",
                               help="Outcome label: success, resolved, final_reward, business_metric, sentiment."),
     threshold: float = typer.Option(0.0, "--threshold", help="A numeric label counts as success above this."),
-    metric: str = typer.Option("auc", "--metric", help="Outcome objective: auc or kendall."),
+    metric: str = typer.Option("soft_auc", "--metric",
+                               help="Outcome objective: soft_auc (smooth AUC, robust on small data), auc or "
+                                    "kendall."),
     withhold: Optional[bool] = typer.Option(None, "--withhold-outcome/--show-outcome",
                                             help="Hide the recorded outcome from the components (default: "
                                                  "hidden, except for the policy objective)."),

@@ -1,0 +1,101 @@
+"""``rwb serve``: ask the decision engine (``core.serving``) from the command line.
+
+``decide`` serves requests with the promoted policy NAME (or a bundle zip/folder) and
+writes their audit records to the workspace; ``metrics`` does the same and prints the
+engine's Prometheus metrics (or, with ``--alert-rules``, the example alert rules).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from core.cli import open_workspace, print_json
+from core.errors import InputError
+
+app = typer.Typer(help="The decision engine: serve requests with a promoted policy or a bundle.",
+                  no_args_is_help=True)
+
+POLICY_HELP = "Promoted policy name (core/policies or $RWB_POLICIES_DIR), or a bundle .zip / promoted folder."
+REQUEST_HELP = ("The request: JSON text, @FILE (a JSON object, a list, or JSON lines, served in order), "
+                "or - for stdin.")
+
+
+def _requests(request: str) -> list[dict]:
+    from core.serving import read_requests
+
+    if request == "-":
+        return read_requests(sys.stdin.read(), file="<stdin>")
+    if request.startswith("@"):
+        path = Path(request[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot read the requests: {exc}", file=str(path)) from exc
+        return read_requests(text, file=str(path))
+    return read_requests(request, file="--request")
+
+
+def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[float]):
+    from core.serving import ServingConfig
+
+    options: dict = {"force_rde_override": force_rde}
+    if confidence is not None:
+        options["confidence_threshold"] = confidence
+    if budget_ms is not None:
+        options["time_budget_ms"] = budget_ms
+    return ServingConfig(**options)
+
+
+@app.command("decide")
+def decide(
+    policy: str = typer.Option(..., "--policy", help=POLICY_HELP),
+    request: str = typer.Option(..., "--request", "-r", help=REQUEST_HELP),
+    confidence: Optional[float] = typer.Option(
+        None, "--confidence", help="RDE confidence below which RL-Boost runs (default 0.7)."),
+    force_rde: bool = typer.Option(False, "--force-rde", help="force_rde_override: always serve the baseline."),
+    budget_ms: Optional[float] = typer.Option(
+        None, "--budget-ms", help="Time budget of candidate generation (default 300 ms)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Serve the request(s) and print each decision (its audit record is written)."""
+    from core.serving import serve_requests
+
+    decisions, _ = serve_requests(open_workspace(), policy, _requests(request),
+                                  config=_config(confidence, force_rde, budget_ms))
+    if as_json:
+        print_json({"decisions": [d.to_dict() for d in decisions]})
+        return
+    for d in decisions:
+        cands = ", ".join(f"{c.name} p={c.prob:.2f} est={c.reward_est:.3f}" for c in d.rl_candidates)
+        typer.echo(f"{d.episode_id} t={d.step_t}: {d.final_name} {d.final_label} [{d.source}, "
+                   f"confidence {d.confidence:.2f}, {d.policy_version}]")
+        typer.echo(f"  {d.explanation}")
+        if cands:
+            typer.echo(f"  candidates: {cands}")
+        if d.review_item is not None:
+            typer.echo(f"  queued for review as item #{d.review_item}")
+
+
+@app.command("metrics")
+def metrics(
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    request: Optional[str] = typer.Option(None, "--request", "-r", help=REQUEST_HELP + " Served first."),
+    alert_rules: bool = typer.Option(False, "--alert-rules",
+                                     help="Print the example Prometheus alert rules instead."),
+) -> None:
+    """Print the engine's Prometheus metrics after serving the given requests."""
+    from core.serving import alert_rules as rules_text
+    from core.serving import serve_requests
+
+    if alert_rules:
+        typer.echo(rules_text(), nl=False)
+        return
+    if policy is None:
+        raise InputError("give --policy (and --request to serve some requests first), or --alert-rules",
+                         field="policy")
+    _, text = serve_requests(open_workspace(), policy, _requests(request) if request else [])
+    typer.echo(text, nl=False)

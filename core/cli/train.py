@@ -1,0 +1,272 @@
+"""``rwb train``, ``rwb runs list|show|stop``, ``rwb doctor RUN``, ``rwb evaluate RUN``.
+
+Thin parsers over :func:`core.runs.train` / :func:`core.runs.launch_run`,
+:func:`core.runs.list_runs` / :func:`core.runs.get_run` / :func:`core.runs.stop_run`,
+:func:`core.doctor.diagnose` and :func:`core.evaluation.evaluate`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
+from core.errors import InputError
+
+runs_app = typer.Typer(help="Training runs: list, show, stop.", no_args_is_help=True)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def _config(steps: Optional[int], device: str, seed: int, settings: list[str]) -> Any:
+    """A PPOConfig from the options and ``--set KEY=VALUE`` pairs (values parsed as JSON)."""
+    from core.ppo import PPOConfig
+
+    values: dict[str, Any] = {"device": device, "seed": seed}
+    if steps is not None:
+        values["total_steps"] = steps
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set needs KEY=VALUE, got {item!r}", field="set")
+        try:
+            values[key.strip()] = json.loads(raw)
+        except ValueError:
+            values[key.strip()] = raw
+    return PPOConfig.from_dict(values).validate()
+
+
+def _progress_printer(quiet: bool):
+    """A progress bar on stderr (rich), or a plain line per update when not a terminal."""
+    import sys
+
+    if quiet:
+        return None, None
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        def line(m: dict[str, Any]) -> None:
+            sys.stderr.write(f"update {m['update']}/{m.get('total_updates', '?')} · {m['env_steps']} steps · "
+                             f"L{m.get('curriculum_level')} · return {_fmt(m.get('return_mean'))} · "
+                             f"KL {_fmt(m.get('kl'), '.4f')} · β {_fmt(m.get('beta'))}\n")
+            sys.stderr.flush()
+        return line, None
+    progress = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=console)
+    task = progress.add_task("train", total=None, info="")
+
+    def update(m: dict[str, Any]) -> None:
+        progress.update(task, total=m.get("total_updates"), completed=m["update"],
+                        info=f"L{m.get('curriculum_level')} return {_fmt(m.get('return_mean'))} "
+                             f"KL {_fmt(m.get('kl'), '.4f')} β {_fmt(m.get('beta'))}")
+    return update, progress
+
+
+def train_cmd(
+    template: Optional[str] = typer.Option(None, "--template", "-t", help="Reward template: a shipped name or a YAML file."),
+    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Train on an episodes file (any importable format)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Train on a dataset of the workspace."),
+    masks: Optional[Path] = typer.Option(None, "--masks", help="Mask rules YAML (default: datasets/<domain>/masks.yaml "
+                                         "of the data's domain, when there is one)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Environment steps to train for (default 300000)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    seed: int = typer.Option(0, "--seed", help="Seed of weights, simulator and sampling."),
+    settings: list[str] = typer.Option([], "--set", help="Any training setting as KEY=VALUE (JSON value), e.g. "
+                                       "--set n_envs=256 --set 'encoder={\"gating\": \"off\"}'. Repeatable."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN from its last checkpoint."),
+    background: bool = typer.Option(False, "--background", help="Start the run as a detached background process "
+                                    "and print its id."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the run id and final metrics."),
+) -> None:
+    """Train a masked PPO policy against a reward template on recorded episodes."""
+    from core import runs
+
+    ws = open_workspace()
+    token = os.environ.get(runs.LAUNCH_TOKEN_ENV)
+    if resume is not None and token:
+        actor = runs.launched_actor(ws, resume, token)
+    else:
+        actor = acting_user(ws, as_name)
+    if resume is not None:
+        if any(x is not None for x in (template, episodes, dataset, masks, steps)) or settings or background:
+            raise InputError("--resume continues a run with its own template, data and settings; give only RUN")
+        cfg_kwargs: dict[str, Any] = {"resume": resume}
+    else:
+        cfg_kwargs = {"template": template, "dataset": dataset, "episodes_file": episodes, "masks": masks,
+                      "config": _config(steps, device, seed, settings)}
+        if template is None:
+            raise InputError("give a reward template (--template NAME or FILE)", field="template")
+    if background:
+        started = runs.launch_run(ws, actor, **{k: v for k, v in cfg_kwargs.items()})
+        if as_json:
+            print_json(started)
+        else:
+            typer.echo(f"Started {started['run_id']} in the background (pid {started['pid']}); log: {started['log']}")
+            typer.echo(f"Follow it with `rwb runs show {started['run_id']}`; stop it with `rwb runs stop "
+                       f"{started['run_id']}`.")
+        return
+    progress_fn, bar = _progress_printer(quiet or as_json)
+    if bar is not None:
+        bar.start()
+    try:
+        result = runs.train(ws, actor, progress=progress_fn, **cfg_kwargs)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if as_json:
+        print_json(result)
+        return
+    m = result["metrics"] or {}
+    typer.echo(f"Run {result['run_id']} {result['status']} after {m.get('env_steps', '?')} env steps "
+               f"({m.get('update', '?')} updates).")
+    typer.echo(f"  return {_fmt(m.get('return_mean'))} · greedy on training episodes {_fmt(m.get('eval_return'))} · "
+               f"success {_fmt(m.get('success_rate'), '.2f')} · curriculum L{m.get('curriculum_level')}")
+    typer.echo(f"  KL {_fmt(m.get('kl'), '.4f')} (std over updates {_fmt(m.get('kl_std'), '.4f')}) · β "
+               f"{_fmt(m.get('beta'))} · entropy {_fmt(m.get('entropy_marginal'), '.2f')} nats · mask violations "
+               f"{m.get('mask_violations', 0)}")
+    typer.echo(f"Evaluate it with `rwb evaluate {result['run_id']}`; diagnose it with `rwb doctor {result['run_id']}`.")
+
+
+@runs_app.command("list")
+def list_cmd(
+    status: Optional[str] = typer.Option(None, "--status", help="Only runs with this status."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Only runs on this dataset."),
+    limit: int = typer.Option(50, "--limit", help="At most this many runs (newest first)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List training runs, newest first, with their last metrics."""
+    from core.runs import list_runs
+
+    rows = list_runs(open_workspace(), status=status, dataset=dataset, limit=limit)
+    if as_json:
+        print_json({"runs": rows})
+        return
+    if not rows:
+        typer.echo("No runs yet: start one with `rwb train --template T --dataset D`.")
+        return
+    for r in rows:
+        last = r["last"]
+        typer.echo(f"{r['id']}  {r['display_status']:<11} {r['dataset'] or 'file'}  {r['template_name']}  "
+                   f"{r['env_steps']}/{r['total_steps']} steps  L{_fmt(last.get('curriculum_level'), 'd')}  "
+                   f"return {_fmt(last.get('return_mean'))}  {r['device']}")
+
+
+@runs_app.command("show")
+def show_cmd(
+    run_id: str = typer.Argument(..., help="The run."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (run, metrics per update, checkpoints)."),
+) -> None:
+    """Show one run: its record, latest metrics and checkpoints."""
+    from core.runs import checkpoints, get_run, run_metrics
+
+    ws = open_workspace()
+    run = get_run(ws, run_id)
+    metrics = run_metrics(ws, run_id)
+    ckpts = checkpoints(ws, run_id)
+    if as_json:
+        print_json({"run": run, "metrics": metrics, "checkpoints": ckpts})
+        return
+    typer.echo(f"{run['id']}: {run['display_status']} · {run['dataset'] or run['episodes_file']} · template "
+               f"{run['template_name']} v{run['template_version']} · {run['device']} · pid {run['pid']}")
+    typer.echo(f"  {run['env_steps']}/{run['total_steps']} env steps, {run['updates']} updates, started "
+               f"{run['started_at']}, ended {run['ended_at'] or '—'}")
+    if run["interrupted"]:
+        typer.echo(f"  its trainer process is gone: resume with `rwb train --resume {run_id}`")
+    if run["error"]:
+        typer.echo(f"  error: {run['error']}")
+    if metrics:
+        m = metrics[-1]
+        for key in ("return_mean", "eval_return", "success_rate", "kl", "beta", "clip_fraction", "value_loss",
+                    "entropy", "entropy_marginal", "off_support_rate", "mask_violations", "curriculum_level",
+                    "env_steps_per_s"):
+            typer.echo(f"  {key:<18} {_fmt(m.get(key), '.4g')}")
+        unlocked = [f"update {x['update']}: {x['level_unlocked']}" for x in metrics if x.get("level_unlocked")]
+        for line in unlocked:
+            typer.echo(f"  unlocked {line}")
+    typer.echo(f"  checkpoints: {', '.join(str(c['update_idx']) for c in ckpts) or 'none'}")
+
+
+@runs_app.command("stop")
+def stop_cmd(
+    run_id: str = typer.Argument(..., help="The run to stop."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Ask a running run to stop after its current update (it writes a checkpoint first)."""
+    from core.runs import stop_run
+
+    ws = open_workspace()
+    run = stop_run(ws, acting_user(ws, as_name), run_id)
+    if as_json:
+        print_json({"run": run})
+        return
+    typer.echo(f"{run_id}: {'stopped' if run['status'] == 'stopped' else 'stop requested; it stops after the current update'}")
+
+
+def doctor_cmd(
+    run_id: str = typer.Argument(..., help="The run to diagnose."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Four-step diagnosis: reward integrity, state-encoding fidelity, gradient flow, exploration."""
+    from core.doctor import diagnose
+
+    report = diagnose(open_workspace(), run_id)
+    if as_json:
+        print_json(report)
+        return
+    mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+    typer.echo(f"Diagnosis of {run_id} (checkpoint of update {report['checkpoint_update']}): {report['verdict']}")
+    for s in report["steps"]:
+        typer.echo(f"  {s['step']}. {mark[s['verdict']]} {s['name']:<24} {_fmt(s['value'], '.4g')}  {s['message']}")
+
+
+def evaluate_cmd(
+    run_id: str = typer.Argument(..., help="The run to evaluate."),
+    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Held-out episodes file (default: the run's "
+                                            "held-out split)."),
+    repeats: int = typer.Option(3, "--repeats", help="Passes over every held-out episode."),
+    device: str = typer.Option("cpu", "--device", help="auto, cpu or cuda."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Policy return on held-out episodes vs each logged behaviour and vs random-in-mask."""
+    from core.evaluation import evaluate
+
+    r = evaluate(open_workspace(), run_id, episodes=episodes, repeats=repeats, device=device)
+    if as_json:
+        print_json(r)
+        return
+    typer.echo(f"{run_id} on {r['episodes']} held-out episodes ({r['source']}), {r['repeats']} passes:")
+    p, q = r["policy"], r["random_in_mask"]
+    typer.echo(f"  policy (greedy)   return {_fmt(p['return_mean'])}  success {_fmt(p['success_rate'], '.2f')}  "
+               f"off-support {_fmt(p['off_support_rate'], '.2f')}  mask violations {p['mask_violations']}")
+    typer.echo(f"  random-in-mask    return {_fmt(q['return_mean'])}  success {_fmt(q['success_rate'], '.2f')}  "
+               f"off-support {_fmt(q['off_support_rate'], '.2f')}")
+    for name, value in sorted(r["logged"].items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  logged {name:<10} return {_fmt(value)}")
+    if r["best_logged"]:
+        word = "beats" if r["beats_best_logged"] else "does not beat"
+        typer.echo(f"The policy {word} the best logged behaviour ({r['best_logged']['behaviour']}, "
+                   f"{_fmt(r['best_logged']['return_mean'])}); margin over random {_fmt(r['margin_over_random'])}.")
+
+
+def register(root: typer.Typer) -> None:
+    """Wire the training commands into ``rwb``."""
+    root.command("train")(train_cmd)
+    root.add_typer(runs_app, name="runs")
+    root.command("doctor")(doctor_cmd)
+    root.command("evaluate")(evaluate_cmd)

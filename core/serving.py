@@ -1,0 +1,1132 @@
+"""The decision engine (DESIGN.md §9, S000 §2.2): rules + decision tree first, the RL policy
+when they are unsure, arbitration between them, and one audit record per decision.
+
+Production code is three lines::
+
+    >>> from core.serving import load                                 # doctest: +SKIP
+    >>> engine = load("finance_risk", ws=Workspace.open("/srv/rwb"))   # doctest: +SKIP
+    >>> engine.decide({"episode_id": "s-1", "query": "Urgently cut my BYD position",
+    ...                "task_type": "urgent_reduce", "state": {"hour": 10, "volatility": 0.3}})
+    Decision(final_action=..., source='rde', ...)                      # doctest: +SKIP
+
+``load(name)`` serves the promoted policy ``name`` from the policies folder
+(``core/policies``, or ``$RWB_POLICIES_DIR``); ``load(path)`` serves a bundle zip or a
+promoted bundle folder directly.
+
+The request (validated once, at the edge: :class:`DecisionRequest`)
+--------------------------------------------------------------------
+One JSON object per decision::
+
+    {"episode_id": "sess-42",                  # the served conversation (required)
+     "query": "Urgently reduce my 600519 position by 20%",   # the user's request (required)
+     "task_type": "urgent_reduce",             # optional; the RDE tree and the masks read it
+     "state": {"hour": 10.5, "volatility": 0.31, "trades_today": 1},  # flat scalar features
+     "last_result": {                          # the result of the action served last time
+         "tool": "get_realtime_quote",         #   default: the tool of that action
+         "result": {"price": 1712.3, ...},     #   the tool's JSON (or a JSON string)
+         "error": null,                        #   error text when the call failed
+         "latency_ms": 85.0},                  #   optional
+     "messages": [...],                        # optional chat messages (kept for export)
+     "domain": "finance"}                      # optional
+
+Unknown keys, a non-scalar state value, NaN or infinity are refused with an
+:class:`~core.errors.InputError` naming the field.  ``state`` follows the
+``Step.observation["state"]`` convention of recorded episodes: the same names the
+masks, the tree and the encoder were trained on.
+
+What a decision does
+--------------------
+1. **Episode state** (per ``episode_id``, in memory, dropped after ``episode_ttl_s`` —
+   default 15 min — without a request): the policy version the episode runs on, its
+   step index, how often each action was served (for business limits), the latest
+   tool result, and the trace of its last three served actions with their rewards and
+   times (the encoder's trace branch).  A new episode is pinned to the policy version
+   active when it starts: when the engine serves a promoted policy, the policies
+   index (``index.json``) is checked at every episode start (its ``os.stat`` is
+   cached) and a newly promoted version is loaded then — no restart; episodes already
+   running keep their version until they end or expire.
+2. **Masks**: the bundle's rules plus the rules born from rejected reviews in the
+   workspace (:func:`core.review.with_review_rules`), re-read whenever a review is
+   decided, so a rejected action is never served again in that state pattern.
+3. **RDE baseline**: the bundle's decision tree (:mod:`core.rde`) over the state, task
+   type, step index and previous action, restricted to the allowed actions: an action
+   and a confidence (its leaf probability).
+4. **RL-Boost** runs when the tree's confidence is below ``confidence_threshold``
+   (0.7), when the tree has no allowed action, or when the request is **out of
+   distribution**: a given task type the training data never had, or a numeric state
+   feature more than ``ood_z`` robust standard deviations (median/IQR of the training
+   data, kept in the bundle's feature statistics) from its training centre.  The
+   default ``ood_z`` is the encoder's own clipping point (``core.state.Z_CLIP`` = 5):
+   beyond it the encoder cannot tell values apart any more.  The policy proposes its
+   ``top_k`` (3) most probable allowed actions with their probabilities and a
+   **reward estimate**: the critic ensemble's mean value of the state the episode is in
+   after taking the action (the trace advanced by it, its reward not known yet: 0, Δt
+   0; the context keeps the latest result, one step older) — an estimate of the
+   discounted template return from taking it.  The baseline's action is valued the
+   same way.
+5. **Arbitration**: the policy's top candidate is adopted when its reward estimate
+   beats the baseline action's by more than ``adopt_margin`` (0.1) and the mask allows
+   it (when the tree had no allowed action, the candidate is adopted as the only
+   proposal).  Candidate generation runs on a worker thread under ``time_budget_ms``
+   (300 ms); over budget, the baseline decides alone.  ``force_rde_override`` always
+   serves the baseline's action (candidates are still computed and audited: a
+   shadow mode for grey releases); when arbitration would have adopted the policy
+   that counts as an *override*.  Without any proposal (the tree has no allowed
+   action and the policy none in time) the engine escalates to a human (``E0``), or
+   ends the episode (``F0``) when escalation is masked.
+6. **Review**: a served action whose risk is in ``review_risks`` (high) and whose
+   confidence (the tree's, or the policy's probability when adopted) is below
+   ``review_confidence`` goes to the review queue (origin ``serving``).  It is still
+   served; a reviewer's rejection becomes a mask rule for the next decisions.
+7. **Audit**: one record per decision through :class:`core.audit.AuditWriter`, exactly
+   ``{timestamp, input_hash, rde_action, rl_candidates:[{id, prob, reward_est}],
+   final_action, reward_components:[{name, value}]}`` plus ``policy_version``,
+   ``episode_id`` and ``decision_id``; the request and the decoded action are kept
+   beside it so ``rwb audit export --as-episodes`` turns traffic back into episodes.
+   A decision whose record the trail refuses is not served (the error is raised and
+   the episode state is left as it was).  Action ids in records are catalog token ids.
+   ``reward_components`` hold the policy's valuation of the served action —
+   ``state_value`` (the critic's value of the current state) and ``action_advantage``
+   (the served action's reward estimate minus it; the two sum to the estimate) —
+   when RL-Boost valued it, and are empty when the baseline decided alone: the
+   template's own step components need the action's result and are computed when the
+   exported episodes are relabelled.
+8. **Metrics** (``prometheus-client``, one registry per engine,
+   :meth:`DecisionEngine.metrics_text`): decisions, RL-Boost activations (by reason),
+   adoptions, time-outs, overrides, out-of-distribution requests, review-queue pushes,
+   action outcomes and failures (reported through :meth:`DecisionEngine.report_outcome`),
+   active episodes, policy reloads, and a decision-latency histogram.  Example alert
+   rules ship as ``core/serving_alerts.yaml`` (:func:`alert_rules`).
+
+Trace rewards: the encoder was trained with the template's per-step reward of each
+trace step.  At serving time a step's reward is known only when the caller reports it
+(``report_outcome(decision_id, ok, reward=r)``); until then the trace carries 0, the
+value the encoder also sees for steps that do not exist.
+
+Latency: the baseline path is array code on one row (masks, tree) plus an in-memory
+audit append; the policy runs only on RL-Boost, and the query's sentence embedding is
+computed once per query text (cached).  ``decide_batch`` runs the same steps for many
+episodes at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import math
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core import review
+from core.errors import InputError, RwbError
+from core.users import Actor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.audit import AuditWriter
+    from core.bundle import LoadedBundle
+    from core.episodes import Action
+    from core.masking import CompiledMasks
+    from core.store import Workspace
+
+#: The example Prometheus alert rules shipped with the package.
+ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
+#: Decision-latency histogram buckets (seconds): the 2 ms target sits in the middle.
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
+#: Distinct query texts whose intent (embedding + rules) is kept in memory.
+INTENT_CACHE_SIZE = 4096
+#: Served decisions remembered for report_outcome (most recent first out).
+OUTCOME_MEMORY = 100_000
+#: No previous action (the first step), as the RDE tree and the encoder's trace read it.
+NO_PREVIOUS = -2
+
+
+# =========================================================================== configuration
+@dataclass(frozen=True)
+class ServingConfig:
+    """How the engine decides.  Every number has the seed's default (S000 §2.2)."""
+
+    #: RDE confidence below which RL-Boost runs.
+    confidence_threshold: float = 0.7
+    #: The policy's pick is adopted when its reward estimate beats the baseline's by more.
+    adopt_margin: float = 0.1
+    #: Wall-clock budget of candidate generation; over it the baseline decides alone.
+    time_budget_ms: float = 300.0
+    #: Always serve the baseline's action (candidates are still computed and audited).
+    force_rde_override: bool = False
+    #: Candidates the policy proposes.
+    top_k: int = 3
+    #: An episode without a request for this long is dropped (S000: 15 min).
+    episode_ttl_s: float = 900.0
+    #: Out-of-distribution threshold in robust standard deviations (core.state.Z_CLIP).
+    ood_z: float = 5.0
+    #: Served actions of these risk levels with confidence below ``review_confidence``
+    #: go to the review queue.
+    review_risks: tuple[str, ...] = ("high",)
+    review_confidence: float = 0.7
+    #: AuditWriter settings: records per commit, seconds before a partial batch commits,
+    #: and commit-per-record (durable before decide() returns, slower).
+    audit_batch_size: int = 256
+    audit_flush_interval_s: float = 0.5
+    audit_synchronous: bool = False
+
+    def __post_init__(self) -> None:
+        checks = {
+            "confidence_threshold": 0.0 <= self.confidence_threshold <= 1.0,
+            "adopt_margin": math.isfinite(self.adopt_margin) and self.adopt_margin >= 0,
+            "time_budget_ms": self.time_budget_ms > 0,
+            "top_k": self.top_k >= 1,
+            "episode_ttl_s": self.episode_ttl_s > 0,
+            "ood_z": self.ood_z > 0,
+            "review_confidence": 0.0 <= self.review_confidence <= 1.0,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise InputError(f"invalid serving setting(s): {', '.join(bad)} (confidence values in [0, 1], "
+                             "a positive budget, TTL and ood_z, top_k ≥ 1, adopt_margin ≥ 0)", field=bad[0])
+
+
+# =========================================================================== the request
+Scalar = str | int | float | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LastResult(_Strict):
+    """The outcome of the action served last in this episode, as the tool returned it."""
+
+    tool: str | None = Field(default=None, min_length=1)
+    result: Any = None
+    error: str | None = None
+    latency_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class DecisionRequest(_Strict):
+    """One decision to make (see the module docstring for the schema)."""
+
+    episode_id: str = Field(min_length=1, max_length=512)
+    query: str = Field(min_length=1, max_length=20_000)
+    task_type: str | None = Field(default=None, min_length=1)
+    state: dict[str, Scalar] = Field(default_factory=dict)
+    last_result: LastResult | None = None
+    messages: list[dict[str, Any]] | None = None
+    domain: str | None = None
+
+    @field_validator("state")
+    @classmethod
+    def _finite(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
+        for k, x in v.items():
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"state feature {k!r} is {x}; features must be finite")
+        return v
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The canonical JSON form (unset fields left out): what ``input_hash`` hashes and
+        what the audit trail keeps."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def parse_request(request: Mapping[str, Any] | DecisionRequest, *, index: int | None = None) -> DecisionRequest:
+    """Validate one request; :class:`InputError` names the field (and the request's index
+    in a batch)."""
+    if isinstance(request, DecisionRequest):
+        return request
+    where = "" if index is None else f"request {index}: "
+    if not isinstance(request, Mapping):
+        raise InputError(f"{where}a request is a JSON object, not {type(request).__name__}", record=index)
+    try:
+        return DecisionRequest.model_validate(request)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = (f"unknown field; a request has {', '.join(DecisionRequest.model_fields)} "
+                   f"(last_result: {', '.join(LastResult.model_fields)})")
+        raise InputError(f"{where}invalid decision request: {loc}: {msg}", field=loc or None,
+                         record=index) from None
+
+
+# =========================================================================== the decision
+@dataclass(frozen=True)
+class Candidate:
+    """One RL-Boost proposal: action token, policy probability, reward estimate."""
+
+    id: int
+    name: str
+    label: str
+    prob: float
+    reward_est: float
+
+    def audit(self) -> dict[str, Any]:
+        return {"id": self.id, "prob": self.prob, "reward_est": self.reward_est}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the engine served for one request, and why."""
+
+    decision_id: str
+    episode_id: str
+    step_t: int
+    policy_version: str
+    #: The served action token (catalog id), its name, label, kind, tool and risk.
+    final_action: int
+    final_name: str
+    final_label: str
+    kind: str
+    tool: str | None
+    risk: str
+    #: Who chose it: "rde" (the baseline), "policy" (adopted), "fallback" (no proposal).
+    source: str
+    confidence: float
+    rde_action: int | None
+    rde_confidence: float
+    rl_boost: bool
+    #: Why RL-Boost ran: "low_confidence", "out_of_distribution", "no_rde_action".
+    rl_boost_reasons: tuple[str, ...]
+    rl_candidates: tuple[Candidate, ...]
+    rde_reward_est: float | None
+    adopted: bool
+    overridden: bool
+    timed_out: bool
+    ood: bool
+    ood_notes: tuple[str, ...]
+    review_item: int | None
+    reward_components: tuple[dict[str, Any], ...]
+    #: Human-readable account of the arbitration.
+    explanation: str
+    latency_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (candidates as dicts)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["rl_candidates"] = [c.__dict__ for c in self.rl_candidates]
+        d["reward_components"] = [dict(c) for c in self.reward_components]
+        d["rl_boost_reasons"] = list(self.rl_boost_reasons)
+        d["ood_notes"] = list(self.ood_notes)
+        return d
+
+
+# =========================================================================== metrics
+class ServingMetrics:
+    """The engine's Prometheus metrics, in their own registry (engines never collide)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("rwb_decisions", "Decisions served, by who chose the action.",
+                                 ["policy_version", "source"], registry=r)
+        self.rl_boost = Counter("rwb_rl_boost_activations", "RL-Boost activations, by reason.",
+                                ["policy_version", "reason"], registry=r)
+        self.adoptions = Counter("rwb_rl_boost_adoptions", "Decisions that adopted the policy's pick.",
+                                 ["policy_version"], registry=r)
+        self.timeouts = Counter("rwb_rl_boost_timeouts", "RL-Boost runs over the time budget "
+                                "(the baseline decided alone).", ["policy_version"], registry=r)
+        self.overrides = Counter("rwb_rde_overrides", "Decisions where force_rde_override kept the "
+                                 "baseline although arbitration would have adopted the policy.",
+                                 ["policy_version"], registry=r)
+        self.ood = Counter("rwb_out_of_distribution", "Requests unlike the training data.",
+                           ["policy_version"], registry=r)
+        self.review_pushes = Counter("rwb_review_queue_pushes", "Served actions put on the review queue.",
+                                     ["policy_version"], registry=r)
+        self.outcomes = Counter("rwb_action_outcomes", "Reported outcomes of served actions.",
+                                ["policy_version", "result"], registry=r)
+        self.failures = Counter("rwb_action_failures", "Served actions reported as failed.",
+                                ["policy_version"], registry=r)
+        self.reloads = Counter("rwb_policy_reloads", "Promoted versions picked up, by result.",
+                               ["result"], registry=r)
+        self.episodes = Gauge("rwb_episodes_active", "Episodes held in memory.", registry=r)
+        self.latency = Histogram("rwb_decision_latency_seconds", "decide() latency per request "
+                                 "(a batch counts once per request, at its mean).",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+
+    def text(self) -> str:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry).decode("utf-8")
+
+
+def alert_rules() -> str:
+    """The example Prometheus alert rules for the engine's metrics (YAML text)."""
+    return ALERT_RULES_FILE.read_text(encoding="utf-8")
+
+
+# =========================================================================== request features
+def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the tool-context row of one tool result, exactly as
+    :func:`core.state.extract_features` builds it for a logged step: the tool's key
+    result fields (numbers normalised by the training statistics, other values hashed),
+    the tool's name slot and the error / not-replayed flags."""
+    from core.state import (
+        _O_CAT, _O_FLAGS, _O_NUM, _O_TOOL, CONTEXT_DIM, CTX_CAT, CTX_NUM, CTX_TOOL, _flatten_result,
+        _hash_slots, _parse_result, _Scatter)
+
+    # The layout lives in core.state; its helpers are used here so that a served step
+    # and a logged one are featurised by the same code (tested against extract_features).
+    row = np.zeros((1, CONTEXT_DIM), dtype=np.float32)
+    leaves: list[tuple[str, Any]] = []
+    if result is not None:
+        _flatten_result(_parse_result(result), "", leaves)
+    keep = frozenset(stats.key_fields.get(tool, ()))
+    scatter = _Scatter()
+    for path, value in leaves:
+        if path in keep:
+            scatter.add(0, f"{tool}:{path}", value)
+    scatter.write(row, _O_NUM, CTX_NUM, _O_CAT, CTX_CAT, stats.numeric, False)
+    slot, _ = _hash_slots([f"tool:{tool}"], CTX_TOOL)
+    row[0, _O_TOOL + int(slot[0])] = 1.0
+    row[0, _O_FLAGS + 1] = float(error is not None)
+    row[0, _O_FLAGS + 2] = float(not replayed)
+    return row[0]
+
+
+def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: Mapping[str, Any] | None,
+                 stats: Any) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the encoder's context input at step ``step_t``: the latest result's
+    row (``since`` steps ago; None = no result yet), the step flags and the observation's
+    scalar state — as :func:`core.state.extract_features` computes it."""
+    from core.state import _O_FLAGS, _O_OBS_CAT, _O_OBS_NUM, CONTEXT_DIM, OBS_CAT, OBS_NUM, _Scatter
+
+    ctx = np.zeros((1, CONTEXT_DIM), dtype=np.float32)
+    if result_row is not None:
+        ctx[0] = result_row
+        ctx[0, _O_FLAGS + 0] = 1.0
+    ctx[0, _O_FLAGS + 3] = math.log1p(since if result_row is not None else 0) / math.log1p(12)
+    ctx[0, _O_FLAGS + 4] = math.log1p(step_t) / math.log1p(12)
+    scatter = _Scatter()
+    for k, v in (state or {}).items():
+        if isinstance(v, (bool, str)):
+            scatter.add(0, f"state:{k}", str(v).lower())
+        elif isinstance(v, (int, float)):
+            scatter.add(0, f"state:{k}", float(v))
+    scatter.write(ctx, _O_OBS_NUM, OBS_NUM, _O_OBS_CAT, OBS_CAT, stats.numeric, False)
+    return ctx[0]
+
+
+def trace_arrays(tokens: Sequence[int], times: Sequence[float], rewards: Sequence[float], now: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(trace_action int64, trace_reward float32, trace_dt float32)`` of length TRACE_LEN,
+    newest first, from the served steps (oldest first) and the current time: PAD_TOKEN
+    and zeros where there is no step, Δt as log1p of the seconds since the step."""
+    from core.state import PAD_TOKEN, TRACE_LEN
+
+    action = np.full(TRACE_LEN, PAD_TOKEN, dtype=np.int64)
+    reward = np.zeros(TRACE_LEN, dtype=np.float32)
+    dt = np.zeros(TRACE_LEN, dtype=np.float32)
+    n = min(len(tokens), TRACE_LEN)
+    for k in range(n):  # at most three steps
+        i = len(tokens) - 1 - k
+        action[k] = tokens[i]
+        reward[k] = rewards[i]
+        dt[k] = math.log1p(max(now - times[i], 0.0))
+    return action, reward, dt
+
+
+# =========================================================================== per-version runtime
+class PolicyRuntime:
+    """One loaded policy version and what the engine derives from it once: compiled masks
+    (re-compiled when reviews add rules), token tables, the out-of-distribution
+    reference and decoded actions."""
+
+    def __init__(self, bundle: "LoadedBundle"):
+        self.bundle = bundle
+        self.version = bundle.policy_version
+        cat = bundle.catalog
+        self.catalog = cat
+        self.n_actions = len(cat.tokens)
+        self.names = [t.name for t in cat.tokens]
+        self.labels = [t.label for t in cat.tokens]
+        self.kinds = [t.kind for t in cat.tokens]
+        self.tools = [t.tool for t in cat.tokens]
+        self.risks = [t.risk for t in cat.tokens]
+        self.escalate_id, self.final_id = cat.escalate_id, cat.final_id
+        num = bundle.feature_stats.numeric
+        self.ood_keys = sorted(k.removeprefix("state:") for k in num if k.startswith("state:"))
+        self.ood_centre = np.array([num[f"state:{k}"][0] for k in self.ood_keys], dtype=np.float64)
+        self.ood_scale = np.array([num[f"state:{k}"][1] for k in self.ood_keys], dtype=np.float64)
+        self.task_types = frozenset(bundle.rde.task_types)
+        self.dataset = bundle.manifest.dataset
+        self.masks: "CompiledMasks" = bundle.masks
+        self._review_signature: tuple[Any, ...] | None = None
+        self._actions: dict[int, "Action"] = {}
+
+    # ------------------------------------------------------------------ masks
+    def refresh_masks(self, ws: "Workspace") -> None:
+        """Re-compile the masks when the workspace's review-born rules changed (one
+        indexed query per call; the compile only when a review was decided)."""
+        sig = tuple(ws.conn.execute("SELECT COUNT(*), MAX(id) FROM mask_rules_from_reviews").fetchone())
+        if sig == self._review_signature:
+            return
+        rules = review.with_review_rules(self.bundle.mask_rules, ws, self.dataset)
+        self.masks = rules.compile(self.catalog)
+        self._review_signature = sig
+
+    def mask(self, states: Sequence[Mapping[str, Any]], task_types: Sequence[str | None],
+             counts: np.ndarray) -> np.ndarray:
+        """``[B, A]`` allowed actions under the bundle's and the review-born rules.
+
+        Only the features the rules read are passed, as plain value lists (missing =
+        unknown); the masks validate and encode them."""
+        masks = self.masks
+        feats: dict[str, Any] = {}
+        for f in masks.required_features:
+            feats[f] = list(task_types) if f == "task_type" else [s.get(f) for s in states]
+        return np.asarray(masks.evaluate(feats, counts).mask, dtype=bool)
+
+    # ------------------------------------------------------------------ distribution check
+    def out_of_distribution(self, state: Mapping[str, Any], task_type: str | None, ood_z: float
+                            ) -> list[str]:
+        """Why the request is unlike the training data (empty list: it is not)."""
+        notes = []
+        if task_type is not None and task_type not in self.task_types:
+            notes.append(f"task type {task_type!r} never seen in training")
+        if self.ood_keys:
+            x = np.array([_number(state.get(k)) for k in self.ood_keys], dtype=np.float64)
+            z = np.abs(x - self.ood_centre) / self.ood_scale
+            for j in np.flatnonzero(np.nan_to_num(z, nan=0.0) > ood_z):
+                notes.append(f"{self.ood_keys[j]} = {x[j]:g} is {z[j]:.1f} robust SDs from its training "
+                             f"centre {self.ood_centre[j]:g}")
+        return notes
+
+    # ------------------------------------------------------------------ actions
+    def action(self, token: int) -> "Action":
+        """The decoded action of a token (what the audit keeps for export)."""
+        act = self._actions.get(token)
+        if act is None:
+            # core.audit's own decoder: exported episodes read the same as `--catalog` decoding
+            from core.audit import _token_action
+
+            act = self._actions[token] = _token_action(self.catalog, token)
+        return act
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+@dataclass
+class EpisodeState:
+    """One served episode, in memory."""
+
+    episode_id: str
+    runtime: PolicyRuntime
+    started_at: float
+    last_seen: float
+    step_t: int = 0
+    #: Served tokens, decision times and (reported) rewards, oldest first (last TRACE_LEN).
+    trace_tokens: list[int] = field(default_factory=list)
+    trace_times: list[float] = field(default_factory=list)
+    trace_rewards: list[float] = field(default_factory=list)
+    #: Step index of each trace entry (to apply a reported reward to the right one).
+    trace_steps: list[int] = field(default_factory=list)
+    counts: np.ndarray | None = None
+    #: The latest tool result (tool, result, error) and the step whose action produced it.
+    result: tuple[str, Any, str | None] | None = None
+    result_step: int = -1
+
+    @property
+    def prev_token(self) -> int:
+        return self.trace_tokens[-1] if self.trace_tokens else NO_PREVIOUS
+
+
+@dataclass
+class _Row:
+    """Everything one request needs on its way through a batch."""
+
+    index: int
+    request: DecisionRequest
+    episode: EpisodeState
+    new_episode: bool
+    state: dict[str, Any]
+    #: The latest tool result as (tool, result, error), or None before the first one.
+    result: tuple[str, Any, str | None] | None
+    trace: tuple[np.ndarray, np.ndarray, np.ndarray]
+    #: The step index of this request, and how many steps ago the latest result came.
+    step_t: int
+    since: int
+    ood_notes: list[str]
+    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def context(self, stats: Any) -> np.ndarray:
+        """The encoder's context input (only the policy needs it: computed on RL-Boost)."""
+        row = None if self.result is None else result_context(*self.result, stats)
+        return step_context(row, self.since, self.step_t, self.state, stats)
+
+
+@dataclass
+class _Boost:
+    """What the policy proposed for the rows of a batch that needed it."""
+
+    top: np.ndarray           # [B, k] token ids (-1 = none)
+    prob: np.ndarray          # [B, k]
+    est: np.ndarray           # [B, k] reward estimates of the candidates
+    rde_est: np.ndarray       # [B] reward estimate of the baseline's action (nan = none)
+    state_value: np.ndarray   # [B] critic value of the current state
+
+
+# =========================================================================== the engine
+class DecisionEngine:
+    """Serves decisions for one policy (a bundle, or a promoted policy that may be
+    re-promoted while the engine runs).  Thread-safe: decisions are made one batch at a
+    time.  Build it with :func:`load` (or :meth:`from_bundle` / :meth:`from_policy`);
+    :meth:`close` it (or use ``with``) to commit the last audit records."""
+
+    def __init__(self, ws: "Workspace", bundle: "LoadedBundle", *, config: ServingConfig | None = None,
+                 actor: Actor | None = None, policy_name: str | None = None,
+                 policies_root: str | Path | None = None, embedder: Any = None,
+                 clock: Callable[[], float] = time.monotonic, audit_writer: "AuditWriter | None" = None,
+                 metrics: ServingMetrics | None = None):
+        from core.audit import AuditWriter
+
+        self.ws = ws
+        self.config = config or ServingConfig()
+        self.actor = actor or Actor.service("decision-engine")
+        self.clock = clock
+        self.metrics = metrics or ServingMetrics()
+        self._policy_name = policy_name
+        self._policies_root = policies_root
+        self._index_stat: tuple[int, int, int] | None = None
+        self.runtime = PolicyRuntime(bundle)
+        self.reload_error: str | None = None
+        if policy_name is not None:
+            self._index_stat = self._stat_index()
+        if embedder is None:
+            import core.embed
+
+            embedder = core.embed.workspace_embedder(ws)
+        self.embedder = embedder
+        c = self.config
+        self.audit = audit_writer or AuditWriter(ws, self.actor, batch_size=c.audit_batch_size,
+                                                 flush_interval_s=c.audit_flush_interval_s,
+                                                 synchronous=c.audit_synchronous)
+        self._own_audit = audit_writer is None
+        self._episodes: collections.OrderedDict[str, EpisodeState] = collections.OrderedDict()
+        self._served: collections.OrderedDict[str, tuple[str, int, str]] = collections.OrderedDict()
+        self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self._lock = threading.RLock()
+        # One worker: candidate generation runs beside the request so its budget can be
+        # enforced; a run that overruns finishes in the background and is ignored.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-rl-boost")
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_bundle(cls, ws: "Workspace", path: str | Path, **options: Any) -> "DecisionEngine":
+        """An engine serving the bundle at ``path`` (zip or promoted folder; verified)."""
+        from core.bundle import load_bundle
+
+        return cls(ws, load_bundle(path), **options)
+
+    @classmethod
+    def from_policy(cls, ws: "Workspace", name: str, *, root: str | Path | None = None,
+                    **options: Any) -> "DecisionEngine":
+        """An engine serving the promoted policy ``name`` (``core/policies`` or
+        ``$RWB_POLICIES_DIR`` or ``root``); newly promoted versions are picked up at the
+        next episode start."""
+        from core.policies import load_bundle_for
+
+        return cls(ws, load_bundle_for(name, root=root), policy_name=name, policies_root=root, **options)
+
+    @property
+    def policy_version(self) -> str:
+        """The version new episodes start on (``name@version``)."""
+        return self.runtime.version
+
+    # ------------------------------------------------------------------ hot reload
+    def _stat_index(self) -> tuple[int, int, int] | None:
+        from core.policies import INDEX, policies_root
+
+        try:
+            st = os.stat(policies_root(self._policies_root) / INDEX)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _pick_up_promotion(self) -> None:
+        """At an episode start: load the active version when the index changed and names
+        another version than the one new episodes start on.  A version that cannot be
+        loaded is not served: the engine keeps the current one, counts the failure
+        (``rwb_policy_reloads{result="failed"}``), keeps the reason in ``reload_error``
+        and tries again when the index changes next."""
+        if self._policy_name is None:
+            return
+        stat = self._stat_index()
+        if stat == self._index_stat:
+            return
+        self._index_stat = stat
+        from core.policies import active_version, load_bundle_for
+
+        try:
+            version = active_version(self._policy_name, self._policies_root)
+            if f"{self._policy_name}@{version}" == self.runtime.version:
+                return
+            self.runtime = PolicyRuntime(load_bundle_for(self._policy_name, root=self._policies_root,
+                                                         version=version))
+        except RwbError as exc:
+            self.reload_error = str(exc)
+            self.metrics.reloads.labels("failed").inc()
+            return
+        self.reload_error = None
+        self.metrics.reloads.labels("loaded").inc()
+
+    # ------------------------------------------------------------------ episodes
+    def _expire(self, now: float) -> None:
+        ttl = self.config.episode_ttl_s
+        while self._episodes:
+            eid, ep = next(iter(self._episodes.items()))
+            if now - ep.last_seen <= ttl:
+                break
+            del self._episodes[eid]
+
+    def _episode(self, episode_id: str, now: float) -> tuple[EpisodeState, bool]:
+        ep = self._episodes.get(episode_id)
+        if ep is not None:
+            return ep, False
+        self._pick_up_promotion()
+        rt = self.runtime
+        ep = EpisodeState(episode_id=episode_id, runtime=rt, started_at=now, last_seen=now,
+                          counts=np.zeros(rt.n_actions, dtype=np.int64))
+        return ep, True
+
+    def episode(self, episode_id: str) -> EpisodeState | None:
+        """The in-memory state of an episode (None when unknown or expired)."""
+        with self._lock:
+            self._expire(self.clock())
+            return self._episodes.get(episode_id)
+
+    @property
+    def active_episodes(self) -> int:
+        with self._lock:
+            self._expire(self.clock())
+            return len(self._episodes)
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, request: Mapping[str, Any] | DecisionRequest) -> Decision:
+        """Decide one request (see the module docstring).  Raises :class:`InputError` for
+        an invalid request and :class:`core.audit.AuditUnavailable` when the decision
+        cannot be audited (then nothing was served)."""
+        return self.decide_batch([request])[0]
+
+    def decide_batch(self, requests: Sequence[Mapping[str, Any] | DecisionRequest]) -> list[Decision]:
+        """Decide many requests at once (at most one per episode): masks, tree, policy
+        and critic each run once over the batch.  All requests are validated before
+        anything is decided."""
+        t0 = time.perf_counter()
+        parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
+        seen: set[str] = set()
+        for i, r in enumerate(parsed):
+            if r.episode_id in seen:
+                raise InputError(f"request {i}: episode {r.episode_id!r} appears twice in one batch; its "
+                                 "steps depend on each other — decide them one after the other",
+                                 field="episode_id", record=i)
+            seen.add(r.episode_id)
+        if not parsed:
+            return []
+        with self._lock:
+            if self._closed:
+                raise RwbError("this decision engine is closed")
+            now = self.clock()
+            self._expire(now)
+            rows = [self._prepare(i, r, now) for i, r in enumerate(parsed)]
+            groups: dict[int, list[_Row]] = {}
+            for row in rows:  # episodes may run on different policy versions
+                groups.setdefault(id(row.episode.runtime), []).append(row)
+            made: list[dict[str, Any]] = [{}] * len(rows)
+            for group in groups.values():
+                for row, fields in zip(group, self._decide_group(group[0].episode.runtime, group, now, t0)):
+                    made[row.index] = fields
+            self.metrics.episodes.set(len(self._episodes))
+            per = (time.perf_counter() - t0) / len(rows)
+            for _ in rows:
+                self.metrics.latency.observe(per)
+            return [Decision(**fields, latency_ms=per * 1000.0) for fields in made]
+
+    def _prepare(self, index: int, req: DecisionRequest, now: float) -> _Row:
+        """Episode state, latest result and trace of one request (nothing is changed yet:
+        the episode is updated only once its decision is audited)."""
+        ep, new = self._episode(req.episode_id, now)
+        rt = ep.runtime
+        result, result_step = ep.result, ep.result_step
+        if req.last_result is not None:
+            lr = req.last_result
+            prev = ep.prev_token
+            tool = lr.tool or (None if prev < 0 else (rt.tools[prev] or rt.kinds[prev]))
+            if tool is None:
+                raise InputError(f"request {index}: last_result needs its tool (the episode has no served "
+                                 "action it could belong to)", field="last_result.tool", record=index)
+            result, result_step = (tool, lr.result, lr.error), ep.step_t - 1
+        state = dict(req.state)
+        trace = trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, now)
+        notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
+        return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
+                    trace=trace, step_t=ep.step_t, since=ep.step_t - result_step if result else 0,
+                    ood_notes=notes)
+
+    def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
+                      ) -> list[dict[str, Any]]:
+        """Masks, tree, RL-Boost, arbitration, review and audit for rows on one policy
+        version; returns each row's :class:`Decision` fields (but the latency)."""
+        cfg, m, v = self.config, self.metrics, rt.version
+        B = len(rows)
+        rt.refresh_masks(self.ws)
+        states = [r.state for r in rows]
+        task_types = [r.request.task_type for r in rows]
+        counts = np.stack([r.episode.counts for r in rows])
+        mask = rt.mask(states, task_types, counts)
+        step_t = np.array([r.step_t for r in rows], dtype=np.int64)
+        prev = np.array([r.episode.prev_token for r in rows], dtype=np.int64)
+        X = rt.bundle.rde.featurize(states, task_types, step_t, prev)
+        rde_tok, rde_conf = rt.bundle.rde.predict(X, mask)
+
+        reasons: list[list[str]] = [[] for _ in rows]
+        for b, r in enumerate(rows):
+            if rde_tok[b] < 0:
+                reasons[b].append("no_rde_action")
+            elif rde_conf[b] < cfg.confidence_threshold:
+                reasons[b].append("low_confidence")
+            if r.ood_notes:
+                reasons[b].append("out_of_distribution")
+        boost_rows = [b for b in range(B) if reasons[b]]
+        boost: _Boost | None = None
+        timed_out = False
+        if boost_rows:
+            future = self._pool.submit(self._propose, rt, [rows[b] for b in boost_rows], mask[boost_rows],
+                                       rde_tok[boost_rows])
+            remaining = cfg.time_budget_ms / 1000.0 - (time.perf_counter() - t0)
+            try:
+                boost = future.result(timeout=max(remaining, 0.0))
+            except concurrent.futures.TimeoutError:
+                timed_out = True
+        where = {b: j for j, b in enumerate(boost_rows)}
+
+        # ---------------------------------------------------------------- arbitration
+        out: list[dict[str, Any]] = []
+        for b, r in enumerate(rows):
+            rde = int(rde_tok[b])
+            j = where.get(b)
+            cands: list[Candidate] = []
+            rde_est = state_value = None
+            if boost is not None and j is not None:
+                for tok, p, e in zip(boost.top[j], boost.prob[j], boost.est[j]):
+                    if tok >= 0:
+                        cands.append(Candidate(int(tok), rt.names[tok], rt.labels[tok], float(p), float(e)))
+                rde_est = None if math.isnan(boost.rde_est[j]) else float(boost.rde_est[j])
+                state_value = float(boost.state_value[j])
+            pick = cands[0] if cands else None
+            would_adopt = pick is not None and bool(mask[b, pick.id]) and (
+                rde < 0 or (rde_est is not None and pick.reward_est - rde_est > cfg.adopt_margin))
+            overridden = would_adopt and cfg.force_rde_override and rde >= 0
+            adopted = would_adopt and not overridden
+            if adopted:
+                final, source, conf = pick.id, "policy", pick.prob
+                why = (f"adopted the policy's pick {pick.name}: reward estimate {pick.reward_est:.3f} beats "
+                       f"the baseline's {rde_est:.3f} by more than {cfg.adopt_margin}" if rde >= 0 else
+                       f"adopted the policy's pick {pick.name}: the baseline has no allowed action")
+            elif rde >= 0:
+                final, source, conf = rde, "rde", float(rde_conf[b])
+                if not reasons[b]:
+                    why = f"baseline {rt.names[rde]} with confidence {conf:.2f}"
+                elif overridden:
+                    why = (f"force_rde_override kept the baseline {rt.names[rde]} (the policy's "
+                           f"{pick.name} would have been adopted)")
+                elif j is not None and timed_out:
+                    why = (f"candidate generation exceeded its {cfg.time_budget_ms:g} ms budget: the baseline "
+                           f"{rt.names[rde]} decided alone")
+                elif pick is None:
+                    why = f"the policy proposed no allowed action: baseline {rt.names[rde]}"
+                else:
+                    gap = "n/a" if rde_est is None else f"{pick.reward_est - rde_est:+.3f}"
+                    why = (f"kept the baseline {rt.names[rde]}: the policy's {pick.name} does not beat it "
+                           f"by more than {cfg.adopt_margin} (reward estimate gap {gap})")
+            else:
+                final = rt.escalate_id if mask[b, rt.escalate_id] else rt.final_id
+                source, conf = "fallback", 0.0
+                why = (f"no proposal (the tree has no allowed action"
+                       f"{', candidate generation timed out' if timed_out else ', the policy none'}): "
+                       f"{rt.names[final]}")
+            components: tuple[dict[str, Any], ...] = ()
+            if state_value is not None and (adopted or (rde_est is not None and final == rde)):
+                value = pick.reward_est if adopted else rde_est
+                components = ({"name": "state_value", "value": state_value},
+                              {"name": "action_advantage", "value": float(value) - state_value})
+            out.append({"final": int(final), "source": source, "conf": float(conf), "cands": cands,
+                        "rde_est": rde_est, "adopted": adopted, "overridden": overridden,
+                        "timed_out": bool(timed_out and j is not None), "why": why, "components": components})
+
+        # ---------------------------------------------------------------- review queue
+        to_review = [b for b, o in enumerate(out) if rt.risks[o["final"]] in cfg.review_risks
+                     and o["conf"] < cfg.review_confidence]
+        items: dict[int, int] = {}
+        if to_review:
+            reqs = [self._review_request(rt, rows[b], out[b], reasons[b]) for b in to_review]
+            items = dict(zip(to_review, review.enqueue_many(self.ws, self.actor, reqs)))
+
+        # ---------------------------------------------------------------- audit, then commit state
+        decisions = []
+        for b, (r, o) in enumerate(zip(rows, out)):
+            rde = int(rde_tok[b])
+            record = {"input_hash": None, "rde_action": rde if rde >= 0 else None,
+                      "rl_candidates": [c.audit() for c in o["cands"]], "final_action": o["final"],
+                      "reward_components": list(o["components"]), "policy_version": v,
+                      "episode_id": r.request.episode_id, "decision_id": r.decision_id}
+            self.audit.write(record, request=r.request.to_json_dict(), action=rt.action(o["final"]))
+            self._commit(r, o["final"], now)
+            m.decisions.labels(v, o["source"]).inc()
+            for reason in reasons[b]:
+                m.rl_boost.labels(v, reason).inc()
+            if r.ood_notes:
+                m.ood.labels(v).inc()
+            if o["adopted"]:
+                m.adoptions.labels(v).inc()
+            if o["timed_out"]:
+                m.timeouts.labels(v).inc()
+            if o["overridden"]:
+                m.overrides.labels(v).inc()
+            if b in items:
+                m.review_pushes.labels(v).inc()
+            decisions.append(dict(
+                decision_id=r.decision_id, episode_id=r.request.episode_id, step_t=r.step_t,
+                policy_version=v, final_action=o["final"], final_name=rt.names[o["final"]],
+                final_label=rt.labels[o["final"]], kind=rt.kinds[o["final"]], tool=rt.tools[o["final"]],
+                risk=rt.risks[o["final"]], source=o["source"], confidence=o["conf"],
+                rde_action=rde if rde >= 0 else None, rde_confidence=float(rde_conf[b]),
+                rl_boost=bool(reasons[b]), rl_boost_reasons=tuple(reasons[b]), rl_candidates=tuple(o["cands"]),
+                rde_reward_est=o["rde_est"], adopted=o["adopted"], overridden=o["overridden"],
+                timed_out=o["timed_out"], ood=bool(r.ood_notes), ood_notes=tuple(r.ood_notes),
+                review_item=items.get(b), reward_components=o["components"], explanation=o["why"]))
+        return decisions
+
+    def _commit(self, r: _Row, token: int, now: float) -> None:
+        """Record a served (and audited) action in its episode."""
+        from core.state import TRACE_LEN
+
+        ep = r.episode
+        if r.request.last_result is not None:
+            ep.result, ep.result_step = r.result, r.step_t - 1
+        ep.trace_tokens = (ep.trace_tokens + [token])[-TRACE_LEN:]
+        ep.trace_times = (ep.trace_times + [now])[-TRACE_LEN:]
+        ep.trace_rewards = (ep.trace_rewards + [0.0])[-TRACE_LEN:]
+        ep.trace_steps = (ep.trace_steps + [ep.step_t])[-TRACE_LEN:]
+        ep.counts[token] += 1
+        ep.step_t += 1
+        ep.last_seen = now
+        self._episodes[ep.episode_id] = ep
+        self._episodes.move_to_end(ep.episode_id)
+        self._served[r.decision_id] = (ep.episode_id, ep.step_t - 1, ep.runtime.version)
+        if len(self._served) > OUTCOME_MEMORY:
+            self._served.popitem(last=False)
+
+    def _review_request(self, rt: PolicyRuntime, r: _Row, o: Mapping[str, Any], reasons: list[str]
+                        ) -> "review.ReviewRequest":
+        tok = o["final"]
+        why = (f"{rt.risks[tok]}-risk action served with confidence {o['conf']:.2f} (below "
+               f"{self.config.review_confidence}) by the {o['source']}")
+        if reasons:
+            why += f"; RL-Boost: {', '.join(reasons)}"
+        return review.ReviewRequest(
+            origin="serving", reason=why, state=r.state, token_id=tok, token_name=rt.names[tok],
+            action_label=rt.labels[tok], tool=rt.tools[tok], risk=rt.risks[tok],
+            reward_components=list(o["components"]), task_type=r.request.task_type, dataset=rt.dataset,
+            confidence=o["conf"], episode_id=r.request.episode_id, step_t=r.step_t,
+            decision_id=r.decision_id,
+            meta={"policy_version": rt.version, "explanation": o["why"], "query": r.request.query,
+                  "rl_candidates": [c.audit() for c in o["cands"]]})
+
+    # ------------------------------------------------------------------ RL-Boost
+    def _intent(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Sentence embedding and rule vector of each query, cached by text."""
+        from core.state import extract_intent, intent_rule_vector
+
+        missing = [q for q in dict.fromkeys(queries) if q not in self._intents]
+        if missing:
+            emb = np.asarray(self.embedder.encode(missing), dtype=np.float32)
+            for q, e in zip(missing, emb):
+                self._intents[q] = (e, intent_rule_vector(extract_intent(q), q))
+        for q in queries:
+            self._intents.move_to_end(q)
+        while len(self._intents) > INTENT_CACHE_SIZE:
+            self._intents.popitem(last=False)
+        return (np.stack([self._intents[q][0] for q in queries]),
+                np.stack([self._intents[q][1] for q in queries]))
+
+    def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
+        """The policy's top-k allowed actions and the critic's reward estimates (worker thread)."""
+        import torch
+
+        from core.rl_common import MaskedCategorical
+        from core.state import _O_FLAGS
+
+        agent = rt.bundle.policy
+        k = min(self.config.top_k, rt.n_actions)
+        B = len(rows)
+        emb, rules = self._intent([r.request.query for r in rows])
+        context = np.stack([r.context(rt.bundle.feature_stats) for r in rows])
+        t_act = np.stack([r.trace[0] for r in rows])
+        t_rew = np.stack([r.trace[1] for r in rows])
+        t_dt = np.stack([r.trace[2] for r in rows])
+        obs = {"intent_emb": torch.from_numpy(emb), "intent_rules": torch.from_numpy(rules),
+               "context": torch.from_numpy(context), "trace_action": torch.from_numpy(t_act),
+               "trace_reward": torch.from_numpy(t_rew), "trace_dt": torch.from_numpy(t_dt)}
+        with torch.inference_mode():
+            logits, values = agent.heads(agent.state(obs))
+            probs = MaskedCategorical(logits, torch.from_numpy(mask)).probs
+            p, top = torch.topk(probs, k, dim=1)
+            top = torch.where(p > 0, top, torch.full_like(top, -1)).numpy()
+            p = p.numpy()
+            # Lookahead: the state after each candidate (and the baseline's action), valued
+            # by the critic ensemble.  Column k holds the baseline's action.
+            acts = np.concatenate([top, rde_tok[:, None]], axis=1)                  # [B, k+1]
+            rows_idx = np.repeat(np.arange(B), k + 1)
+            a = acts.reshape(-1)
+            nxt_ctx = context[rows_idx].copy()
+            has = nxt_ctx[:, _O_FLAGS + 0] > 0  # a result exists: it is one step older there
+            since = np.array([r.since for r in rows])[rows_idx]
+            step = np.array([r.step_t for r in rows])[rows_idx]
+            nxt_ctx[:, _O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
+            nxt_ctx[:, _O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
+            nxt = {"intent_emb": torch.from_numpy(emb[rows_idx]), "intent_rules": torch.from_numpy(rules[rows_idx]),
+                   "context": torch.from_numpy(nxt_ctx),
+                   "trace_action": torch.from_numpy(np.concatenate(
+                       [np.maximum(a, 0)[:, None], t_act[rows_idx, :-1]], axis=1)),
+                   "trace_reward": torch.from_numpy(np.concatenate(
+                       [np.zeros((len(a), 1), np.float32), t_rew[rows_idx, :-1]], axis=1)),
+                   "trace_dt": torch.from_numpy(np.concatenate(
+                       [np.zeros((len(a), 1), np.float32), t_dt[rows_idx, :-1]], axis=1))}
+            est = agent.heads(agent.state(nxt))[1].mean(-1).reshape(B, k + 1).numpy().astype(np.float64)
+        est = np.where(acts >= 0, est, np.nan)
+        return _Boost(top=top, prob=p.astype(np.float64), est=est[:, :k], rde_est=est[:, k],
+                      state_value=values.mean(-1).numpy().astype(np.float64))
+
+    # ------------------------------------------------------------------ outcomes
+    def report_outcome(self, decision_id: str, ok: bool, *, reward: float | None = None) -> bool:
+        """Report whether a served action succeeded (the ``rwb_action_outcomes`` /
+        ``rwb_action_failures`` metrics the alert rules read), and optionally its reward
+        (the template's per-step reward), which enters the episode's trace for the
+        encoder.  Returns True when the decision is still in memory (its reward was
+        applied); the outcome is counted either way."""
+        if reward is not None and not (isinstance(reward, (int, float)) and math.isfinite(reward)):
+            raise InputError("reward must be a finite number", field="reward")
+        with self._lock:
+            served = self._served.get(decision_id)
+            version = served[2] if served else "unknown"
+            self.metrics.outcomes.labels(version, "ok" if ok else "failed").inc()
+            if not ok:
+                self.metrics.failures.labels(version).inc()
+            if served is None:
+                return False
+            ep = self._episodes.get(served[0])
+            if ep is None:
+                return False
+            if reward is not None and served[1] in ep.trace_steps:
+                ep.trace_rewards[ep.trace_steps.index(served[1])] = float(reward)
+            return True
+
+    # ------------------------------------------------------------------ metrics and closing
+    def metrics_text(self) -> str:
+        """The Prometheus text exposition of this engine's metrics."""
+        with self._lock:
+            self.metrics.episodes.set(len(self._episodes))
+        return self.metrics.text()
+
+    def flush(self) -> int:
+        """Commit every audit record written so far (returns how many this call committed)."""
+        return self.audit.flush()
+
+    def close(self) -> None:
+        """Commit the remaining audit records and stop the worker."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True)
+        if self._own_audit:
+            self.audit.close()
+        else:
+            self.audit.flush()
+
+    def __enter__(self) -> "DecisionEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# =========================================================================== entry points
+def _is_bundle_path(policy: str | Path) -> bool:
+    p = Path(policy)
+    return p.suffix.lower() == ".zip" or (p.is_dir() and (p / "manifest.json").is_file())
+
+
+def load(policy: str | Path, *, ws: "Workspace | None" = None, root: str | Path | None = None,
+         **options: Any) -> DecisionEngine:
+    """The production entry point: an engine for the promoted policy named ``policy``
+    (from ``root``, ``$RWB_POLICIES_DIR`` or ``core/policies``), or for the bundle at the
+    path ``policy`` (a ``.zip`` or a promoted folder).  ``ws`` is the workspace that keeps
+    the audit trail and the review queue (default: ``$RWB_WORKSPACE`` or ./workspace).
+    ``options`` go to :class:`DecisionEngine` (``config=ServingConfig(...)``, ``actor``,
+    ``embedder``, ``clock``)."""
+    if ws is None:
+        from core.store import Workspace
+
+        ws = Workspace.open()
+    if _is_bundle_path(policy):
+        if not Path(policy).exists():
+            raise InputError(f"no bundle at {policy}", file=str(policy))
+        return DecisionEngine.from_bundle(ws, policy, **options)
+    return DecisionEngine.from_policy(ws, str(policy), root=root, **options)
+
+
+def read_requests(text: str, *, file: str | None = None) -> list[dict[str, Any]]:
+    """Requests from JSON text: one object, a list of objects, or JSON lines."""
+    import json
+
+    s = text.strip()
+    if not s:
+        raise InputError("no request given", file=file)
+    try:
+        data = json.loads(s)
+        items = data if isinstance(data, list) else [data]
+    except ValueError:
+        items = []
+        for n, line in enumerate(s.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except ValueError as exc:
+                    raise InputError(f"not JSON: {exc}", file=file, line=n) from None
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(f"request {i} is not a JSON object", file=file, record=i)
+    return items
+
+
+def serve_requests(ws: "Workspace", policy: str | Path, requests: Sequence[Mapping[str, Any]], *,
+                   config: ServingConfig | None = None, root: str | Path | None = None
+                   ) -> tuple[list[Decision], str]:
+    """Serve ``requests`` in order with a fresh engine for ``policy`` (name or bundle path),
+    commit their audit records, and return the decisions and the engine's metrics text
+    (what ``rwb serve decide`` and ``rwb serve metrics`` print)."""
+    parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
+    with load(policy, ws=ws, root=root, config=config) as engine:
+        decisions = [engine.decide(r) for r in parsed]
+        engine.flush()
+        return decisions, engine.metrics_text()
+
+
+__all__ = ["ALERT_RULES_FILE", "Candidate", "Decision", "DecisionEngine", "DecisionRequest", "EpisodeState",
+           "LastResult", "PolicyRuntime", "ServingConfig", "ServingMetrics", "alert_rules", "load",
+           "parse_request", "read_requests", "result_context", "serve_requests", "step_context",
+           "trace_arrays"]

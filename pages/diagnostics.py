@@ -1,0 +1,88 @@
+"""Diagnostics: the four-step diagnosis of a training run, and its held-out evaluation."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core import runs
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}
+
+st.title("Diagnostics")
+st.caption("When a run does not learn, check four things in order: are the rewards sane (no NaN, no flood "
+           "of the minimum value — masks too strict), does the state encoder separate task types, do all "
+           "layers get gradient, does the policy still explore (entropy ≥ 1 nat)? Each step gives a verdict "
+           "and the number behind it. `rwb doctor RUN` prints the same.")
+
+ws = resources.workspace()
+with_checkpoint = [r for r in runs.list_runs(ws, limit=200) if r["updates"] > 0]
+if not with_checkpoint:
+    st.info("No run with a recorded update yet: launch one on the Training page (or `rwb train`), then "
+            "diagnose it here.")
+    st.stop()
+
+labels = {r["id"]: f"{r['id']} · {r['display_status']} · {r['dataset'] or 'file'} · {r['template_name']}"
+          for r in with_checkpoint}
+run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="diag_run")
+
+diagnose_tab, evaluate_tab = st.tabs(["Four-step diagnosis", "Held-out evaluation"])
+
+with diagnose_tab:
+    if st.button("Diagnose", type="primary", key="diag_go"):
+        st.session_state["diag_for"] = run_id
+    if st.session_state.get("diag_for") != run_id:
+        st.info("Press **Diagnose**: it rolls the run's latest policy out in its simulator and encodes its "
+                "recorded states (about half a minute).")
+    else:
+        try:
+            with st.spinner(f"Diagnosing {run_id}…"):
+                report = resources.diagnosis(run_id)
+        except USER_ERRORS as exc:
+            st.error(str(exc))
+        else:
+            st.markdown(f"Overall: **{report['verdict']}** · checkpoint of update {report['checkpoint_update']}")
+            for step in report["steps"]:
+                SHOW[step["verdict"]](f"**{step['step']}. {step['name'].capitalize()}** — {step['message']}")
+                value = step["value"]
+                st.metric(f"{step['name']}", "—" if value is None else (f"{value:.4g}" if isinstance(value, float)
+                                                                         else str(value)),
+                          label_visibility="collapsed")
+                details = {k: v for k, v in step["details"].items() if not isinstance(v, dict)}
+                if details:
+                    with st.expander("The numbers"):
+                        st.json(details)
+
+with evaluate_tab:
+    repeats = st.number_input("Passes over the held-out episodes", min_value=1, max_value=20, value=3,
+                              key="diag_repeats")
+    if st.button("Evaluate", key="diag_eval"):
+        st.session_state["diag_eval_for"] = (run_id, int(repeats))
+    if st.session_state.get("diag_eval_for") != (run_id, int(repeats)):
+        st.info("Press **Evaluate**: the greedy policy, random-in-mask and the logged behaviours on the run's "
+                "held-out episodes (`rwb evaluate RUN` does the same).")
+    else:
+        try:
+            with st.spinner(f"Evaluating {run_id} on held-out episodes…"):
+                ev = resources.evaluation(run_id, int(repeats))
+        except USER_ERRORS as exc:
+            st.error(str(exc))
+        else:
+            best = ev["best_logged"]
+            if best is not None:
+                (st.success if ev["beats_best_logged"] else st.warning)(
+                    f"The policy {'beats' if ev['beats_best_logged'] else 'does not beat'} the best logged "
+                    f"behaviour ({best['behaviour']}): {ev['policy']['return_mean']:.3f} vs "
+                    f"{best['return_mean']:.3f}; random-in-mask {ev['random_in_mask']['return_mean']:.3f}.")
+            if ev["mask_violations"]:
+                st.error(f"{ev['mask_violations']} mask violations in the evaluation: masked actions were taken.")
+            rows = [{"who": "policy (greedy)", **{k: ev["policy"][k] for k in ("return_mean", "success_rate",
+                                                                             "off_support_rate", "episodes")}},
+                    {"who": "random-in-mask", **{k: ev["random_in_mask"][k] for k in
+                                                ("return_mean", "success_rate", "off_support_rate", "episodes")}}]
+            rows += [{"who": f"logged {name}", "return_mean": value} for name, value in ev["logged"].items()]
+            st.dataframe(rows, hide_index=True, width="stretch")
+            st.caption(f"{ev['episodes']} held-out episodes ({ev['source']}), {ev['repeats']} passes.")

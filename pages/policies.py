@@ -1,0 +1,175 @@
+"""Policies: export trained runs as bundles, compare their evaluations, approve, promote, roll back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import resources
+from core import registry
+from core.bundle import export_bundle, exported_bundle_bytes, list_bundles
+from core.errors import RwbError
+from core.policies import policies_root, read_index
+from core.runs import list_runs
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+FLASH = "policies_flash"
+
+st.title("Policies")
+st.caption("A trained run becomes a bundle (weights, catalog, masks, template, evaluation); a candidate "
+           "is approved by an approver who neither trained nor exported it and only when it beats "
+           "production (or the logged expert) on held-out episodes; promotion ships it inside the "
+           "`core` package that production imports.")
+
+ws = resources.workspace()
+actor = resources.acting_user()
+
+
+def _can(permission: str) -> bool:
+    return actor is not None and actor.can(permission)
+
+
+def _run_action(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Button callback: call one core function; keep its outcome for the next render."""
+    try:
+        fn(*args, **kwargs)
+    except USER_ERRORS as exc:
+        st.session_state[FLASH] = ("error", f"{label}: {exc}")
+    else:
+        st.session_state[FLASH] = ("success", f"{label}: done")
+
+
+if actor is None:
+    st.info("This workspace has users: sign in to export, approve, promote or roll back. "
+            "Everything here can still be read.")
+else:
+    st.caption(f"Acting as **{actor.name}** ({actor.role}).")
+flash = st.session_state.pop(FLASH, None)
+if flash is not None:
+    (st.error if flash[0] == "error" else st.success)(flash[1])
+
+registry_tab, runs_tab, compare_tab, history_tab = st.tabs(["Registry", "Runs & bundles", "Compare", "History"])
+
+# --------------------------------------------------------------------------- registry
+with registry_tab:
+    names = registry.policy_names(ws)
+    if not names:
+        st.info("No registered policies yet. Export a finished run under **Runs & bundles**, then register "
+                "the bundle (or `rwb bundle export RUN --out F.zip` and `rwb registry register F.zip`).")
+    else:
+        name = st.selectbox("Policy", names, key="policies_name")
+        aliases = registry.aliases(ws, name)
+        installed = read_index()["policies"].get(name) or {}
+        c1, c2, c3 = st.columns(3)
+        c1.metric("Production", aliases["production"] or "—")
+        c2.metric("Approved", aliases["approved"] or "—")
+        c3.metric("Candidate", aliases["candidate"] or "—")
+        st.caption(f"Installed in `{policies_root()}`: active {installed.get('active') or '—'}, "
+                   f"previous {', '.join(installed.get('previous') or []) or '—'}.")
+        versions = registry.list_versions(ws, name)
+        st.dataframe([{k: v[k] for k in ("version", "stage", "return_mean", "expert_return", "heldout_episodes",
+                                         "run_id", "created_by", "trained_by", "registered_at")}
+                      | {"approved by": ", ".join(a["by"] for a in v["approvals"])} for v in versions],
+                     hide_index=True, use_container_width=True)
+        version = st.selectbox("Version", [v["version"] for v in reversed(versions)], key="policies_version")
+        chosen = next(v for v in versions if v["version"] == version)
+        st.write(f"**{name} {version}** is *{chosen['stage']}* — trained by {chosen['trained_by']}, "
+                 f"exported by {chosen['created_by']}, template {chosen['template']}, dataset "
+                 f"{chosen['dataset'] or '—'}.")
+        for a in chosen["approvals"]:
+            st.caption(f"Approved by {a['by']} at {a['at']}: {a['comment']}")
+
+        if _can("approve") and chosen["stage"] in ("candidate", "rolled_back"):
+            st.text_input("Why you approve", key="policies_comment",
+                          placeholder="e.g. beats production on 50 held-out episodes")
+            st.button("Approve", type="primary", key="policies_approve", on_click=lambda: _run_action(
+                f"approve {name} {version}", registry.approve, ws, actor, name, version,
+                st.session_state.get("policies_comment", "")))
+        if _can("promote") and chosen["stage"] == "approved":
+            st.button("Promote", type="primary", key="policies_promote", on_click=lambda: _run_action(
+                f"promote {name} {version}", registry.promote, ws, actor, name, version))
+        restore = registry.previous_version(ws, name)
+        if _can("rollback") and restore is not None:
+            st.button("Roll back", key="policies_rollback", help=f"Make {restore} active again",
+                      on_click=lambda: _run_action(f"roll back {name} to {restore}", registry.rollback, ws, actor,
+                                                   name))
+        st.download_button("Download bundle", data=registry.bundle_bytes(ws, name, version),
+                           file_name=f"{name}-{version}.zip", mime="application/zip", key="policies_download")
+        if st.button("Check the promotion gate", key="policies_gate"):
+            with st.spinner("Comparing with the baseline on held-out episodes…"):
+                try:
+                    gate = registry.promotion_gate(ws, name, version)
+                except USER_ERRORS as exc:
+                    st.error(str(exc))
+                else:
+                    (st.success if gate["passed"] else st.warning)(gate["reason"])
+                    st.json(gate, expanded=False)
+
+# --------------------------------------------------------------------------- runs and bundles
+with runs_tab:
+    runs = list_runs(ws)
+    if not runs:
+        st.info("No training runs yet: train one on the Training page or with `rwb train`.")
+    else:
+        st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"],
+                       "template": f"{r['template_name']} v{r['template_version']}", "env steps": r["env_steps"],
+                       "return (last update)": r["last"].get("return_mean"), "trained by": r["created_by"],
+                       "created": r["created_at"]} for r in runs], hide_index=True, use_container_width=True)
+    done = [r["id"] for r in runs if r["status"] in ("finished", "stopped")]
+    if _can("export_bundle") and done:
+        with st.form("policies_export"):
+            run_id = st.selectbox("Run to export", done, key="policies_export_run")
+            export_name = st.text_input("Policy name", key="policies_export_name",
+                                        placeholder="default: the template's name")
+            export_version = st.text_input("Version", key="policies_export_version",
+                                           placeholder="default: next minor version")
+            if st.form_submit_button("Export bundle"):
+                with st.spinner("Evaluating on held-out episodes and writing the bundle…"):
+                    try:
+                        path = export_bundle(ws, actor, run_id, name=export_name.strip() or None,
+                                             version=export_version.strip() or None)
+                    except USER_ERRORS as exc:
+                        st.error(str(exc))
+                    else:
+                        st.success(f"Wrote {path.name}.")
+    bundles = list_bundles(ws)
+    st.subheader("Exported bundles")
+    if not bundles:
+        st.caption("None in this workspace yet.")
+    else:
+        st.dataframe([{k: b.get(k) for k in ("file", "name", "version", "run_id", "created_by", "return_mean",
+                                             "expert_return", "problem")} for b in bundles],
+                     hide_index=True, use_container_width=True)
+        file = st.selectbox("Bundle", [b["file"] for b in bundles], key="policies_bundle_file")
+        picked = next(b for b in bundles if b["file"] == file)
+        if _can("export_bundle"):
+            st.button("Register as candidate", key="policies_register", on_click=lambda: _run_action(
+                f"register {file}", registry.register, ws, actor, picked["path"]))
+        st.download_button("Download this bundle", data=exported_bundle_bytes(ws, file), file_name=file,
+                           mime="application/zip", key="policies_download_export")
+
+# --------------------------------------------------------------------------- compare
+with compare_tab:
+    every = [(v["name"], v["version"]) for v in registry.list_versions(ws)]
+    if not every:
+        st.info("Register bundles to compare their evaluation reports.")
+    else:
+        picked_versions = st.multiselect("Versions", every, default=every[-2:], key="policies_compare",
+                                         format_func=lambda nv: f"{nv[0]} {nv[1]}")
+        if picked_versions:
+            st.dataframe(registry.compare_versions(ws, list(picked_versions)), hide_index=True,
+                         use_container_width=True)
+            st.caption("Returns are mean template returns on each bundle's held-out episodes; compare bundles "
+                       "evaluated on the same held-out set (same 'held-out set' fingerprint).")
+
+# --------------------------------------------------------------------------- history
+with history_tab:
+    events = registry.history(ws)
+    if not events:
+        st.info("No registry events yet.")
+    else:
+        st.dataframe([{"at": e["at"], "policy": f"{e['name']} {e['version']}", "event": e["event"],
+                       "by": f"{e['actor']} ({e['role']})", "why": e["comment"]} for e in reversed(events)],
+                     hide_index=True, use_container_width=True)

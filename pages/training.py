@@ -1,0 +1,160 @@
+"""Training: launch PPO runs in the background, stop them, watch every metric live, compare runs."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core import runs
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+FLASH = "train_flash"
+#: Seconds between refreshes of the live curves while a shown run is running.
+REFRESH_S = 2.0
+
+st.title("Training")
+st.caption("Train a masked PPO policy against a reward template on a dataset: the run goes on in a "
+           "background process (it survives closing this page), its curves update live, and runs can be "
+           "compared side by side. `rwb train` does the same from a terminal.")
+
+ws = resources.workspace()
+actor = resources.acting_user()
+flash = st.session_state.pop(FLASH, None)
+if flash is not None:
+    (st.error if flash[0] == "error" else st.success)(flash[1])
+
+datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
+
+# --------------------------------------------------------------------------- launch
+with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
+    if not datasets:
+        st.info("No dataset with steps yet: import episodes on the Episodes page (or `rwb episodes import "
+                "FILE`), then come back to train on them.")
+    elif actor is None or not actor.can("train"):
+        st.info("Launching needs the analyst or admin role: sign in as one. Runs can still be watched.")
+    else:
+        templates = resources.template_specs()
+        with st.form("train_launch"):
+            c1, c2 = st.columns(2)
+            template = c1.selectbox("Reward template", templates, key="train_template",
+                                    help="name@N is version N saved in this workspace; @0 is the shipped file.")
+            dataset = c2.selectbox("Dataset", datasets, key="train_dataset")
+            c3, c4, c5 = st.columns(3)
+            steps = c3.number_input("Environment steps", min_value=1_000, max_value=100_000_000, value=200_000,
+                                    step=10_000, key="train_steps")
+            device = c4.radio("Device", ["auto", "cpu", "cuda"], horizontal=True, key="train_device",
+                              help="auto: CUDA when the server has a GPU, else CPU.")
+            seed = c5.number_input("Seed", min_value=0, value=0, key="train_seed")
+            with st.expander("Settings"):
+                s1, s2, s3 = st.columns(3)
+                n_envs = s1.number_input("Parallel environments", min_value=1, max_value=65_536, value=128,
+                                         key="train_n_envs")
+                gating = s2.radio("Encoder gating", ["on", "off"], horizontal=True, key="train_gating",
+                                  help="off: intent, tool context and trace get equal weights (the ablation).")
+                adaptive = s3.radio("KL penalty β", ["adaptive", "fixed"], horizontal=True, key="train_adaptive",
+                                    help="adaptive: β ×1.5 when KL > 1.5·target, ×0.5 when KL < 0.5·target.")
+                s4, s5, s6 = st.columns(3)
+                curriculum = s4.radio("Curriculum", ["on", "off"], horizontal=True, key="train_curriculum",
+                                      help="L0 behaviour cloning → L1 ε-exploration → L2 UCB → L3 review.")
+                train_encoder = s5.radio("Train the encoder with PPO", ["yes", "no"], index=1, horizontal=True,
+                                         key="train_encoder",
+                                         help="no: behaviour cloning trains it, PPO keeps it (much faster on CPU).")
+                threads = s6.number_input("CPU threads (0 = default)", min_value=0, max_value=256, value=0,
+                                          key="train_threads")
+            submitted = st.form_submit_button("Launch", type="primary")
+        if submitted:
+            settings = {"total_steps": int(steps), "device": device, "seed": int(seed), "n_envs": int(n_envs),
+                        "encoder": {"gating": gating}, "adaptive_kl": adaptive == "adaptive",
+                        "curriculum": curriculum == "on", "train_encoder": train_encoder == "yes",
+                        "threads": int(threads)}
+            try:
+                started = runs.launch_run(ws, actor, template=template, dataset=dataset, config=settings)
+            except USER_ERRORS as exc:
+                st.session_state[FLASH] = ("error", f"Could not launch: {exc}")
+            else:
+                st.session_state[FLASH] = ("success", f"Launched {started['run_id']} (process {started['pid']}).")
+                st.session_state["train_show"] = started["run_id"]
+            st.rerun()
+
+# --------------------------------------------------------------------------- runs
+all_runs = runs.list_runs(ws, limit=200)
+if not all_runs:
+    st.info("No runs yet: launch one above (or `rwb train --template finance_risk --dataset NAME`).")
+    st.stop()
+
+st.subheader("Runs")
+st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or "file",
+               "template": f"{r['template_name']} {r['template_version']}", "device": r["device"],
+               "steps": f"{r['env_steps']}/{r['total_steps']}", "level": r["last"].get("curriculum_level"),
+               "return": r["last"].get("return_mean"), "by": r["created_by"], "created": r["created_at"]}
+              for r in all_runs], hide_index=True, width="stretch")
+
+ids = [r["id"] for r in all_runs]
+wanted = st.session_state.pop("train_show", None)
+if wanted in ids:
+    st.session_state["train_run"] = wanted
+run_id = st.selectbox("Run", ids, key="train_run")
+
+
+@st.fragment(run_every=REFRESH_S if runs.get_run(ws, run_id)["status"] == "running" else None)
+def live_run(run_id: str) -> None:
+    """The shown run's status, stop button and every curve; refreshes itself while it runs."""
+    try:
+        run = runs.get_run(ws, run_id)
+        curves = resources.run_curves((run_id,))
+    except USER_ERRORS as exc:
+        st.error(str(exc))
+        return
+    status = run["display_status"]
+    left, right = st.columns([4, 1])
+    left.markdown(f"**{run_id}** · {status} · {run['env_steps']:,}/{run['total_steps']:,} env steps · "
+                  f"{run['updates']} updates · {run['device']}")
+    if run["interrupted"]:
+        st.warning(f"Its trainer process is gone (killed?). Resume it with `rwb train --resume {run_id}`.")
+    if run["error"]:
+        st.error(f"The run failed: {run['error']}")
+    if run["status"] == "running" and actor is not None and actor.can("train"):
+        if right.button("Stop", key=f"train_stop_{run_id}", disabled=run["stop_requested"],
+                        help="Stops after the current update, with a checkpoint."):
+            try:
+                runs.stop_run(ws, actor, run_id)
+            except USER_ERRORS as exc:
+                st.error(str(exc))
+            else:
+                st.toast(f"Stop requested for {run_id}.")
+    if not curves:
+        st.info("No update recorded yet: the first one comes after the warm start (behaviour cloning).")
+        return
+    titles = dict(runs.CURVES + runs.GROUPED_CURVES)
+    shown = [m for m in titles if m in curves]
+    for row in range(0, len(shown), 3):
+        cols = st.columns(3)
+        for col, metric in zip(cols, shown[row:row + 3]):
+            col.caption(titles[metric])
+            col.line_chart(curves[metric], height=200)
+    log = runs.run_log(ws, run_id)
+    if log:
+        with st.expander("Trainer log (tail)"):
+            st.code(log, language=None)
+
+
+live_run(run_id)
+
+# --------------------------------------------------------------------------- compare
+st.subheader("Compare runs")
+picked = st.multiselect("Runs side by side", ids, default=ids[:2] if len(ids) > 1 else ids, key="train_compare")
+if len(picked) >= 1:
+    try:
+        table = runs.compare_runs(ws, picked)
+        curves = resources.run_curves(tuple(picked))
+    except USER_ERRORS as exc:
+        st.error(str(exc))
+    else:
+        st.dataframe(table, hide_index=True, width="stretch")
+        titles = dict(runs.CURVES)
+        metric = st.selectbox("Metric", [m for m in titles if m in curves], format_func=titles.get,
+                              key="train_compare_metric")
+        if metric:
+            st.line_chart(curves[metric], height=300)
