@@ -28,7 +28,13 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("training.py", "Training", "training", ":material/model_training:"),
     ("diagnostics.py", "Diagnostics", "diagnostics", ":material/troubleshoot:"),
     ("policies.py", "Policies", "policies", ":material/verified:"),
+    ("review_queue.py", "Review Queue", "review", ":material/rule:"),
+    ("audit.py", "Audit", "audit", ":material/receipt_long:"),
 ]
+
+# The sign-in page (multi-user workspaces): it stores the signed-in user under
+# st.session_state["actor"], which resources.acting_user() reads for every page.
+SIGN_IN_PAGE = ("sign_in.py", "Sign in", "sign-in", ":material/login:")
 
 
 def _first_start() -> None:
@@ -46,14 +52,31 @@ def _first_start() -> None:
         st.toast(f"New workspace: imported the sample datasets {names}.")
 
 
+def _who_acts() -> bool:
+    """Say in the sidebar who acts in this session; True when the workspace has users and
+    nobody signed in yet (the sign-in page then opens first)."""
+    try:
+        actor = resources.acting_user()
+    except (RwbError, WorkspaceError):
+        return False
+    if actor is None:
+        st.sidebar.caption("Not signed in: pages are read-only.")
+    else:
+        st.sidebar.caption(f"Acting as **{actor.name}** ({actor.role}).")
+    return actor is None
+
+
 def main() -> None:
     st.set_page_config(page_title="Reward Workbench", page_icon=":material/balance:", layout="wide")
     resources.ensure_session()
     _first_start()
-    nav = st.navigation([
-        st.Page(ROOT / "pages" / file, title=title, url_path=url, icon=icon)
-        for file, title, url, icon in PAGES
-    ])
+    needs_sign_in = _who_acts()
+    pages = [st.Page(ROOT / "pages" / file, title=title, url_path=url, icon=icon)
+             for file, title, url, icon in PAGES]
+    sign_in_file, sign_in_title, sign_in_url, sign_in_icon = SIGN_IN_PAGE
+    pages.append(st.Page(ROOT / "pages" / sign_in_file, title=sign_in_title, url_path=sign_in_url,
+                         icon=sign_in_icon, default=needs_sign_in))
+    nav = st.navigation(pages)
     nav.run()
 
 

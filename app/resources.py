@@ -215,3 +215,50 @@ def evaluation(run_id: str, repeats: int = 3) -> dict:
 
     ckpt = latest_checkpoint(workspace(), run_id)
     return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats)
+
+
+# --------------------------------------------------------------------------- review queue and audit
+@st.cache_data(show_spinner=False, ttl=5)
+def _review_queue_stats(path: str) -> dict:
+    from core.review import stats
+
+    return stats(_workspace(path))
+
+
+def review_queue_stats() -> dict:
+    """Review-queue statistics (core.review.stats), refreshed every few seconds and after
+    every claim or decision (:func:`refresh_review_queue`)."""
+    return _review_queue_stats(_session_path())
+
+
+def refresh_review_queue() -> None:
+    """Forget the cached queue statistics (after this session changed the queue)."""
+    _review_queue_stats.clear()
+
+
+@st.cache_data(show_spinner=False, ttl=5)
+def _audit_summary(path: str) -> dict:
+    from core.audit import stats
+
+    return stats(_workspace(path))
+
+
+def audit_summary() -> dict:
+    """Counts of the audit trail (core.audit.stats), refreshed every few seconds."""
+    return _audit_summary(_session_path())
+
+
+@st.cache_data(show_spinner=False, ttl=5, max_entries=32)
+def _audit_records(path: str, episode_id: str | None, policy_version: str | None, since: str | None,
+                   until: str | None, final_action: int | str | None, limit: int) -> list[dict]:
+    from core.audit import list_records
+
+    return list_records(_workspace(path), episode_id=episode_id, policy_version=policy_version, since=since,
+                        until=until, final_action=final_action, limit=limit)
+
+
+def audit_records(*, episode_id: str | None = None, policy_version: str | None = None, since: str | None = None,
+                  until: str | None = None, final_action: int | str | None = None, limit: int = 200) -> list[dict]:
+    """Audit records matching the filters, newest first (core.audit.list_records); the trail
+    only grows, so a few seconds of caching never shows a changed record."""
+    return _audit_records(_session_path(), episode_id, policy_version, since, until, final_action, limit)

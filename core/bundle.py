@@ -1050,21 +1050,17 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     carries the run's last checkpoint, the catalog and mask rules of its data (plus the
     review rules at export time), its template, the evaluation report on its held-out
     episodes, an RDE tree fit on the expert's training episodes, and a smoke set."""
-    from core import ppo
+    from core.evaluation import evaluate
     from core.rde import fit_rde, rde_accuracy
     from core.registry import next_version
-    from core.runs import get_run, latest_checkpoint, run_template, template_hash
+    from core.runs import get_run, open_run, template_hash
 
     authorize(ws, actor, "export_bundle")
     run = get_run(ws, run_id)
     if run["status"] not in ("finished", "stopped"):
-        state = run["display_status"]
-        raise ConflictError(f"run {run_id} is {state}; export a run that has finished or was stopped")
-    ckpt = latest_checkpoint(ws, run_id)
-    if ckpt is None:
-        raise ConflictError(f"run {run_id} has no checkpoint to export")
-    template = run_template(ws, run_id)
-    name = name or template.name
+        raise ConflictError(f"run {run_id} is {run['display_status']}; export a run that has finished or was "
+                            "stopped")
+    name = name or run["template_name"]
     if not NAME_RE.match(name):
         raise InputError(f"invalid policy name {name!r}: lower-case letters, digits and _ . - "
                          "(at most 64, starting with a letter or digit)", field="name")
@@ -1075,16 +1071,15 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     if Path(out).exists():
         raise ConflictError(f"{out} exists already; choose another file or version")
 
-    cfg = ppo.PPOConfig.from_dict(run["config"])
-    agent = ppo.load_agent(Path(ckpt["path"]), "cpu").eval()
-    data = run_training_data(ws, run, template, cfg)
+    # The run's own evaluation on its held-out split (core.evaluation), then what it trained
+    # on and its last checkpoint, rebuilt as its trainer built them (core.runs.open_run).
+    report = evaluate(ws, run_id)
+    ctx = open_run(ws, run_id)
+    template, data, agent = ctx.template, ctx.data, ctx.agent.eval()
     tables = data.tables
-    if tables.n_actions != agent.n_actions:
-        raise ConflictError(f"the data of run {run_id} now has {tables.n_actions} actions, the trained policy "
-                            f"{agent.n_actions}: the dataset or its tools changed since training")
     episodes = _run_episodes(ws, run)
     if [e.episode_id for e in episodes] != list(tables.episode_ids):
-        raise ConflictError(f"the episodes of run {run_id} changed since it was loaded; export again")
+        raise ConflictError(f"the episodes of run {run_id} changed while it was exported; export again")
     train_idx = data.train_episodes.cpu().tolist()
     held_idx = data.heldout_episodes.cpu().tolist()
 
@@ -1098,13 +1093,18 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     held_experts = [episodes[i] for i in held_idx if tables.behaviours[i] == "expert"]
     rde_eval = rde_accuracy(rde, held_experts, tables.catalog)
 
-    evaluation = evaluation_report(ws, run, data, agent)
-    evaluation["rde_heldout_expert"] = rde_eval
+    evaluation = {**report, **heldout_identity(tables, data.heldout_episodes, run),
+                  "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),
+                  "rde_heldout_expert": rde_eval, "evaluated_at": _now_iso()}
     enc_cfg = agent.encoder.config_dict()
     arch = agent.architecture()
     policy_meta = {"class": "core.ppo.Agent", "n_actions": arch["n_actions"], "hidden": arch["hidden"],
                    "n_critics": arch["n_critics"], "ppo_config": _finite(run["config"])}
-    rules = tables.mask_rules
+    # the run's rules with every review-born rule of the workspace as of now (already there
+    # when the simulator was built; an identical rule is never added twice)
+    from core.review import with_review_rules
+
+    rules = with_review_rules(tables.mask_rules, ws, run.get("dataset"))
     smoke_st, smoke_js = _smoke_files(tables, episodes, held_idx)
     from safetensors.numpy import save as save_np
 
@@ -1127,7 +1127,8 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "format": BUNDLE_FORMAT, "name": name, "version": version, "created_by": actor.name,
         "created_at": _now_iso(), "run_id": run_id, "trained_by": run.get("created_by"),
         "dataset": run.get("dataset"),
-        "template": {"name": template.name, "version": str(template.version), "sha256": template_hash(template)},
+        "template": {"name": template.name, "version": str(run.get("template_version") or template.version),
+                     "sha256": template_hash(template)},
         "catalog_version": tables.catalog.version, "n_actions": tables.n_actions,
         "encoder": json.loads(files["encoder.json"]), "policy": json.loads(files["policy.json"]),
         "evaluation": _finite(evaluation),
@@ -1179,39 +1180,9 @@ def exported_bundle_bytes(ws: "Workspace", file: str) -> bytes:
     return path.read_bytes()
 
 
-def run_training_data(ws: "Workspace", run: Mapping[str, Any], template: Any, cfg: Any) -> Any:
-    """The simulator tables, split and baselines of a run, rebuilt as its trainer built them."""
-    from core import ppo
-
-    if run.get("dataset"):
-        return ppo.load_training_data(ws, template, dataset=run["dataset"],
-                                      masks=ppo.domain_masks(ws, run["dataset"]), config=cfg)
-    info = json.loads(run["episodes_file"])
-    return ppo.load_training_data(ws, template, episodes_file=info["path"], config=cfg)
-
-
-def evaluation_report(ws: "Workspace", run: Mapping[str, Any], data: Any, agent: Any) -> dict[str, Any]:
-    """The policy against the logged behaviours and random-in-mask on the run's held-out
-    episodes: one pass, each held-out episode started once, greedy actions."""
-    import hashlib as _h
-
-    from core import ppo
-    from core.sim import logged_returns
-
-    tables = data.tables
-    held = data.heldout_episodes
-    policy = ppo.episode_stats(tables, agent, held, every_episode=True, greedy=True, seed=0)
-    random = ppo.episode_stats(tables, None, held, every_episode=True, seed=0)
-    ids = sorted(tables.episode_ids[i] for i in held.cpu().tolist())
-    keep = ("return_mean", "return_std", "success_rate", "off_support_rate", "mask_violations", "episodes", "steps")
-    logged = logged_returns(tables, held)
-    return {
-        "metric": "return_mean", "split": "heldout", "episodes": len(ids),
-        "heldout_fingerprint": _h.sha256("\n".join(ids).encode()).hexdigest(),
-        "dataset": run.get("dataset"), "template_sha256": run.get("template_hash"),
-        "policy": {k: policy[k] for k in keep},
-        "random_in_mask": {k: random[k] for k in keep},
-        "logged": logged,
-        "expert_return": logged.get("expert"),
-        "evaluated_at": _now_iso(),
-    }
+def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes two evaluations comparable: the held-out episodes (a fingerprint of their
+    ids), the dataset and the reward template."""
+    ids = sorted(tables.episode_ids[i] for i in heldout.cpu().tolist())
+    return {"heldout_fingerprint": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest(),
+            "dataset": run.get("dataset"), "template_sha256": run.get("template_hash")}

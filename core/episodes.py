@@ -22,7 +22,9 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import CoreSchema, SchemaValidator
+from pydantic_core import core_schema as cs
 
 ActionKind = Literal["tool_call", "reply", "final_answer", "terminate", "escalate"]
 ACTION_KINDS: tuple[str, ...] = ("tool_call", "reply", "final_answer", "terminate", "escalate")
@@ -208,3 +210,107 @@ class ToolSchema(_Model):
         if known.get("description") is None:
             known["description"] = ""
         return cls(**known)
+
+
+# --------------------------------------------------------------------------- fast validation to dicts
+# Importing a big file is dominated by validation: building a Step and an Action model per
+# step costs several times what pydantic-core needs to check the same fields into plain
+# dicts, and the per-field Python validators above cost as much again.  The importers
+# therefore validate with a schema derived from the models (same fields, types, defaults,
+# constraints and extra="forbid"; dicts instead of models) and replace the Python
+# validators by whole-episode checks (see ``episode_dict``).  Whatever that fast path
+# cannot vouch for goes through ``Episode.model_validate``, which names the field.
+
+#: The Python validators of the models above that ``episode_dict`` and its callers replace:
+#: step numbering and tool_call-has-a-tool (``_whole_episode_ok``); NaN/inf and text size
+#: (the caller's canonical dump with ``allow_nan=False`` and its length, see
+#: ``core.importers.base.prepare``).  A validator not listed here makes the derivation
+#: fail loudly, so a new rule can never be skipped silently.
+_REPLACED_VALIDATORS = frozenset({"Action._tool_iff_call", "Step._finite", "Step._finite_latency",
+                                  "Step._text_size", "Outcome._finite", "Episode._steps_in_order"})
+
+
+def _dumped_default(model: type[BaseModel]) -> Any:
+    return lambda: model().model_dump(mode="json")
+
+
+def _dict_schema(schema: Any) -> Any:
+    """``schema`` (a pydantic core schema, or a part of one) with every model turned into a
+    typed dict of the same fields, in sorted order, and the replaced validators removed."""
+    if isinstance(schema, list):
+        return [_dict_schema(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kind = schema.get("type")
+    if kind in ("function-after", "function-before", "function-wrap", "function-plain"):
+        fn = schema["function"]["function"]
+        name = getattr(fn, "__qualname__", repr(fn))
+        if getattr(fn, "__module__", None) != __name__ or name not in _REPLACED_VALIDATORS \
+                or kind == "function-plain":
+            raise TypeError(f"episode_dict cannot replace validator {name}; add its check "
+                            f"to the fast path (core.episodes) or list it in _REPLACED_VALIDATORS")
+        inner = _dict_schema(schema["schema"])
+        if "ref" in schema:
+            inner = dict(inner, ref=schema["ref"])
+        return inner
+    if kind == "model":
+        fields_schema = schema["schema"]
+        if fields_schema.get("type") != "model-fields" or fields_schema.get("computed_fields"):
+            raise TypeError(f"episode_dict cannot derive a typed dict from {schema.get('cls')}")
+        fields = {}
+        for name in sorted(fields_schema["fields"]):
+            field = fields_schema["fields"][name]
+            inner = _dict_schema(field["schema"])
+            fields[name] = cs.typed_dict_field(inner, required=inner.get("type") != "default")
+        config = schema.get("config") or {}
+        out = cs.typed_dict_schema(fields, extra_behavior=config.get("extra_fields_behavior"),
+                                   config=config)  # type: ignore[arg-type]
+        if "ref" in schema:
+            out["ref"] = schema["ref"]
+        return out
+    out = {k: v for k, v in schema.items() if k not in ("metadata", "serialization")}
+    factory = out.get("default_factory")
+    if isinstance(factory, type) and issubclass(factory, BaseModel):
+        out["default_factory"] = _dumped_default(factory)  # a nested model's default, as a dict
+    for key, value in out.items():
+        if isinstance(value, (dict, list)) and key not in ("default", "expected", "function"):
+            out[key] = _dict_schema(value)
+    return out
+
+
+_EPISODE_DICT: SchemaValidator | None = None
+
+
+def _episode_dict_validator() -> SchemaValidator:
+    global _EPISODE_DICT
+    if _EPISODE_DICT is None:
+        schema: CoreSchema = _dict_schema(Episode.__pydantic_core_schema__)
+        _EPISODE_DICT = SchemaValidator(schema)
+    return _EPISODE_DICT
+
+
+def _whole_episode_ok(data: dict[str, Any]) -> bool:
+    """The model validators' structural rules, over the whole episode at once: steps are
+    numbered 0..n-1 in order, and every tool_call names a tool."""
+    steps = data["steps"]
+    if [s["t"] for s in steps] != list(range(len(steps))):
+        return False
+    return all(a["tool"] for a in (s["action"] for s in steps) if a["kind"] == "tool_call")
+
+
+def episode_dict(data: Any = None, *, json_text: str | bytes | None = None) -> dict[str, Any] | None:
+    """Validate one episode (a Python object, or ``json_text``) into a plain dict, or None.
+
+    The dict equals ``Episode.model_validate(data).model_dump(mode="python")`` for every
+    valid episode: same fields with defaults filled in, same types and constraints, unknown
+    keys refused.  None means "not vouched for": the input is invalid, or it breaks a rule
+    the models check in Python.  Callers then validate with :class:`Episode`, which says
+    which field is wrong.  Not checked here, on purpose: NaN/inf and over-long text — the
+    caller's canonical dump (``allow_nan=False``, length ≤ ``MAX_TEXT_CHARS``) does it once
+    for the whole episode."""
+    validator = _episode_dict_validator()
+    try:
+        out = validator.validate_python(data) if json_text is None else validator.validate_json(json_text)
+    except (ValidationError, ValueError, RecursionError):
+        return None
+    return out if _whole_episode_ok(out) else None

@@ -1026,7 +1026,8 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
 
     final = dict(history[-1]) if history else {}
     final["warm_start"] = warm
-    final["kl_std"] = float(np.std([h["kl"] for h in history if h.get("policy_trained")])) if history else None
+    kls = [h["kl"] for h in history if h.get("policy_trained")]
+    final["kl_std"] = float(np.std(kls)) if len(kls) > 1 else None
     return TrainResult(agent=agent, final_metrics=final, history=history, stopped=stopped, device=device,
                        seconds=time.time() - t_start)
 

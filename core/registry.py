@@ -422,32 +422,35 @@ def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tup
 
 
 def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mapping[str, Any]) -> dict[str, Any]:
-    """The production policy re-run on the candidate's held-out episodes (same simulator,
-    template and split as the candidate's own evaluation)."""
+    """The production policy re-run on the candidate's held-out episodes, with the protocol
+    of the candidate's own evaluation (:func:`core.evaluation.evaluate`: greedy, every
+    held-out episode once per repeat, the same seeds)."""
     from core import ppo
-    from core.bundle import load_bundle, run_training_data
-    from core.runs import get_run, run_template
+    from core.bundle import load_bundle
+    from core.evaluation import _summarise
+    from core.runs import open_run
 
     cm, pm = cand["manifest"], prod["manifest"]
     src = "the production policy re-run on the candidate's held-out episodes"
     if cm["catalog_version"] != pm["catalog_version"]:
         return {"baseline_return": None, "baseline_source": src,
                 "baseline_problem": (f"the production version acts over catalog {pm['catalog_version']}, the "
-                                     f"candidate over {cm['catalog_version']}: they cannot be evaluated on the "
-                                     "same episodes; promote after comparing them by hand, or retrain the "
-                                     "production data's catalog")}
-    try:
-        run = get_run(ws, cm["run_id"])
-    except InputError:
+                                     f"candidate over {cm['catalog_version']}: they cannot be run on the same "
+                                     "episodes; evaluate both on one held-out set before approving")}
+    if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (cm["run_id"],)).fetchone():
         return {"baseline_return": None, "baseline_source": src,
                 "baseline_problem": f"the candidate's run {cm['run_id']} is not in this workspace, so the "
                                     "production policy cannot be re-run on its held-out episodes"}
-    data = run_training_data(ws, run, run_template(ws, run["id"]), ppo.PPOConfig.from_dict(run["config"]))
-    production = load_bundle(_registered_bundle(prod))
-    stats = ppo.episode_stats(data.tables, production.policy, data.heldout_episodes, every_episode=True,
-                              greedy=True, seed=0)
-    return {"baseline_return": stats["return_mean"], "baseline_source": src,
-            "baseline_episodes": stats["episodes"]}
+    ctx = open_run(ws, cm["run_id"], need_policy=False)
+    agent = load_bundle(_registered_bundle(prod)).policy
+    ev = cm.get("evaluation") or {}
+    repeats, seed = int(ev.get("repeats") or 1), 0
+    passes = [ppo.episode_stats(ctx.data.tables, agent, ctx.data.heldout_episodes, greedy=True,
+                                every_episode=True, seed=seed + 1000 * r, support_episodes="all")
+              for r in range(repeats)]
+    pooled = _summarise(passes)
+    return {"baseline_return": pooled["return_mean"], "baseline_source": src,
+            "baseline_episodes": pooled["episodes"]}
 
 
 # --------------------------------------------------------------------------- approve

@@ -113,6 +113,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import math
 import os
 import threading
@@ -511,6 +512,9 @@ class PolicyRuntime:
         return act
 
 
+_SERIALS = itertools.count()
+
+
 def _number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return math.nan
@@ -525,6 +529,8 @@ class EpisodeState:
     runtime: PolicyRuntime
     started_at: float
     last_seen: float
+    #: Tells apart two episodes under the same id (one expired, then a new one).
+    serial: int = field(default_factory=lambda: next(_SERIALS))
     step_t: int = 0
     #: Served tokens, decision times and (reported) rewards, oldest first (last TRACE_LEN).
     trace_tokens: list[int] = field(default_factory=list)
@@ -614,7 +620,8 @@ class DecisionEngine:
                                                  synchronous=c.audit_synchronous)
         self._own_audit = audit_writer is None
         self._episodes: collections.OrderedDict[str, EpisodeState] = collections.OrderedDict()
-        self._served: collections.OrderedDict[str, tuple[str, int, str]] = collections.OrderedDict()
+        #: decision id -> (episode id, episode serial, step, policy version)
+        self._served: collections.OrderedDict[str, tuple[str, int, int, str]] = collections.OrderedDict()
         self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         self._lock = threading.RLock()
         # One worker: candidate generation runs beside the request so its budget can be
@@ -925,7 +932,7 @@ class DecisionEngine:
         ep.last_seen = now
         self._episodes[ep.episode_id] = ep
         self._episodes.move_to_end(ep.episode_id)
-        self._served[r.decision_id] = (ep.episode_id, ep.step_t - 1, ep.runtime.version)
+        self._served[r.decision_id] = (ep.episode_id, ep.serial, ep.step_t - 1, ep.runtime.version)
         if len(self._served) > OUTCOME_MEMORY:
             self._served.popitem(last=False)
 
@@ -1021,17 +1028,18 @@ class DecisionEngine:
             raise InputError("reward must be a finite number", field="reward")
         with self._lock:
             served = self._served.get(decision_id)
-            version = served[2] if served else "unknown"
+            version = served[3] if served else "unknown"
             self.metrics.outcomes.labels(version, "ok" if ok else "failed").inc()
             if not ok:
                 self.metrics.failures.labels(version).inc()
             if served is None:
                 return False
+            self._expire(self.clock())
             ep = self._episodes.get(served[0])
-            if ep is None:
+            if ep is None or ep.serial != served[1]:
                 return False
-            if reward is not None and served[1] in ep.trace_steps:
-                ep.trace_rewards[ep.trace_steps.index(served[1])] = float(reward)
+            if reward is not None and served[2] in ep.trace_steps:
+                ep.trace_rewards[ep.trace_steps.index(served[2])] = float(reward)
             return True
 
     # ------------------------------------------------------------------ metrics and closing

@@ -467,6 +467,26 @@ def step_rows(ep: Episode) -> list[tuple[Any, ...]]:
              s.tool_error, s.output_text, s.latency_ms) for s in ep.steps]
 
 
+def episode_row_of(data: dict[str, Any], body: str, content_hash: str) -> tuple[Any, ...]:
+    """:func:`episode_row` of an episode given as a plain dict (``Episode.model_dump()``),
+    as the importers' fast path validates it."""
+    outcome, task, source = data["outcome"], data["task"], data["source"]
+    resolved = outcome["resolved"]
+    return (data["episode_id"], data["domain"], task["task_type"], task["query"], data["behaviour"],
+            len(data["steps"]), None if resolved is None else int(resolved), outcome["final_reward"],
+            outcome["business_metric"], content_hash, source["file"], source["format"], source["line"],
+            body)
+
+
+def step_rows_of(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """:func:`step_rows` of an episode given as a plain dict (``Episode.model_dump()``)."""
+    dumps = json.dumps
+    return [(s["t"], a["kind"], a["tool"],
+             dumps(a["params"], ensure_ascii=False, sort_keys=True) if a["params"] else None,
+             s["tool_error"], s["output_text"], s["latency_ms"])
+            for s in data["steps"] for a in (s["action"],)]
+
+
 class Workspace:
     """A workspace folder: ``workbench.db`` plus ``artifacts/``.
 

@@ -67,8 +67,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
-from scipy.special import expit
-from scipy.stats import kendalltau, rankdata
 
 from core.errors import ConflictError, InputError, RwbError
 from core.rewards.frame import StepsFrame
@@ -97,6 +95,8 @@ OUTCOME_COMPONENTS = frozenset({"business_impact", "terminal_outcome", "resolved
 CONFIG_ATTR = "rwb"
 #: Smallest violation reported for a strict inequality that holds with equality.
 STRICT_EPS = 1e-12
+#: The ``rwb`` command as a child process of this interpreter (works without the console script).
+CLI: tuple[str, ...] = (sys.executable, "-c", "from core.cli import console; console()")
 #: PPO settings of one policy trial unless the study overrides them (a short run).
 POLICY_DEFAULTS: dict[str, Any] = {"total_steps": 16_384, "n_envs": 64, "rollout_len": 32,
                                    "checkpoint_every": 1_000_000, "bc_epochs": 5, "heldout_fraction": 0.5}
@@ -446,18 +446,33 @@ def split_episodes(keys: np.ndarray, success: np.ndarray, heldout_fraction: floa
 
 
 # =========================================================================== statistics
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (``scipy.stats.rankdata``'s default)."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    new_group = np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]])
+    group = np.cumsum(new_group) - 1
+    starts = np.flatnonzero(new_group)
+    ends = np.append(starts[1:], values.size)
+    ranks = np.empty(values.size)
+    ranks[order] = ((starts + 1 + ends) / 2.0)[group]
+    return ranks
+
+
 def auc(scores: np.ndarray, success: np.ndarray) -> float | None:
     """P(a random success scores above a random failure), ties half (None without both)."""
     y = success.astype(bool)
     n1, n0 = int(y.sum()), int((~y).sum())
     if n1 == 0 or n0 == 0:
         return None
-    ranks = rankdata(scores)
+    ranks = average_ranks(scores)
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def kendall_tau(scores: np.ndarray, values: np.ndarray) -> float | None:
     """Kendall's τ-b between returns and the label (None when undefined)."""
+    from scipy.stats import kendalltau  # scipy.stats takes seconds to import: only when asked
+
     if scores.size < 2 or np.all(values == values[0]) or np.all(scores == scores[0]):
         return None
     tau = kendalltau(scores, values).statistic
@@ -480,7 +495,8 @@ def soft_auc(scores: np.ndarray, better: np.ndarray, worse: np.ndarray) -> float
     spread = float(scores.std())
     if spread == 0.0:
         return 0.5
-    return float(expit((scores[better] - scores[worse]) / (SOFT_AUC_TEMPERATURE * spread)).mean())
+    z = (scores[better] - scores[worse]) / (SOFT_AUC_TEMPERATURE * spread)
+    return float((0.5 * (1.0 + np.tanh(0.5 * z))).mean())   # the logistic σ(z), without overflow
 
 
 def outcome_pairs(success: np.ndarray, seed: int = 0, limit: int = SOFT_AUC_PAIRS) -> tuple[np.ndarray, np.ndarray]:
@@ -1505,8 +1521,15 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         previous = None
     t0 = time.perf_counter()
     status, error = "finished", None
+    run_objective: Callable[[optuna.Trial], float] = objective
+    if distributed:
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+
+        def run_objective(trial: optuna.Trial) -> float:
+            trial.set_user_attr("worker", worker)  # which worker ran it, in the shared study
+            return objective(trial)
     try:
-        working.optimize(objective, n_trials=trials, timeout=timeout, callbacks=[after_trial],
+        working.optimize(run_objective, n_trials=trials, timeout=timeout, callbacks=[after_trial],
                          gc_after_trial=False, show_progress_bar=False)
     except BaseException as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
@@ -1739,7 +1762,7 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
             "INSERT INTO tuning_runs(study, status, trials_requested, log_path, started_by, started_at) "
             "VALUES (?, 'starting', ?, ?, ?, ?)", (name, trials, str(log_path), actor.name, _now()))
         run_id = int(cur.lastrowid)
-    cmd = [sys.executable, "-m", "core.cli", "--workspace", str(ws.root), "tune", "--template", ref.ref,
+    cmd = [*CLI, "--workspace", str(ws.root), "tune", "--template", ref.ref,
            "--objective", cfg.objective, "--split-by", cfg.split_by, "--heldout", str(cfg.heldout_fraction),
            "--label", cfg.label, "--threshold", str(cfg.success_threshold), "--metric", cfg.metric,
            "--seed", str(cfg.seed), "--sampler", cfg.sampler, "--trials", str(trials), "--study", name,

@@ -33,7 +33,9 @@ Optuna's schema fails a test instead of corrupting studies.
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +51,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The workspace's Optuna database, relative to its artifacts folder.
 DEFAULT_DB = Path("tuning") / "optuna.db"
+#: Attempts to open a storage whose schema another worker is creating at the same moment.
+RACE_RETRIES = 5
+_RACE_MARKERS = ("already exists", "duplicate key", "UniqueViolation", "DuplicateTable")
 #: Trial states that are final (only those are written by the batched writer).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -69,6 +74,22 @@ def describe_url(url: str) -> str:
         return url
 
 
+def driver_url(url: str) -> str:
+    """``url`` with an explicit PostgreSQL driver when it names none.
+
+    SQLAlchemy 2.1 reads a bare ``postgresql://`` as the psycopg 3 driver; the workbench
+    installs psycopg2 (``psycopg2-binary``), so a bare URL is given that driver when
+    psycopg 3 is not installed.  A URL naming its driver (``postgresql+psycopg://``) is
+    used as written."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql+psycopg2://{rest}"
+    return url
+
+
 def open_rdb(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on ``url`` (schema created or upgraded as Optuna does).
 
@@ -77,19 +98,29 @@ def open_rdb(url: str) -> optuna.storages.RDBStorage:
     if not isinstance(url, str) or "://" not in url:
         raise InputError(f"storage must be an SQLAlchemy URL such as postgresql://user@host/db or "
                          f"sqlite:///path/optuna.db, got {url!r}", field="storage")
+    url = driver_url(url)
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if str(path) not in ("", ":memory:"):
             path.parent.mkdir(parents=True, exist_ok=True)
             with sqlite3.connect(path, timeout=30) as conn:  # WAL is a property of the file
                 conn.execute("PRAGMA journal_mode=WAL")
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
-    except ImportError as exc:
-        raise InputError(f"no database driver for {describe_url(url)}: {exc}", field="storage") from None
-    except Exception as exc:  # sqlalchemy OperationalError, ArgumentError, …
-        raise InputError(f"cannot open the tuning storage {describe_url(url)}: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0]}", field="storage") from None
+    for attempt in range(RACE_RETRIES):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+        except ImportError as exc:
+            raise InputError(f"no database driver for {describe_url(url)}: {exc}", field="storage") from None
+        except Exception as exc:  # sqlalchemy OperationalError, ArgumentError, IntegrityError, …
+            text = str(exc)
+            # Workers started together on an empty database race to create Optuna's tables;
+            # the loser sees a duplicate type/table.  Once the winner is done the tables exist,
+            # so open again (Optuna creates only what is missing).
+            if attempt + 1 < RACE_RETRIES and any(m in text for m in _RACE_MARKERS):
+                time.sleep(0.5 + random.random())
+                continue
+            raise InputError(f"cannot open the tuning storage {describe_url(url)}: "
+                             f"{type(exc).__name__}: {text.splitlines()[0]}", field="storage") from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
@@ -197,5 +228,5 @@ class BatchedTrialWriter:
         return len(trials)
 
 
-__all__ = ["BatchedTrialWriter", "DEFAULT_DB", "count_trials", "default_storage_url", "describe_url",
+__all__ = ["BatchedTrialWriter", "DEFAULT_DB", "count_trials", "default_storage_url", "describe_url", "driver_url",
            "open_rdb", "study_id"]

@@ -53,7 +53,7 @@ def tiny_config() -> Any:
     from core.ppo import PPOConfig
 
     return PPOConfig(total_steps=2048, n_envs=64, rollout_len=16, update_epochs=2, n_minibatches=2,
-                     bc_epochs=10, hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu",
+                     bc_epochs=2, hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu",
                      checkpoint_every=100, seed=0)
 
 

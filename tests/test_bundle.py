@@ -89,7 +89,7 @@ def test_export_writes_a_bundle_a_person_can_open(run):
     # the evaluation report on held-out episodes, with the logged behaviours as baselines
     ev = manifest["evaluation"]
     assert ev["split"] == "heldout" and ev["episodes"] > 0 and len(ev["heldout_fingerprint"]) == 64
-    assert ev["policy"]["mask_violations"] == 0 and ev["policy"]["episodes"] == ev["episodes"]
+    assert ev["policy"]["mask_violations"] == 0 and ev["policy"]["episodes"] == ev["episodes"] * ev["repeats"]
     assert ev["expert_return"] == ev["logged"]["expert"]
     assert {"expert", "noisy", "hacker"} <= set(ev["logged"])
     assert ev["random_in_mask"]["return_mean"] < ev["expert_return"]

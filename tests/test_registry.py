@@ -21,7 +21,7 @@ from _bundle_fixtures import PASSWORDS, hash_embedder, reseal, trained
 from core import registry
 from core.bundle import BundleError, load_bundle, verify_bundle
 from core.errors import ConflictError, InputError, PermissionDenied
-from core.policies import load, load_bundle_for, read_index
+from core.policies import load_bundle_for, read_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,7 +251,7 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     installed = policies / "prod" / "0.1.0"
     assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", *__import__(
         "core.bundle", fromlist=["BUNDLE_FILES"]).BUNDLE_FILES])
-    b = load("prod")
+    b = load_bundle_for("prod")
     assert b.version == "0.1.0" and [(a.by, a.comment) for a in b.manifest.approvals] == [
         ("bob", "beats the expert on held-out episodes")]
 
@@ -260,13 +260,13 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     registry.promote(ws, bob, "prod", "0.2.0")
     index = read_index(policies)["policies"]["prod"]
     assert (index["active"], index["previous"]) == ("0.2.0", ["0.1.0"])
-    assert load("prod").version == "0.2.0"
+    assert load_bundle_for("prod").version == "0.2.0"
     assert registry.aliases(ws, "prod") == {"production": "0.2.0", "approved": "0.1.0", "candidate": None}
 
     entry = registry.rollback(ws, bob, "prod", "0.2.0 misbehaves in production")
     assert (entry["active"], entry["previous"]) == ("0.1.0", [])
     assert entry["rolled_back"][-1]["version"] == "0.2.0"
-    assert load("prod").version == "0.1.0"
+    assert load_bundle_for("prod").version == "0.1.0"
     stages = {v["version"]: v["stage"] for v in registry.list_versions(ws, "prod")}
     assert stages == {"0.1.0": "production", "0.2.0": "rolled_back"}
     with pytest.raises(ConflictError, match="no previous production version"):
@@ -360,8 +360,8 @@ def test_a_production_process_loads_the_promoted_policy_without_streamlit(ws, ru
     registry.promote(ws, bob, "prodproc", "0.1.0")
     script = textwrap.dedent("""
         import json, sys
-        from core.policies import load
-        bundle = load("prodproc")
+        from core.policies import load_bundle_for
+        bundle = load_bundle_for("prodproc")
         top, probs = bundle.top_k(bundle.smoke_obs(), bundle.smoke_mask(), k=3)
         print(json.dumps({"version": bundle.policy_version, "n": int(top.shape[0]),
                           "streamlit": "streamlit" in sys.modules}))

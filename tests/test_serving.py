@@ -115,12 +115,18 @@ def _request(episode="e1", task_type="analysis", state=None, **extra) -> dict:
             "task_type": task_type, "state": dict(STATE if state is None else state), **extra}
 
 
+#: After hours, three trades done: the masks block live quotes and trading.
+LATE = dict(STATE, hour=20, trades_today=3)
+
+
 def _tokens(bundle):
-    """A few allowed tokens of the test state: two low-risk tool calls and a high-risk one."""
-    eng_mask = bundle.mask_for([STATE], ["analysis"])[0]
-    low = [t.id for t in bundle.catalog.tokens if t.kind == "tool_call" and t.risk == "low" and eng_mask[t.id]]
-    high = [t.id for t in bundle.catalog.tokens if t.risk == "high" and eng_mask[t.id]]
-    blocked = [t.id for t in bundle.catalog.tokens if not eng_mask[t.id]]
+    """Low-risk tool calls allowed in STATE and LATE, a high-risk token allowed in STATE, and
+    a token the masks block in LATE."""
+    day, late = bundle.mask_for([STATE, LATE], ["analysis", "analysis"])
+    low = [t.id for t in bundle.catalog.tokens if t.kind == "tool_call" and t.risk == "low"
+           and day[t.id] and late[t.id]]
+    high = [t.id for t in bundle.catalog.tokens if t.risk == "high" and day[t.id]]
+    blocked = [t.id for t in bundle.catalog.tokens if not late[t.id]]
     assert len(low) >= 3 and high and blocked
     return low, high[0], blocked[0]
 
@@ -192,9 +198,9 @@ def test_arbitration_rules_on_hand_built_cases(bundle, ws):
     engine = _engine(ws, b)
     v = engine.policy_version
 
-    def case(top, est, rde_est, episode):
+    def case(top, est, rde_est, episode, state=None):
         engine._propose = _fixed(top, [0.5, 0.3, 0.2], est, rde_est, state_value=0.2)
-        return engine.decide(_request(episode))
+        return engine.decide(_request(episode, state=state))
 
     d = case([l2, l3, l1], [0.9, 0.5, 0.1], 0.75, "beats")               # +0.15: adopted
     assert (d.final_action, d.source, d.adopted, d.rl_boost_reasons) == (l2, "policy", True, ("low_confidence",))
@@ -206,7 +212,7 @@ def test_arbitration_rules_on_hand_built_cases(bundle, ws):
     assert "does not beat" in d.explanation
     d = case([l2, l3, l1], [1.0, 0.5, 0.1], 0.9, "equal")                # +0.1 is not *more* than 0.1
     assert d.final_action == l1
-    d = case([blocked, l3, l1], [5.0, 0.5, 0.1], 0.1, "masked")          # the mask does not allow it
+    d = case([blocked, l3, l1], [5.0, 0.5, 0.1], 0.1, "masked", LATE)    # the mask does not allow it
     assert d.final_action == l1 and not d.adopted
     assert [c.id for c in d.rl_candidates] == [blocked, l3, l1]
     assert _metric(engine, "rwb_rl_boost_adoptions_total", policy_version=v) == 1
@@ -222,11 +228,11 @@ def test_arbitration_rules_on_hand_built_cases(bundle, ws):
     # the tree has no allowed action: the policy's pick is the only proposal …
     none = _engine(ws, _with_rde(bundle, {blocked: 1.0}))
     none._propose = _fixed([l3, l2, l1], [0.5, 0.3, 0.2], [0.1, 0.0, 0.0], float("nan"))
-    d = none.decide(_request("no-rde"))
+    d = none.decide(_request("no-rde", state=LATE))
     assert (d.final_action, d.source, d.rde_action, d.rl_boost_reasons) == (l3, "policy", None, ("no_rde_action",))
     # … and without any proposal the engine escalates to a human
     none._propose = _fixed([-1, -1, -1], [0, 0, 0], [np.nan] * 3, float("nan"))
-    d = none.decide(_request("nothing"))
+    d = none.decide(_request("nothing", state=LATE))
     assert (d.final_action, d.source) == (bundle.catalog.escalate_id, "fallback")
     for e in (engine, override, none):
         e.close()

@@ -68,6 +68,7 @@ AREAS: list[tuple[str, str | None]] = [
     ("tune", "tune"),
     ("train", None),
     ("serve", "serve"),
+    ("demo", None),
 ]
 
 

@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 import typer
 
-from core import tuning
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
@@ -82,6 +81,8 @@ def tune(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Run a study: tune the template's weights on the data (see `rwb tune --help`)."""
+    from core import tuning  # optuna and numpy stacks load only for tuning commands
+
     _quiet_optuna()
     if ctx.invoked_subcommand is not None:
         return
@@ -144,6 +145,8 @@ def apply(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Write the study's best weights as a new version of its template (never overwrites)."""
+    from core import tuning
+
     ws = open_workspace()
     out = tuning.apply_study(ws, acting_user(ws, as_name), study, storage=storage, trial=trial, message=message)
     if as_json:
@@ -164,6 +167,8 @@ def prefer(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Label one episode as better than another (the preferences objective)."""
+    from core import tuning
+
     ws = open_workspace()
     out = tuning.add_preference(ws, acting_user(ws, as_name), dataset, better, worse, comment)
     if as_json:
@@ -178,6 +183,8 @@ def preferences(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List the preference labels."""
+    from core import tuning
+
     prefs = tuning.list_preferences(open_workspace(), dataset)
     if as_json:
         print_json({"preferences": prefs})
@@ -192,6 +199,8 @@ def preferences(
 @app.command("list")
 def list_studies(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Studies started from this workspace, newest first."""
+    from core import tuning
+
     studies = tuning.list_studies(open_workspace())
     if as_json:
         print_json({"studies": studies})
@@ -212,6 +221,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """A study's trials, best vs current weights and the status of each expectation."""
+    from core import tuning
+
     report = tuning.study_report(open_workspace(), study, storage)
     body = {k: v for k, v in report.__dict__.items() if k != "figures"}
     if as_json:
@@ -238,6 +249,8 @@ def stop(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Ask the study's running workers to stop after their current trial."""
+    from core import tuning
+
     ws = open_workspace()
     out = tuning.stop_tuning(ws, acting_user(ws, as_name), study)
     if as_json:

@@ -20,7 +20,7 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from core.importers.base import (
     dumps_canonical,
     get_importer,
     load_document,
+    prepare_episode,
 )
 from core.importers import parallel
 from core.importers.parallel import Rows, import_workers, read_rwb_rows, rows_of
@@ -117,11 +118,11 @@ def _read(doc: Document, format: str, options: ReadOptions, rename: bool = True)
     check_keys_supported(importer, options)
     parsed = importer.read(doc, options)
     _check_tools(parsed.tools, doc)
-    if parsed.bodies is None:  # an importer that left them to us
-        parsed.bodies = [canonical_body(ep) for ep in parsed.episodes]
+    if parsed.prepared is None:  # an importer that left them to us
+        parsed.prepared = [prepare_episode(ep) for ep in parsed.episodes]
     if rename:
         parsed.duplicate_ids, parsed.renamed = assign_unique_ids(parsed.episodes, set())
-        _refresh_bodies(parsed, parsed.renamed)
+        _refresh_prepared(parsed, parsed.renamed)
     return parsed
 
 
@@ -161,14 +162,14 @@ def _check_tools(tools: list[ToolSchema], doc: Document) -> None:
             raise InputError(f"tool schema {name!r}: {problem}", file=doc.name, field="tools") from None
 
 
-def _refresh_bodies(parsed: ParsedFile, renamed: dict[str, str]) -> None:
-    """Recompute the canonical body of renamed episodes (the id is part of it)."""
+def _refresh_prepared(parsed: ParsedFile, renamed: dict[str, str]) -> None:
+    """Prepare renamed episodes again (the id is part of the stored body and its hash)."""
     if not renamed:
         return
-    assert parsed.bodies is not None
+    assert parsed.prepared is not None
     for i, ep in enumerate(parsed.episodes):
         if ep.episode_id in renamed:
-            parsed.bodies[i] = canonical_body(ep)
+            parsed.prepared[i] = prepare_episode(ep)
 
 
 def read_file(path: str | Path, *, format: str = "auto", messages_key: str | None = None,
@@ -285,9 +286,11 @@ def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[Parsed
         parsed, rows = read_rwb_rows(doc, options, workers)
         _check_tools(parsed.tools, doc)
         return parsed, rows
-    parsed = _read(doc, name, options, rename=False)  # import_file renames rows (file + dataset)
-    assert parsed.bodies is not None
-    return parsed, rows_of(parsed.episodes, parsed.bodies)
+    # Stored only: the importers may take the fast path (dicts, no models).  import_file
+    # renames repeated ids on the rows (against the file and the dataset).
+    parsed = _read(doc, name, replace(options, for_storage=True), rename=False)
+    assert parsed.prepared is not None
+    return parsed, rows_of(parsed.prepared)
 
 
 def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]]:

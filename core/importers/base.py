@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from core.episodes import Episode, ToolSchema
+from core.episodes import MAX_TEXT_CHARS, Episode, ToolSchema, episode_dict
 from core.errors import InputError
 
 #: ``progress(done, total)``: called now and then while a file is read and stored.
@@ -71,24 +71,88 @@ def dumps_canonical(obj: Any) -> str:
 _KEY_TEXT: dict[str, str] = {}
 
 
-def canonical_body(ep: Episode) -> tuple[str, str]:
-    """``(ep.to_json(), ep.content_hash())`` from one ``model_dump``, refusing what the
-    database cannot hold: NaN/inf anywhere (ValueError) and unpaired surrogates
-    (UnicodeEncodeError, a ValueError too).
+def canonical_text(data: dict[str, Any]) -> tuple[str, str]:
+    """``(canonical JSON of an episode dict, its content hash)`` from one dump.
 
-    The canonical text is ``{"k1":v1,"k2":v2,…}`` with keys sorted, so it is assembled
-    from one dump per top-level value; the hash text is the same without ``source``."""
-    d = ep.model_dump(mode="json")
+    The canonical text is ``{"k1":v1,"k2":v2,…}`` with keys sorted, so it is assembled from
+    one dump per top-level value; the content hash is the sha256 of the same text without
+    ``source`` (same content → same hash, wherever it came from).  Raises ValueError on
+    NaN/inf anywhere, UnicodeEncodeError (a ValueError too) on unpaired surrogates."""
     parts = []
-    for k in sorted(d):
+    digest = hashlib.sha256()
+    first = True
+    for k in sorted(data):
         head = _KEY_TEXT.get(k)
         if head is None:
             head = _KEY_TEXT[k] = dumps_canonical(k) + ":"
-        parts.append((k, head + dumps_canonical(d[k])))
-    body = "{" + ",".join(p for _, p in parts) + "}"
-    hashed = "{" + ",".join(p for k, p in parts if k != "source") + "}"
-    body.encode("utf-8")
-    return body, hashlib.sha256(hashed.encode("utf-8")).hexdigest()
+        part = head + dumps_canonical(data[k])
+        parts.append(part)
+        encoded = part.encode("utf-8")  # also refuses unpaired surrogates
+        if k != "source":
+            digest.update(b"{" if first else b",")
+            digest.update(encoded)
+            first = False
+    digest.update(b"}" if not first else b"{}")
+    return "{" + ",".join(parts) + "}", digest.hexdigest()
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One validated episode as it is stored.
+
+    ``data`` is the episode as a plain dict, equal to ``Episode.model_dump()``; ``body`` its
+    canonical JSON (``Episode.to_json()``); ``episode`` the model when one was built (by
+    :func:`read_file`, and for the records the fast path could not vouch for)."""
+
+    data: dict[str, Any]
+    body: str
+    content_hash: str
+    episode: Episode | None = None
+
+    @property
+    def episode_id(self) -> str:
+        return self.data["episode_id"]
+
+    @property
+    def domain(self) -> str:
+        return self.data["domain"]
+
+
+def prepare_episode(ep: Episode) -> Prepared:
+    """The stored form of a validated :class:`Episode` (the slow, obvious path).
+
+    Dumps in Python mode, so that a NaN/inf anywhere (also where the models do not look,
+    e.g. ``source.raw``) is refused rather than written as ``null``."""
+    data = ep.model_dump()
+    body, digest = canonical_text(data)
+    return Prepared(data, body, digest, ep)
+
+
+def prepare_fast(data: Any = None, *, json_text: str | None = None) -> Prepared | None:
+    """The stored form of one episode validated in a single pydantic-core pass, or None
+    when the fast path cannot vouch for it (then validate with :class:`Episode`, which
+    locates the problem).  Same result as ``prepare_episode(Episode.model_validate(data))``.
+
+    The models' per-field Python checks are replaced by whole-episode ones: the canonical
+    dump refuses NaN/inf anywhere, and a body no longer than ``MAX_TEXT_CHARS`` cannot hold
+    a longer text (longer bodies take the model path, which checks each field)."""
+    d = episode_dict(data, json_text=json_text)
+    if d is None:
+        return None
+    try:
+        body, digest = canonical_text(d)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        return None
+    if len(body) > MAX_TEXT_CHARS:
+        return None
+    return Prepared(d, body, digest)
+
+
+def canonical_body(ep: Episode) -> tuple[str, str]:
+    """``(ep.to_json(), ep.content_hash())`` from one dump, refusing what the database
+    cannot hold: NaN/inf anywhere (ValueError) and unpaired surrogates (UnicodeEncodeError)."""
+    prepared = prepare_episode(ep)
+    return prepared.body, prepared.content_hash
 
 
 # --------------------------------------------------------------------------- documents
@@ -243,6 +307,9 @@ class ReadOptions:
     id_key: str | None = None
     skip_invalid: bool = False
     progress: ProgressFn | None = None
+    #: Set by ``import_file``: the episodes are only stored, so importers may validate them
+    #: on the fast path into plain dicts (:func:`prepare_fast`) and build no models.
+    for_storage: bool = False
 
 
 @dataclass
@@ -250,12 +317,13 @@ class ParsedFile:
     """What one file holds once read and validated (nothing stored yet)."""
 
     format: str
+    #: The validated models (empty when read for storage: see ``prepared``).
     episodes: list[Episode]
     tools: list[ToolSchema]
     rejected: list[dict[str, Any]] = field(default_factory=list)
-    #: ``(canonical JSON, content hash)`` of each episode, computed while reading (see
-    #: :func:`canonical_body`); None when the importer did not compute them.
-    bodies: list[tuple[str, str]] | None = None
+    #: Each episode as stored (dict, canonical JSON, content hash), in file order; None
+    #: when the importer left them to the caller.
+    prepared: list[Prepared] | None = None
     #: Ids that repeated within the file (each later copy was renamed, see ``renamed``).
     duplicate_ids: list[str] = field(default_factory=list)
     #: new id -> original id, for every episode renamed because its id repeated.
@@ -406,21 +474,25 @@ def iter_good_records(doc: Document, options: ReadOptions, rejected: list[dict[s
         options.progress(total, total)
 
 
-def convert_records(doc: Document, options: ReadOptions, convert: Callable[[RawRecord], Episode],
-                    parse: bool = True
-                    ) -> tuple[list[Episode], list[tuple[str, str]], list[dict[str, Any]]]:
-    """Apply ``convert`` to each record and compute its canonical body.
+def convert_records(doc: Document, options: ReadOptions,
+                    convert: Callable[[RawRecord], Episode | Prepared], parse: bool = True
+                    ) -> tuple[list[Prepared], list[dict[str, Any]]]:
+    """Apply ``convert`` to each record and prepare what is stored (:func:`prepare_episode`,
+    unless ``convert`` already did it on the fast path).
 
-    Returns (episodes, their ``canonical_body``, rejected).  Errors raise, or are collected
-    in rejected with ``skip_invalid``."""
-    episodes: list[Episode] = []
-    bodies: list[tuple[str, str]] = []
+    Returns (prepared episodes, rejected).  Errors raise, or are collected in rejected with
+    ``skip_invalid``."""
+    items: list[Prepared] = []
     rejected: list[dict[str, Any]] = []
     for rec in iter_good_records(doc, options, rejected, parse):
         try:
             try:
-                ep = convert(rec)
-                body = canonical_body(ep)
+                out = convert(rec)
+                if not isinstance(out, Prepared):
+                    try:
+                        out = prepare_episode(out)
+                    except TypeError as exc:  # a Python object json cannot write
+                        raise ValueError(f"TypeError: {exc}") from None
             except UnicodeEncodeError:
                 raise doc.error("text holds an unpaired surrogate (not valid Unicode)", rec) from None
             except (ValueError, RecursionError, OverflowError) as exc:
@@ -431,12 +503,19 @@ def convert_records(doc: Document, options: ReadOptions, convert: Callable[[RawR
                 raise
             rejected.append(exc.to_dict())
             continue
-        episodes.append(ep)
-        bodies.append(body)
-    return episodes, bodies, rejected
+        items.append(out)
+    return items, rejected
 
 
-def common_domain(episodes: list[Episode]) -> str | None:
+def models_of(items: list[Prepared], options: ReadOptions) -> list[Episode]:
+    """The models of prepared episodes for :attr:`ParsedFile.episodes` (none when read for
+    storage, where the fast path builds none)."""
+    if options.for_storage:
+        return []
+    return [p.episode if p.episode is not None else Episode.model_validate(p.data) for p in items]
+
+
+def common_domain(episodes: list[Episode] | list[Prepared]) -> str | None:
     """The domain shared by all episodes, or None when they differ (or there are none)."""
     domains = {ep.domain for ep in episodes}
     return domains.pop() if len(domains) == 1 else None

@@ -33,6 +33,7 @@ from core.importers.base import (
     convert_records,
     dedupe_tools,
     load_document,
+    models_of,
     register,
     validation_to_input_error,
 )
@@ -243,7 +244,8 @@ class BfclImporter(Importer):
             used_tools.extend(tools)
             return ep
 
-        episodes, bodies, rejected = convert_records(doc, options, convert)
-        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=dedupe_tools(used_tools),
+        items, rejected = convert_records(doc, options, convert)
+        episodes = models_of(items, options)
+        return ParsedFile(format=self.format, episodes=episodes, prepared=items, tools=dedupe_tools(used_tools),
                           rejected=rejected, domain="bfcl", default_dataset=doc.path.stem,
                           warnings=sorted(set(warnings)))

@@ -32,6 +32,7 @@ from core.importers.base import (
     Document,
     Importer,
     ParsedFile,
+    Prepared,
     RawRecord,
     ReadOptions,
     common_domain,
@@ -40,6 +41,8 @@ from core.importers.base import (
     get_path,
     is_finite_number,
     loc_to_path,
+    models_of,
+    prepare_fast,
     register,
 )
 from core.importers.chat import Conversation, convert_messages
@@ -154,8 +157,14 @@ def record_tools(record: dict[str, Any], key: str, doc: Document, rec: RawRecord
 
 
 def build_episode(body: dict[str, Any], conv: Conversation, doc: Document, rec: RawRecord,
-                  messages_field: str) -> Episode:
-    """Validate an episode built from a conversation; errors name the source message."""
+                  messages_field: str, for_storage: bool = False) -> Episode | Prepared:
+    """Validate an episode built from a conversation; errors name the source message.
+
+    ``for_storage``: return the stored form from the fast path when it vouches for it."""
+    if for_storage:
+        prepared = prepare_fast(body)
+        if prepared is not None:
+            return prepared
     try:
         return Episode.model_validate(body)
     except ValidationError as exc:
@@ -181,7 +190,7 @@ class _ChatImporter(Importer):
     accepts_keys = frozenset({"messages_key", "reward_key", "id_key"})
 
     def convert_chat(self, doc: Document, rec: RawRecord, options: ReadOptions,
-                     tools: list[ToolSchema]) -> Episode:
+                     tools: list[ToolSchema]) -> Episode | Prepared:
         record = rec.value
         key = options.messages_key or "messages"
         if isinstance(record, list):  # a bare list of messages is one episode too
@@ -213,30 +222,30 @@ class _ChatImporter(Importer):
         }
         if conv.trailing:
             body["meta"] = {"trailing_messages": conv.trailing}
-        return build_episode(body, conv, doc, rec, key)
+        return build_episode(body, conv, doc, rec, key, options.for_storage)
 
     def read_chat(self, doc: Document, options: ReadOptions) -> ParsedFile:
         tools: list[ToolSchema] = []
-        episodes, bodies, rejected = convert_records(
+        items, rejected = convert_records(
             doc, options, lambda rec: self.convert_record(doc, rec, options, tools))
         warnings = []
         for flag, key in (("--reward-key", options.reward_key), ("--id-key", options.id_key)):
-            if key is None or not episodes:
+            if key is None or not items:
                 continue
-            missing = sum(1 for ep in episodes if not _has_path(ep.source.raw, key))
-            if missing == len(episodes):
+            missing = sum(1 for p in items if not _has_path(p.data["source"]["raw"], key))
+            if missing == len(items):
                 # Almost surely a mistyped key: refuse rather than import without it.
                 raise doc.error(f"{flag} '{key}' is in none of the {missing} records", field=key)
             if missing:
                 what = ("their outcome is unknown" if flag == "--reward-key"
                         else "their ids were generated as <file stem>-<record index>")
                 warnings.append(f"{missing} record(s) lack '{key}': {what}")
-        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=dedupe_tools(tools),
-                          rejected=rejected, domain=common_domain(episodes),
+        return ParsedFile(format=self.format, episodes=models_of(items, options), prepared=items,
+                          tools=dedupe_tools(tools), rejected=rejected, domain=common_domain(items),
                           default_dataset=doc.path.stem, warnings=warnings)
 
     def convert_record(self, doc: Document, rec: RawRecord, options: ReadOptions,
-                       tools: list[ToolSchema]) -> Episode:
+                       tools: list[ToolSchema]) -> Episode | Prepared:
         return self.convert_chat(doc, rec, options, tools)
 
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
@@ -285,14 +294,14 @@ class OpenAILegacyImporter(_ChatImporter):
         return messages is not None and _is_legacy(messages)
 
     def convert_record(self, doc: Document, rec: RawRecord, options: ReadOptions,
-                       tools: list[ToolSchema]) -> Episode:
+                       tools: list[ToolSchema]) -> Episode | Prepared:
         record = rec.value
         if isinstance(record, dict) and "answer_generation" in record and options.messages_key is None:
             return self._toolbench(doc, rec, options, tools)
         return self.convert_chat(doc, rec, options, tools)
 
     def _toolbench(self, doc: Document, rec: RawRecord, options: ReadOptions,
-                   tools: list[ToolSchema]) -> Episode:
+                   tools: list[ToolSchema]) -> Episode | Prepared:
         record = rec.value
         ag = record["answer_generation"]
         if not isinstance(ag, dict):
@@ -338,4 +347,4 @@ class OpenAILegacyImporter(_ChatImporter):
         }
         if conv.trailing:
             body["meta"] = {"trailing_messages": conv.trailing}
-        return build_episode(body, conv, doc, rec, where)
+        return build_episode(body, conv, doc, rec, where, options.for_storage)

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.episodes import Episode
 from core.errors import InputError
 from core.importers.base import (
     Document,
     ParsedFile,
+    Prepared,
     RawRecord,
     ReadOptions,
     convert_records,
@@ -76,17 +76,18 @@ class Rows:
         self.domains |= other.domains
 
 
-def rows_of(episodes: list[Episode], bodies: list[tuple[str, str]]) -> Rows:
-    """The rows of validated episodes with their ``(canonical body, content hash)``."""
-    from core.store import episode_row, step_rows
+def rows_of(items: list[Prepared]) -> Rows:
+    """The rows of prepared episodes (see :class:`~core.importers.base.Prepared`)."""
+    from core.store import episode_row_of, step_rows_of
 
     rows = Rows()
-    for ep, (body, digest) in zip(episodes, bodies):
-        rows.episodes.append(episode_row(ep, body, digest))
-        rows.steps.append(step_rows(ep))
-        rows.calls += [(s.action.tool or "", s.action.params, s.action.raw_arguments)
-                       for s in ep.steps if s.action.kind == "tool_call"]
-        rows.domains.add(ep.domain)
+    for p in items:
+        data = p.data
+        rows.episodes.append(episode_row_of(data, p.body, p.content_hash))
+        rows.steps.append(step_rows_of(data))
+        rows.calls += [(a["tool"] or "", a["params"], a["raw_arguments"])
+                       for a in (s["action"] for s in data["steps"]) if a["kind"] == "tool_call"]
+        rows.domains.add(data["domain"])
     return rows
 
 
@@ -100,11 +101,12 @@ def convert_rwb_chunk(file: str, items: list[tuple[int, int | None, str]],
     doc = Document(Path(file), b"", "jsonl",
                    [RawRecord(None, record, line, text=text, file=file) for record, line, text in items])
     try:
-        episodes, bodies, rejected = convert_records(
-            doc, ReadOptions(skip_invalid=skip_invalid), lambda rec: episode_from_line(doc, rec), parse=False)
+        items, rejected = convert_records(
+            doc, ReadOptions(skip_invalid=skip_invalid, for_storage=True),
+            lambda rec: episode_from_line(doc, rec, for_storage=True), parse=False)
     except InputError as exc:
         return {"error": exc.to_dict()}
-    rows = rows_of(episodes, bodies)
+    rows = rows_of(items)
     return {"episodes": rows.episodes, "steps": rows.steps, "calls": rows.calls,
             "domains": sorted(rows.domains), "rejected": rejected}
 

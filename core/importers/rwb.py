@@ -21,11 +21,14 @@ from core.importers.base import (
     Document,
     Importer,
     ParsedFile,
+    Prepared,
     RawRecord,
     ReadOptions,
     common_domain,
     convert_records,
     dedupe_tools,
+    models_of,
+    prepare_fast,
     register,
     validation_to_input_error,
 )
@@ -40,15 +43,23 @@ def header_line(domain: str | None, tools: list[ToolSchema]) -> dict[str, Any]:
                          "tools": [t.model_dump(mode="json") for t in tools]}}
 
 
-def episode_from_line(doc: Document, rec: RawRecord) -> Episode:
-    """One episode line, validated; InputError located at the line and field."""
+def episode_from_line(doc: Document, rec: RawRecord, for_storage: bool = False) -> Episode | Prepared:
+    """One episode line, validated; InputError located at the line and field.
+
+    ``for_storage``: return the stored form from the fast path (one pydantic-core pass into
+    dicts, no models) when it vouches for the line."""
     if rec.text is not None:
-        # Fast path: pydantic parses and validates the line in one go.  On any failure
+        # Fast paths: pydantic parses and validates the line in one go.  On any failure
         # the slow path below re-reads it to say precisely what is wrong.
-        try:
-            return Episode.model_validate_json(rec.text)
-        except ValidationError:
-            pass
+        if for_storage:
+            prepared = prepare_fast(json_text=rec.text)
+            if prepared is not None:
+                return prepared
+        else:
+            try:
+                return Episode.model_validate_json(rec.text)
+            except ValidationError:
+                pass
     if rec.error is not None:
         raise rec.error
     value = rec.value
@@ -74,10 +85,12 @@ class RwbImporter(Importer):
 
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
         domain, tools, body_doc = self.split_header(doc)
-        episodes, bodies, rejected = convert_records(
-            body_doc, options, lambda rec: episode_from_line(body_doc, rec), parse=False)
-        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=tools, rejected=rejected,
-                          domain=domain if domain is not None else common_domain(episodes),
+        items, rejected = convert_records(
+            body_doc, options, lambda rec: episode_from_line(body_doc, rec, options.for_storage),
+            parse=False)
+        return ParsedFile(format=self.format, episodes=models_of(items, options), prepared=items,
+                          tools=tools, rejected=rejected,
+                          domain=domain if domain is not None else common_domain(items),
                           default_dataset=doc.path.stem)
 
     def split_header(self, doc: Document) -> tuple[str | None, list[ToolSchema], Document]:

@@ -41,6 +41,7 @@ from core.importers.base import (
     convert_records,
     is_finite_number,
     load_document,
+    models_of,
     register,
     validation_to_input_error,
 )
@@ -374,8 +375,9 @@ class Tau2Importer(Importer):
             domains.append(domain)
             return ep
 
-        episodes, bodies, rejected = convert_records(doc, options, convert)
-        domain = common_domain(episodes)
+        items, rejected = convert_records(doc, options, convert)
+        episodes = models_of(items, options)
+        domain = common_domain(items)
         described = _tools_data(folder, domain) if domain else {}
         tools = [infer_schema(name, calls, described.get(name), domain or "tau2")
                  for name, calls in sorted(calls_by_tool.items())]
@@ -385,7 +387,7 @@ class Tau2Importer(Importer):
                    else "there is no db.json beside the tasks file to replay reads from")
             warnings.append(f"{replayed[1]} of {sum(replayed)} gold calls have no replayed "
                             f"result: {why}")
-        return ParsedFile(format=self.format, episodes=episodes, bodies=bodies, tools=tools, rejected=rejected,
+        return ParsedFile(format=self.format, episodes=episodes, prepared=items, tools=tools, rejected=rejected,
                           domain=domain, default_dataset=f"tau2_{domain}" if domain else doc.path.stem,
                           warnings=warnings)
 

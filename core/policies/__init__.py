@@ -19,9 +19,10 @@ manifest is the one the index recorded at promotion.
 The folder can be moved with the ``RWB_POLICIES_DIR`` environment variable (tests do, so
 they never write into the source tree), or per call with ``root=``.
 
-``load(name)`` is the production entry point (``from core.policies import load``).  It
-returns the verified :class:`core.bundle.LoadedBundle`; the decision engine
-(core.serving) builds on it.
+``load(name)`` is the production entry point (``from core.policies import load``): the
+decision engine (:class:`core.serving.DecisionEngine`) serving the promoted policy.
+``load_bundle_for(name)`` is the verified :class:`core.bundle.LoadedBundle` alone (what
+the engine is built on, and what a script that only needs the policy loads).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.bundle import LoadedBundle
+    from core.serving import DecisionEngine
+    from core.store import Workspace
 
 INDEX = "index.json"
 INDEX_FORMAT = 1
@@ -97,12 +100,14 @@ def load_bundle_for(name: str, *, root: str | Path | None = None, version: str |
     return bundle
 
 
-def load(name: str, *, root: str | Path | None = None) -> "LoadedBundle":
-    """The promoted policy ``name`` as production serves it: its verified bundle.
+def load(name: str, *, root: str | Path | None = None, ws: "Workspace | None" = None,
+         **options: Any) -> "DecisionEngine":
+    """The decision engine serving the promoted policy ``name`` (``engine.decide(request)``):
+    :func:`core.serving.load` — ``ws`` keeps the audit trail and the review queue
+    (default ``$RWB_WORKSPACE`` or ./workspace), ``options`` go to the engine."""
+    from core.serving import load as engine_for
 
-    The decision engine (core.serving) is built on this object; see
-    :class:`core.bundle.LoadedBundle` for what it exposes."""
-    return load_bundle_for(name, root=root)
+    return engine_for(name, ws=ws, root=root, **options)
 
 
 __all__ = ["ENV_ROOT", "INDEX", "active_version", "empty_index", "load", "load_bundle_for", "policies_root",

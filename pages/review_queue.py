@@ -1,0 +1,141 @@
+"""Review Queue: claim a high-risk action, read its state and reward components, approve or reject it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import resources
+from core import review
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+FLASH = "review_flash"
+CURRENT = "review_item_id"
+
+st.title("Review Queue")
+st.caption("High-risk actions from training (the same risky action three times in a row) and from serving "
+           "(a high-risk action served with low confidence). Approve = reasonable exploration, the step "
+           "becomes training data; reject = a mask rule, so neither training nor the decision engine takes "
+           "that action in that state again.")
+
+ws = resources.workspace()
+actor = resources.acting_user()
+can_review = actor is not None and actor.can("review")
+
+
+def _act(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Button callback: call one core function; keep its outcome for the next render."""
+    try:
+        result = fn(*args, **kwargs)
+    except USER_ERRORS as exc:
+        st.session_state[FLASH] = ("error", f"{label}: {exc}")
+        return
+    resources.refresh_review_queue()
+    if fn is review.claim:
+        if result is None:
+            st.session_state[FLASH] = ("info", "Nothing to claim: the queue has no open items.")
+            return
+        st.session_state[CURRENT] = result["id"]
+        st.session_state[FLASH] = ("success", f"Claimed item #{result['id']}.")
+    elif fn is review.decide:
+        st.session_state.pop(CURRENT, None)
+        outcome = ("labelled as reasonable exploration (training data)" if result["decision"] == "approve"
+                   else "now a mask rule")
+        st.session_state[FLASH] = ("success", f"Item #{result['id']} {result['decision']}d: {outcome}.")
+    else:
+        st.session_state.pop(CURRENT, None)
+        st.session_state[FLASH] = ("success", f"Item #{result['id']} is back in the queue.")
+
+
+if actor is None:
+    st.info("This workspace has users: sign in as a reviewer to claim and decide items. The queue can "
+            "still be read.")
+elif not can_review:
+    st.info(f"You act as **{actor.name}** ({actor.role}): only reviewers and admins decide items; the queue "
+            "can still be read.")
+else:
+    st.caption(f"Acting as **{actor.name}** ({actor.role}).")
+flash = st.session_state.pop(FLASH, None)
+if flash is not None:
+    {"error": st.error, "info": st.info}.get(flash[0], st.success)(flash[1])
+
+# --------------------------------------------------------------------------- statistics
+stats = resources.review_queue_stats()
+c1, c2, c3, c4, c5 = st.columns(5)
+c1.metric("Pending", stats["pending"])
+c2.metric("Claimed", stats["claimed"], help=f"{stats['expired_claims']} claim(s) expired (claimable again)")
+c3.metric("Decided", stats["decided"], help=f"{stats['approved']} approved, {stats['rejected']} rejected")
+c4.metric("Approve rate", "—" if stats["approve_rate"] is None else f"{stats['approve_rate']:.0%}")
+c5.metric("Oldest open", "—" if stats["oldest_pending_age_s"] is None
+          else f"{stats['oldest_pending_age_s'] / 60:.0f} min")
+
+# --------------------------------------------------------------------------- the item under review
+if can_review:
+    mine = review.list_items(ws, status="claimed", claimed_by=actor.name)
+    current = st.session_state.get(CURRENT)
+    if current not in {i["id"] for i in mine}:
+        current = mine[0]["id"] if mine else None
+    st.button("Claim next item", type="primary" if current is None else "secondary", key="review_claim",
+              on_click=lambda: _act("claim", review.claim, ws, actor))
+    if len(mine) > 1:
+        current = st.selectbox("Your claimed items", [i["id"] for i in mine], key="review_pick",
+                               index=[i["id"] for i in mine].index(current), format_func=lambda i: f"#{i}")
+    if current is None:
+        st.info("You hold no item. **Claim next item** takes the oldest open one for five minutes.")
+    else:
+        item = review.get_item(ws, current)
+        st.subheader(f"#{item['id']}: {item['action_label'] or item['token_name'] or item['token_id']}")
+        st.write(f"**Why it is here:** {item['reason']}")
+        where = (f"serving, decision `{item['decision_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
+                 if item["origin"] == "serving" else
+                 f"training run `{item['run_id']}`, episode `{item['episode_id']}`, step {item['step_t']}")
+        st.caption(f"From {where}. Claimed until {item['claim_expires']}.")
+        a1, a2, a3, a4 = st.columns(4)
+        a1.metric("Action token", item["token_name"] or str(item["token_id"]))
+        a2.metric("Tool", item["tool"] or "—")
+        a3.metric("Risk", item["risk"] or "—")
+        a4.metric("Confidence", "—" if item["confidence"] is None else f"{item['confidence']:.2f}")
+        left, right = st.columns(2)
+        with left:
+            st.write("**State** (task type "
+                     f"`{item['task_type'] or '—'}`)")
+            st.dataframe([{"feature": k, "value": str(v)} for k, v in item["state"].items()], hide_index=True,
+                         use_container_width=True)
+        with right:
+            st.write("**Reward components**")
+            if item["reward_components"]:
+                st.dataframe(item["reward_components"], hide_index=True, use_container_width=True)
+            else:
+                st.caption("None recorded for this step.")
+            if item["meta"]:
+                with st.expander("More context"):
+                    st.json(item["meta"], expanded=False)
+        with st.form("review_decide"):
+            comment = st.text_area("Comment", key="review_comment",
+                                   placeholder="Why — required to reject: it stays with the mask rule")
+            b1, b2 = st.columns(2)
+            approve = b1.form_submit_button("Approve: reasonable exploration")
+            reject = b2.form_submit_button("Reject: never in this state", type="primary")
+        if approve or reject:
+            _act("decide", review.decide, ws, actor, item["id"], "approve" if approve else "reject", comment)
+            st.rerun()
+        st.button("Release (back to the queue, undecided)", key="review_release",
+                  on_click=lambda: _act("release", review.release, ws, actor, item["id"]))
+
+# --------------------------------------------------------------------------- the queue
+st.subheader("Queue")
+status = st.selectbox("Show", ["open", "claimed", "decided", "all"], key="review_status",
+                      help="open = pending, or claimed with an expired lease")
+items = review.list_items(ws, status=None if status == "all" else status, limit=500)
+if not items:
+    st.info("No items here. Items arrive from training runs (curriculum level L3) and from the decision "
+            "engine (`rwb serve decide`) — or check another status.")
+else:
+    st.dataframe([{"id": i["id"], "status": i["status"] + (" (expired)" if i["claim_expired"] else ""),
+                   "origin": i["origin"], "action": i["action_label"] or i["token_name"], "risk": i["risk"],
+                   "task type": i["task_type"], "reason": i["reason"], "age (min)": round(i["age_s"] / 60, 1),
+                   "claimed by": i["claimed_by"], "decision": i["decision"], "comment": i["comment"]}
+                  for i in items], hide_index=True, use_container_width=True)

@@ -1,0 +1,104 @@
+"""The Audit page (AppTest): summary, browse and filter records, read one, export records
+or served episodes; export only for the roles that may."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core import audit
+from core.store import Workspace
+from core.users import LOCAL_ADMIN, Actor, add_user
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = str(ROOT / "pages" / "audit.py")
+
+
+def _record(i: int, version: str) -> tuple[dict, dict]:
+    request = {"episode_id": f"sess-{i % 3}", "query": f"reduce my position {i}", "task_type": "urgent_reduce",
+               "state": {"hour": 10, "volatility": 0.2 + i / 100}}
+    record = {"timestamp": f"2025-03-01T09:{i:02d}:00Z", "rde_action": 3,
+              "rl_candidates": [{"id": 7, "prob": 0.6, "reward_est": 0.42}] if i % 2 else [],
+              "final_action": 7 if i % 2 else 3,
+              "reward_components": [{"name": "state_value", "value": 0.3}] if i % 2 else [],
+              "policy_version": version, "episode_id": request["episode_id"]}
+    return record, request
+
+
+@pytest.fixture
+def audit_ws(tmp_path, monkeypatch):
+    path = tmp_path / "ws"
+    ws = Workspace.open(path)
+    for i in range(8):
+        record, request = _record(i, "finance_risk@0.1.0" if i < 5 else "finance_risk@0.2.0")
+        audit.write_record(ws, Actor.service(), record, request=request,
+                           action={"kind": "tool_call", "tool": "place_order", "params": {"side": "sell"}})
+    monkeypatch.setenv("RWB_WORKSPACE", str(path))
+    yield ws
+    ws.close()
+
+
+def test_browse_filter_and_export(audit_ws):
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Audit"
+    assert {m.label: m.value for m in at.metric}["Records"] == "8"
+    table = at.dataframe[0].value
+    assert len(table) == 8 and "sess-1" in set(table["episode"])
+    assert "decision_id" in str(at.json[0].value)                 # the picked record in full
+
+    at.selectbox(key="audit_version").set_value("finance_risk@0.2.0")
+    at.text_input(key="audit_episode").set_value("sess-1")
+    next(b for b in at.button if b.label == "Apply").click()
+    at.run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert set(table["policy"]) == {"finance_risk@0.2.0"} and set(table["episode"]) == {"sess-1"}
+    assert len(table) == 1
+
+    at.checkbox(key="audit_as_episodes").check()
+    next(b for b in at.button if b.label == "Export with these filters").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert "1 episodes (1 decisions)" in at.success[0].value
+    exported = at.session_state["audit_exported"]
+    line = json.loads(Path(exported["path"]).read_text().splitlines()[0])
+    assert line["episode_id"] == "sess-1" and line["steps"][0]["action"]["tool"] == "place_order"
+
+
+def test_bad_filters_are_errors_not_tracebacks(audit_ws):
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.text_input(key="audit_since").set_value("yesterday")
+    next(b for b in at.button if b.label == "Apply").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert "ISO-8601" in at.error[0].value
+
+
+def test_export_only_for_roles_that_may(audit_ws):
+    add_user(audit_ws, LOCAL_ADMIN, "ada", "admin", password="ada-password")
+    add_user(audit_ws, Actor("ada", "admin"), "rae", "reviewer", password="rae-password")
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.session_state["actor"] = Actor("rae", "reviewer")
+    at.run()
+    assert not at.exception, at.exception
+    assert "Export with these filters" not in [b.label for b in at.button]
+    assert len(at.dataframe[0].value) == 8                           # reading needs no permission
+
+
+def test_empty_trail_says_how_to_fill_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "empty"))
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert "rwb serve decide" in at.info[0].value
+
+
+def test_page_is_in_the_app_menu(audit_ws):
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    assert not at.exception, at.exception
+    at.switch_page("../pages/audit.py").run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Audit"]
