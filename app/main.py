@@ -26,6 +26,7 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("state_explorer.py", "State Explorer", "states", ":material/scatter_plot:"),
     ("reward_pyramid.py", "Reward Pyramid", "rewards", ":material/change_history:"),
     ("training.py", "Training", "training", ":material/model_training:"),
+    ("tuning.py", "Tuning", "tuning", ":material/tune:"),
     ("diagnostics.py", "Diagnostics", "diagnostics", ":material/troubleshoot:"),
     ("policies.py", "Policies", "policies", ":material/verified:"),
     ("review_queue.py", "Review Queue", "review", ":material/rule:"),

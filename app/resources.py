@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from core.rewards import ScoreResult, StepsFrame, Template
     from core.rewards.views import PyramidReport
     from core.statemap import StateMapReport
+    from core.tuning import StudyReport
 
 
 def workspace_path() -> str:
@@ -262,3 +263,39 @@ def audit_records(*, episode_id: str | None = None, policy_version: str | None =
     """Audit records matching the filters, newest first (core.audit.list_records); the trail
     only grows, so a few seconds of caching never shows a changed record."""
     return _audit_records(_session_path(), episode_id, policy_version, since, until, final_action, limit)
+
+
+# --------------------------------------------------------------------------- tuning
+@st.cache_data(show_spinner=False, max_entries=16)
+def _tuning_report(path: str, name: str, fingerprint: tuple) -> "StudyReport":
+    # `fingerprint` (trial count, storage) changes whenever a worker writes trials, so a
+    # refresh without new trials reuses the figures (they take seconds on a large study).
+    from core.tuning import study_report
+
+    return study_report(_workspace(path), name)
+
+
+def tuning_report(name: str) -> "StudyReport":
+    """The Tuning page's report of study ``name`` (recomputed only when trials were added)."""
+    from core.tuning import study_fingerprint
+
+    ws = workspace()
+    return _tuning_report(_session_path(), name, (*study_fingerprint(ws, name), len(_runs_of(ws, name))))
+
+
+def _runs_of(ws: Workspace, name: str) -> list:
+    from core.tuning import study_runs
+
+    return [(r["id"], r["status"], r["trials_done"]) for r in study_runs(ws, name)]
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _space_rows(path: str, template: str, withhold: bool) -> list[dict]:
+    from core.tuning import space_rows
+
+    return space_rows(_workspace(path), template, withhold=withhold)
+
+
+def tuning_space(template: str, withhold: bool = True) -> list[dict]:
+    """Default bounds rows of ``template`` for the Tuning page's table."""
+    return _space_rows(_session_path(), template, withhold)

@@ -1,7 +1,7 @@
 """Latency and throughput of the decision engine's decide() (core.serving), audit write included.
 
     python benchmarks/bench_decide.py [--bundle FILE.zip] [--episodes 120] [--batch 64]
-                                      [--hash-embedder] [--workspace DIR]
+                                      [--hash-embedder] [--torch-threads 1] [--workspace DIR]
 
 Without ``--bundle`` it builds one the way the workbench does: the finance sample imported
 into a temporary workspace, a short PPO run, ``export_bundle`` (about a minute).  Recorded
@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="Episodes per decide_batch call.")
     parser.add_argument("--hash-embedder", action="store_true",
                         help="A hash embedder instead of the sentence model (training and serving).")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads of the serving process (ServingConfig.torch_threads).")
     parser.add_argument("--workspace", type=Path, help="Folder for the temporary workspaces.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = parser.parse_args()
@@ -178,9 +180,9 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
 
     ws = Workspace.open(work / "serve-ws")
-    fast = DecisionEngine(ws, bundle, embedder=embedder)
+    fast = DecisionEngine(ws, bundle, embedder=embedder, config=ServingConfig(torch_threads=args.torch_threads))
     naive = NaiveEngine(Workspace.open(work / "naive-ws"), bundle, embedder=embedder,
-                        config=ServingConfig(audit_synchronous=True))
+                        config=ServingConfig(audit_synchronous=True, torch_threads=args.torch_threads))
     # warm-up: the first calls load the sentence model, allocate torch buffers, …
     single(fast, sequences[:3], "-warm")
     single(naive, sequences[:3], "-warm")

@@ -55,7 +55,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -376,7 +375,12 @@ def read_members(path: str | Path, v: _Verification | None = None) -> dict[str, 
 
 # --------------------------------------------------------------------------- pickle and formats
 def pickle_signature(name: str, data: bytes) -> str | None:
-    """Why ``data`` (file ``name``) looks like a pickle or a container of one, else None."""
+    """Why ``data`` (file ``name``) looks like a pickle or a container of one, else None.
+
+    Besides the tell-tale headers, the bytes are read as a pickle opcode stream with
+    :func:`pickletools.genops` — a disassembler that never executes anything: a file that
+    parses completely, up to a final STOP, is a pickle of some protocol (0 and 1 have no
+    header).  Text, JSON, YAML and safetensors fail within the first bytes."""
     if name.lower().endswith(PICKLE_SUFFIXES):
         return f"{name!r} has a pickle-style file name"
     head = data[:8]
@@ -386,11 +390,26 @@ def pickle_signature(name: str, data: bytes) -> str | None:
         return f"{name!r} is a zip inside the bundle (torch.save writes zipped pickles)"
     if head.startswith(b"\x93NUMPY"):
         return f"{name!r} is numpy .npy data (object arrays are pickles)"
-    if head[:1] in (b"(", b"]", b"}") and data.rstrip().endswith(b"."):
-        return f"{name!r} looks like a protocol-0/1 pickle"
-    if head[:1] == b"c" and b"\n" in data[:256] and data.rstrip().endswith(b"."):
-        return f"{name!r} looks like a protocol-0 pickle (global import)"
+    if _parses_as_pickle(data):
+        return f"{name!r} is a pickle (protocol 0/1 opcodes)"
     return None
+
+
+def _parses_as_pickle(data: bytes) -> bool:
+    import pickletools
+
+    stripped = data.rstrip(b"\r\n")
+    if not stripped.endswith(b"."):  # every pickle ends with STOP
+        return False
+    try:
+        end = -1
+        for opcode, _arg, pos in pickletools.genops(stripped):
+            end = pos
+            if opcode.name == "STOP":
+                break
+        return end == len(stripped) - 1
+    except (ValueError, TypeError, UnicodeDecodeError, EOFError, OverflowError):
+        return False
 
 
 def safetensors_problem(name: str, data: bytes) -> str | None:
@@ -1186,3 +1205,9 @@ def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[
     ids = sorted(tables.episode_ids[i] for i in heldout.cpu().tolist())
     return {"heldout_fingerprint": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest(),
             "dataset": run.get("dataset"), "template_sha256": run.get("template_hash")}
+
+
+__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BundleError", "FileEntry", "LoadedBundle",
+           "Manifest", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
+           "list_bundles", "load_bundle", "parse_semver", "pickle_signature", "read_members",
+           "safetensors_problem", "seal_manifest", "semver_key", "verify_bundle", "write_bundle", "write_folder"]

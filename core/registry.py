@@ -36,7 +36,7 @@ Example::
     >>> register(ws, ada, "finance-0.1.0.zip")                                         # doctest: +SKIP
     >>> approve(ws, bob, "finance_risk", "0.1.0", "beats the expert on 40 held-out episodes")  # doctest: +SKIP
     >>> promote(ws, bob, "finance_risk", "0.1.0")                                      # doctest: +SKIP
-    >>> from core.policies import load; load("finance_risk").version                  # doctest: +SKIP
+    >>> from core.policies import load_bundle_for; load_bundle_for("finance_risk").version  # doctest: +SKIP
     '0.1.0'
 """
 
@@ -59,7 +59,6 @@ from core.bundle import (
     Approval,
     BundleError,
     Manifest,
-    _verify,
     parse_semver,
     read_members,
     seal_manifest,
@@ -68,7 +67,7 @@ from core.bundle import (
     write_folder,
 )
 from core.errors import ConflictError, InputError
-from core.policies import INDEX, empty_index, policies_root, read_index
+from core.policies import INDEX, policies_root, read_index
 from core.users import Actor, authorize, check_four_eyes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -294,6 +293,9 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
         if not report.ok:
             raise BundleError(f"bundle refused: {report.reason}", file=str(src))
         m = Manifest.model_validate(report.manifest)
+        if m.approvals:
+            raise BundleError(f"{m.policy_version} arrives with approvals in its manifest; approvals are given in "
+                              "the registry (register the exported bundle, not a promoted copy)", field="approvals")
         _check_run_record(ws, m)
         with ws.transaction() as conn:
             have = conn.execute("SELECT bundle_sha256 FROM policy_versions WHERE name=? AND version=?",
@@ -351,10 +353,13 @@ def _registered_bundle(row: Mapping[str, Any]) -> Path:
 def bundle_bytes(ws: "Workspace", name: str, version: str) -> bytes:
     """The registered bundle zip of ``name@version`` (for a download), checked against the
     sha256 recorded at registration."""
-    path = _registered_bundle(_row(ws.conn, name, version))
+    row = _row(ws.conn, name, version)
+    path = Path(row["bundle_path"])
+    if not path.is_file():
+        raise BundleError(f"the registered copy of {name} {version} is missing", file=str(path))
     data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != _row(ws.conn, name, version)["bundle_sha256"]:
-        raise BundleError(f"the registered copy of {name} {version} changed while it was read", file=str(path))
+    if hashlib.sha256(data).hexdigest() != row["bundle_sha256"]:
+        raise BundleError(f"the registered copy of {name} {version} was changed after registration", file=str(path))
     return data
 
 

@@ -533,21 +533,25 @@ class RawStateFeatures:
         }
         return {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in batch.items()}
 
-    def raw_matrix(self, rewards: np.ndarray | None = None, *, intent: bool = True) -> np.ndarray:
-        """[N, D] plain concatenation of the raw features (no learned weights).
+    def raw_matrix(self, rewards: np.ndarray | None = None, *, intent: bool = True,
+                   index: np.ndarray | None = None) -> np.ndarray:
+        """[N or len(index), D] plain concatenation of the raw features (no learned weights).
 
         Each block (intent embedding, intent rules, context, trace) is scaled to unit
-        mean row norm so no block dominates by its width; the trace's tokens are
-        one-hot.  ``intent=False`` leaves the intent blocks out (the ablation)."""
+        mean row norm over the rows returned, so no block dominates by its width; the
+        trace's tokens are one-hot.  ``intent=False`` leaves the intent blocks out (the
+        ablation)."""
+        idx = np.arange(self.n_steps) if index is None else np.asarray(index, dtype=np.int64)
+        ep = self.step_episode[idx]
         blocks: list[np.ndarray] = []
         if intent:
-            blocks.append(self.intent_emb[self.step_episode])
-            blocks.append(self.intent_rules[self.step_episode])
-        blocks.append(self.context)
-        onehot = np.zeros((self.n_steps, TRACE_LEN, self.n_actions + 2), dtype=np.float32)
-        np.put_along_axis(onehot, (self.trace_action + 2)[..., None], 1.0, axis=2)
-        trace = np.concatenate([onehot.reshape(self.n_steps, -1), self.trace_rewards(rewards),
-                                self.trace_dt], axis=1)
+            blocks.append(self.intent_emb[ep])
+            blocks.append(self.intent_rules[ep])
+        blocks.append(self.context[idx])
+        onehot = np.zeros((len(idx), TRACE_LEN, self.n_actions + 2), dtype=np.float32)
+        np.put_along_axis(onehot, (self.trace_action[idx] + 2)[..., None], 1.0, axis=2)
+        trace = np.concatenate([onehot.reshape(len(idx), -1), self.trace_rewards(rewards, idx),
+                                self.trace_dt[idx]], axis=1)
         blocks.append(trace)
         scaled = []
         for b in blocks:

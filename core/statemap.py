@@ -55,8 +55,10 @@ class TsneConfig:
 
     #: Dimensions kept by the PCA that runs first (noise removal and speed).
     pca_dims: int = 50
-    #: Effective number of neighbours each point attends to.
-    perplexity: float = 30.0
+    #: Effective number of neighbours each point attends to.  40 rather than the usual 30:
+    #: on 20k encoded states it keeps neighbourhoods slightly better (trustworthiness
+    #: 0.9826 vs 0.9818, mean of three subsamples) at about the same cost.
+    perplexity: float = 40.0
     #: Iterations of the early-exaggeration phase (cluster formation) and of the normal
     #: phase.  Starting from the PCA layout with the learning rate N/12, a short schedule
     #: reaches the trustworthiness of openTSNE's default 250 + 500 (bench_tsne.py).
@@ -831,12 +833,14 @@ def _html_escape(text: str) -> str:
 
 
 def _state_matrix(raw: RawStateFeatures, space: str, encoder_config: StateEncoderConfig,
-                  rewards: np.ndarray | None, intent: bool = True) -> np.ndarray:
+                  rewards: np.ndarray | None, intent: bool = True,
+                  index: np.ndarray | None = None) -> np.ndarray:
+    """The states of steps ``index`` (all when None) in the chosen space."""
     if space == "raw":
-        return raw.raw_matrix(rewards, intent=intent)
+        return raw.raw_matrix(rewards, intent=intent, index=index)
     if space == "encoded":
         cfg = encoder_config if intent else StateEncoderConfig(**{**asdict(encoder_config), "intent": "off"})
-        return encode_states(raw, cfg, rewards=rewards)
+        return encode_states(raw, cfg, rewards=rewards, index=index)
     raise InputError(f"space must be 'encoded' or 'raw', not {space!r}", field="space")
 
 
@@ -853,8 +857,9 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     random sample) go on the map and into the fidelity check; entropy uses all steps.
     Per-step rewards feed the trace and the reward colours: ``template`` scores the steps
     with that reward pyramid (a shipped name such as ``finance_risk`` or a file), or
-    ``rewards`` gives them directly; without either the trace rewards are zero.  The result is cached in the workspace
-    (``artifacts/states/``), so a big map is computed once; ``out`` writes the HTML.
+    ``rewards`` gives them directly; without either the trace rewards are zero.  The
+    result is cached in the workspace (``artifacts/states/maps``), so a big map is
+    computed once; ``out`` writes the HTML.
     """
     report_progress = progress or (lambda _msg: None)
     encoder = encoder or StateEncoderConfig()
@@ -906,9 +911,10 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     t1 = time.perf_counter()
     report_progress("encoding states")
     X = _state_matrix(raw, space, encoder, reward_vec)
-    X_off = _state_matrix(raw, space, encoder, reward_vec, intent=False)
-    timings["encode_s"] = time.perf_counter() - t1
     index = _sample(raw.n_steps, max_points, tsne.seed)
+    # the ablation is only compared on the sampled steps
+    X_off = _state_matrix(raw, space, encoder, reward_vec, intent=False, index=index)
+    timings["encode_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     report_progress("clustering states and measuring entropy")
     k = min(clusters, raw.n_steps)
@@ -918,7 +924,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     t3 = time.perf_counter()
     report_progress("checking fidelity")
     fidelity = state_fidelity(X[index], [src.steps["task_type"][i] for i in index], raw.step_episode[index],
-                              X_intent_off=X_off[index], seed=tsne.seed)
+                              X_intent_off=X_off, seed=tsne.seed)
     timings["fidelity_s"] = time.perf_counter() - t3
     t4 = time.perf_counter()
     report_progress(f"t-SNE of {len(index)} states")

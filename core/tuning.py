@@ -1490,7 +1490,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     run = _start_run(ws, actor, name, trials, run_id)
     state = {"done": 0, "flushed_at": time.monotonic(), "stop": False, "stopped": False}
 
-    def flush(study_obj: optuna.Study) -> None:
+    def flush(study_obj: optuna.Study, in_loop: bool = True) -> None:
         if writer is not None:
             fresh = []
             for tr in study_obj.get_trials(deepcopy=False)[writer.written:]:
@@ -1501,7 +1501,8 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         best = _best_value(study_obj)
         if _heartbeat(ws, run, state["done"], best) or state["stop"]:
             state["stopped"] = True
-            study_obj.stop()
+            if in_loop:  # Study.stop works only from inside optimize (a callback)
+                study_obj.stop()
         state["flushed_at"] = time.monotonic()
         if progress is not None:
             progress({"study": name, "trials_done": state["done"], "trials": trials, "best_value": best})
@@ -1538,7 +1539,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         seconds = time.perf_counter() - t0
         per_min = state["done"] / seconds * 60 if seconds > 0 else 0.0
         try:
-            flush(working)
+            flush(working, in_loop=False)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -2028,6 +2029,22 @@ __all__ = [
     "TuneResult", "TuningObjective", "TuningProblem", "add_preference", "apply_study", "auc",
     "default_study_name", "get_study", "kendall_tau", "outcome_pairs", "soft_auc", "launch_tuning", "list_applications", "list_preferences",
     "list_studies", "load_data", "load_study", "make_sampler", "outcome_labels", "pair_agreement", "parse_bounds",
-    "preference_pairs", "resolve_template_ref", "split_episodes", "split_keys", "stop_tuning", "storage_for",
+    "preference_pairs", "resolve_template_ref", "space_rows", "split_episodes", "split_keys", "stop_tuning",
+    "storage_for",
     "study_fingerprint", "study_report", "study_runs", "tune", "tuning_log", "withhold_outcomes",
 ]
+
+
+def space_rows(ws: "Workspace | None", template: Template | str | Path, *, withhold: bool = True
+               ) -> list[dict[str, Any]]:
+    """The default search space of a template as editable rows (the page's bounds table):
+    component, level, weight, low, high, tune (False for components held at their weight —
+    the outcome readers while the outcome is withheld)."""
+    t = resolve_template_ref(ws, template).template
+    readers = [c.name for c in t.all_components if c.component in OUTCOME_COMPONENTS]
+    space = SearchSpace.for_template(t, exclude=readers if withhold else ())
+    return [{"component": c.name, "level": c.group, "weight": c.weight,
+             "low": space.weights.get(c.name, (0.0, max(1.0, 2 * c.weight)))[0],
+             "high": space.weights.get(c.name, (0.0, max(1.0, 2 * c.weight)))[1],
+             "tune": c.name in space.weights, "reads_outcome": c.name in readers}
+            for c in t.all_components]

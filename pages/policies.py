@@ -72,7 +72,7 @@ with registry_tab:
         st.dataframe([{k: v[k] for k in ("version", "stage", "return_mean", "expert_return", "heldout_episodes",
                                          "run_id", "created_by", "trained_by", "registered_at")}
                       | {"approved by": ", ".join(a["by"] for a in v["approvals"])} for v in versions],
-                     hide_index=True, use_container_width=True)
+                     hide_index=True)
         version = st.selectbox("Version", [v["version"] for v in reversed(versions)], key="policies_version")
         chosen = next(v for v in versions if v["version"] == version)
         st.write(f"**{name} {version}** is *{chosen['stage']}* — trained by {chosen['trained_by']}, "
@@ -116,7 +116,7 @@ with runs_tab:
         st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"],
                        "template": f"{r['template_name']} v{r['template_version']}", "env steps": r["env_steps"],
                        "return (last update)": r["last"].get("return_mean"), "trained by": r["created_by"],
-                       "created": r["created_at"]} for r in runs], hide_index=True, use_container_width=True)
+                       "created": r["created_at"]} for r in runs], hide_index=True)
     done = [r["id"] for r in runs if r["status"] in ("finished", "stopped")]
     if _can("export_bundle") and done:
         with st.form("policies_export"):
@@ -141,7 +141,7 @@ with runs_tab:
     else:
         st.dataframe([{k: b.get(k) for k in ("file", "name", "version", "run_id", "created_by", "return_mean",
                                              "expert_return", "problem")} for b in bundles],
-                     hide_index=True, use_container_width=True)
+                     hide_index=True)
         file = st.selectbox("Bundle", [b["file"] for b in bundles], key="policies_bundle_file")
         picked = next(b for b in bundles if b["file"] == file)
         if _can("export_bundle"):
@@ -159,8 +159,7 @@ with compare_tab:
         picked_versions = st.multiselect("Versions", every, default=every[-2:], key="policies_compare",
                                          format_func=lambda nv: f"{nv[0]} {nv[1]}")
         if picked_versions:
-            st.dataframe(registry.compare_versions(ws, list(picked_versions)), hide_index=True,
-                         use_container_width=True)
+            st.dataframe(registry.compare_versions(ws, list(picked_versions)), hide_index=True)
             st.caption("Returns are mean template returns on each bundle's held-out episodes; compare bundles "
                        "evaluated on the same held-out set (same 'held-out set' fingerprint).")
 
@@ -172,4 +171,4 @@ with history_tab:
     else:
         st.dataframe([{"at": e["at"], "policy": f"{e['name']} {e['version']}", "event": e["event"],
                        "by": f"{e['actor']} ({e['role']})", "why": e["comment"]} for e in reversed(events)],
-                     hide_index=True, use_container_width=True)
+                     hide_index=True)

@@ -301,10 +301,14 @@ def test_pickle_signatures():
     assert "pickle-style" in pickle_signature("weights.pt", b"")
     for protocol in (2, 3, 4, 5):
         assert "pickle" in pickle_signature("x.json", pickle.dumps({"a": 1}, protocol=protocol))
-    assert "protocol-0" in pickle_signature("x.json", pickle.dumps({"a": 1}, protocol=0))
+    for protocol in (0, 1):
+        assert "protocol 0/1" in pickle_signature("x.json", pickle.dumps({"a": [1, "b"]}, protocol=protocol))
+    assert "protocol 0/1" in pickle_signature("x.yaml", b"cos\nsystem\n(S'touch /tmp/x'\ntR.\n")
     assert "zip inside" in pickle_signature("x.safetensors", b"PK\x03\x04rest")
     assert "npy" in pickle_signature("x.safetensors", b"\x93NUMPY\x01\x00")
     assert pickle_signature("catalog.json", b'{"a": 1}') is None
+    assert pickle_signature("masks.yaml", b"version: 1\nrules: []\n") is None
+    assert pickle_signature("notes.yaml", b"(a sentence that ends with a full stop.") is None
 
 
 # --------------------------------------------------------------------------- export with review rules, via the CLI

@@ -105,6 +105,12 @@ def test_register_refuses_a_manifest_that_contradicts_the_run_record(ws, run, tm
     assert zipfile.is_zipfile(liar) and verify_bundle(liar).ok
     with pytest.raises(BundleError, match="trained by 'cy'"):
         registry.register(ws, run.actor("ana"), liar)
+    # approvals are given in the registry, never brought along in a manifest
+    m["trained_by"] = "ana"
+    m["approvals"] = [{"by": "bob", "role": "approver", "at": "2025-01-01T00:00:00Z", "comment": "forged"}]
+    forged = write_bundle(tmp_path / "forged.zip", m, {n: files[n] for n in BUNDLE_FILES})
+    with pytest.raises(BundleError, match="approvals are given in the registry"):
+        registry.register(ws, run.actor("ana"), forged)
 
 
 # --------------------------------------------------------------------------- roles and four-eyes
@@ -409,3 +415,15 @@ def test_policies_page_shows_buttons_by_role_and_approves(ws, run, tmp_path, pol
     next(b for b in at.button if b.label == "Promote").click().run()
     assert not at.error, [e.value for e in at.error]
     assert read_index(policies)["policies"]["page"]["active"] == "0.1.0"
+
+
+def test_policies_page_empty_workspace_says_what_to_do(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "empty"))
+    monkeypatch.setenv("RWB_POLICIES_DIR", str(tmp_path / "policies"))
+    at = AppTest.from_file(str(ROOT / "pages" / "policies.py"), default_timeout=120).run()
+    assert not at.exception, at.exception
+    infos = " ".join(i.value for i in at.info)
+    assert "No registered policies yet" in infos and "No training runs yet" in infos
+    assert "Acting as **local** (admin)" in " ".join(c.value for c in at.caption)

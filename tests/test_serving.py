@@ -33,7 +33,6 @@ from core.serving import (
     ServingConfig,
     _Boost,
     alert_rules,
-    load,
     result_context,
     step_context,
     trace_arrays,
@@ -250,6 +249,15 @@ def test_real_rl_boost_proposes_three_unmasked_candidates(bundle, ws):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
     assert all(mask[c.id] and np.isfinite(c.reward_est) for c in d.rl_candidates)
     assert d.rde_reward_est is not None and np.isfinite(d.rde_reward_est)
+    # the compiled policy (the fast path) equals the eager module on recorded states
+    import torch
+
+    assert engine.runtime.compiled
+    obs = {k: v[:5] for k, v in bundle.smoke_obs().items()}
+    with torch.inference_mode():
+        fast, slow = engine.runtime.forward(obs), bundle.policy.heads(bundle.policy.state(obs))
+    for f, s in zip(fast, slow):
+        torch.testing.assert_close(f, s, atol=1e-5, rtol=1e-5)
     engine.close()
     rec = audit.tail(ws, 1)[0]
     assert rec["rl_candidates"] == [{"id": c.id, "prob": c.prob, "reward_est": c.reward_est}

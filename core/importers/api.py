@@ -37,6 +37,7 @@ from core.importers.base import (
     next_free_id,
     check_keys_supported,
     dumps_canonical,
+    gc_paused,
     get_importer,
     load_document,
     prepare_episode,
@@ -290,7 +291,9 @@ def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[Parsed
     # renames repeated ids on the rows (against the file and the dataset).
     parsed = _read(doc, name, replace(options, for_storage=True), rename=False)
     assert parsed.prepared is not None
-    return parsed, rows_of(parsed.prepared)
+    rows = rows_of(parsed.prepared)
+    parsed.prepared = None  # the rows hold what is stored: let the episode dicts go
+    return parsed, rows
 
 
 def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]]:
@@ -333,6 +336,15 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
     Importing the same bytes into the same dataset again changes nothing
     (``already_imported``).  Big ``rwb`` files are validated by several processes
     (``$RWB_IMPORT_WORKERS``, default: the CPU count; see :mod:`core.importers.parallel`)."""
+    with gc_paused():  # millions of short-lived dicts: see gc_paused
+        return _import_file(ws, Path(path), format=format, dataset=dataset, messages_key=messages_key,
+                            reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
+                            progress=progress)
+
+
+def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
+                 messages_key: str | None, reward_key: str | None, id_key: str | None,
+                 skip_invalid: bool, progress: ProgressFn | None) -> ImportResult:
     path = Path(path)
     options = _options(messages_key, reward_key, id_key, skip_invalid, progress)
     doc = load_document(path)

@@ -25,6 +25,8 @@ Record numbering: ``record`` is the 0-based index of the record in the file (the
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import math
@@ -57,15 +59,40 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: Built once: ``json.loads`` with hooks builds a new decoder per call, which costs more
+#: than decoding the short texts (tool arguments, results) importers read by the thousand.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def loads(text: str | bytes) -> Any:
     """``json.loads`` that refuses NaN, Infinity and numbers that overflow to inf."""
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    if not isinstance(text, str):
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    return _DECODER.decode(text)
 
 
 def dumps_canonical(obj: Any) -> str:
     """The workbench's canonical JSON text (same as ``Episode.to_json``), refusing NaN/inf."""
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
                       allow_nan=False)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+#: ``dumps_canonical`` without its per-call set-up (an encoder built once), for the
+#: import hot path: returns the text in chunks.  No cycle check: values come from JSON
+#: (a cycle would end in RecursionError, which callers treat as "not storable").
+_encode_chunks = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False,
+) if getattr(json.encoder, "c_make_encoder", None) is not None else None
+
+
+def _dumps_fast(value: Any) -> str:
+    if _encode_chunks is None:  # no C accelerator: same text, slower
+        return dumps_canonical(value)
+    return "".join(_encode_chunks(value, 0))
 
 
 _KEY_TEXT: dict[str, str] = {}
@@ -79,21 +106,20 @@ def canonical_text(data: dict[str, Any]) -> tuple[str, str]:
     ``source`` (same content → same hash, wherever it came from).  Raises ValueError on
     NaN/inf anywhere, UnicodeEncodeError (a ValueError too) on unpaired surrogates."""
     parts = []
-    digest = hashlib.sha256()
-    first = True
+    hashed = hashlib.sha256(b"{")
+    sep = b""
     for k in sorted(data):
         head = _KEY_TEXT.get(k)
         if head is None:
             head = _KEY_TEXT[k] = dumps_canonical(k) + ":"
-        part = head + dumps_canonical(data[k])
+        part = head + _dumps_fast(data[k])
         parts.append(part)
         encoded = part.encode("utf-8")  # also refuses unpaired surrogates
         if k != "source":
-            digest.update(b"{" if first else b",")
-            digest.update(encoded)
-            first = False
-    digest.update(b"}" if not first else b"{}")
-    return "{" + ",".join(parts) + "}", digest.hexdigest()
+            hashed.update(sep + encoded)
+            sep = b","
+    hashed.update(b"}")
+    return "{" + ",".join(parts) + "}", hashed.hexdigest()
 
 
 @dataclass(slots=True)
@@ -153,6 +179,23 @@ def canonical_body(ep: Episode) -> tuple[str, str]:
     cannot hold: NaN/inf anywhere (ValueError) and unpaired surrogates (UnicodeEncodeError)."""
     prepared = prepare_episode(ep)
     return prepared.body, prepared.content_hash
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a file is read and stored.
+
+    An import creates millions of small dicts and lists (acyclic: reference counting frees
+    them) and keeps many alive until they are stored; each collection would walk all of
+    them again, which costs about a third of the import.  The collector runs again
+    afterwards (and collects whatever cycles appeared meanwhile)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # --------------------------------------------------------------------------- documents

@@ -18,6 +18,7 @@ chunk is done here.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -245,6 +246,7 @@ def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[Pa
 
 def _serve() -> None:
     """Worker main loop: one chunk per request on stdin, its rows answered on stdout."""
+    gc.disable()  # a worker only builds acyclic rows (see core.importers.base.gc_paused)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while (message := _receive(stdin)) is not None:
         request, texts = message

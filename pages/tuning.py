@@ -1,0 +1,197 @@
+"""Tuning: Optuna studies over a reward pyramid's weights — start, watch live, apply as a new version."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import resources
+from core import tuning
+from core.errors import RwbError
+from core.store import WorkspaceError
+
+USER_ERRORS = (RwbError, WorkspaceError)
+FLASH = "tune_flash"
+#: Seconds between refreshes of a running study.
+REFRESH_S = 2.0
+
+st.title("Tuning")
+st.caption("Let Optuna search the pyramid's weights so that its returns rank successful episodes above failed "
+           "ones (or follow your preference labels); the template's expectations are constraints, and the best "
+           "weights become a new template version. `rwb tune` does the same from a terminal.")
+
+ws = resources.workspace()
+actor = resources.acting_user()
+flash = st.session_state.pop(FLASH, None)
+if flash is not None:
+    (st.error if flash[0] == "error" else st.success)(flash[1])
+
+datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
+studies_tab, start_tab, prefs_tab = st.tabs(["Studies", "Start a study", "Preference labels"])
+
+# --------------------------------------------------------------------------- start
+with start_tab:
+    if not datasets:
+        st.info("No dataset with steps yet: import episodes on the Episodes page first.")
+    elif actor is None or not actor.can("train"):
+        st.info("Starting a study needs the analyst or admin role: sign in as one. Studies can still be watched.")
+    else:
+        c1, c2, c3 = st.columns(3)
+        template = c1.selectbox("Reward template", resources.template_specs(), key="tune_template",
+                                help="name@N is version N saved in this workspace; @0 is the shipped file.")
+        dataset = c2.selectbox("Dataset", datasets, key="tune_dataset")
+        objective = c3.selectbox("Objective", tuning.OBJECTIVES, key="tune_objective",
+                                 help="outcome: returns rank successful episodes first; preferences: returns "
+                                      "agree with your pair labels; policy: a short PPO run per trial (slow).")
+        c4, c5, c6, c7 = st.columns(4)
+        split_by = c4.selectbox("Split by", tuning.SPLIT_FIELDS, key="tune_split",
+                                help="Episodes sharing this value stay on one side of the train/held-out split.")
+        trials = c5.number_input("Trials", min_value=1, max_value=1_000_000, value=500, step=100, key="tune_trials")
+        metric = c6.selectbox("Metric", tuning.METRICS, key="tune_metric", disabled=objective != "outcome",
+                              help="soft_auc is the AUC with a margin: it generalises better on small data.")
+        seed = c7.number_input("Seed", min_value=0, value=0, key="tune_seed")
+        withhold = objective != "policy"
+        st.caption("Bounds of each weight (untick **tune** to keep a weight as it is; components that read the "
+                   "recorded outcome are held while the outcome is withheld from the pyramid).")
+        try:
+            rows = resources.tuning_space(template, withhold)
+        except USER_ERRORS as exc:
+            st.error(str(exc))
+            rows = []
+        edited = st.data_editor(rows, key=f"tune_space_{template}_{withhold}", hide_index=True, width="stretch",
+                                disabled=["component", "level", "weight", "reads_outcome"])
+        study_name = st.text_input("Study name", key="tune_study", placeholder="default: from the template, "
+                                   "data and settings (running again adds trials to it)")
+        if st.button("Start", type="primary", key="tune_start", disabled=not rows):
+            bounds = {r["component"]: (float(r["low"]), float(r["high"])) for r in edited if r["tune"]}
+            fixed = [r["component"] for r in edited if not r["tune"] and not r["reads_outcome"]]
+            config = tuning.TuneConfig(objective=objective, split_by=split_by, metric=metric, seed=int(seed))
+            try:
+                started = tuning.launch_tuning(ws, actor, template, dataset=dataset, config=config,
+                                               trials=int(trials), study=study_name.strip() or None,
+                                               bounds=bounds, fixed=fixed)
+            except USER_ERRORS as exc:
+                st.session_state[FLASH] = ("error", f"Could not start: {exc}")
+            else:
+                st.session_state[FLASH] = ("success", f"Started study {started['study']} "
+                                                      f"(worker process {started['pid']}).")
+                st.session_state["tune_show"] = started["study"]
+            st.rerun()
+
+# --------------------------------------------------------------------------- preference labels
+with prefs_tab:
+    if not datasets:
+        st.info("No dataset yet: import episodes on the Episodes page first.")
+    else:
+        pdataset = st.selectbox("Dataset", datasets, key="tune_pref_dataset")
+        if actor is not None and actor.can("edit_template"):
+            ids = [e["episode_id"] for e in ws.episode_summaries(pdataset)]
+            with st.form("tune_pref_form", clear_on_submit=True):
+                p1, p2 = st.columns(2)
+                better = p1.selectbox("This episode is better…", ids, key="tune_pref_better")
+                worse = p2.selectbox("…than this one", ids, index=min(1, len(ids) - 1), key="tune_pref_worse")
+                comment = st.text_input("Why (optional)", key="tune_pref_comment")
+                if st.form_submit_button("Add label"):
+                    try:
+                        added = tuning.add_preference(ws, actor, pdataset, better, worse, comment)
+                    except USER_ERRORS as exc:
+                        st.error(str(exc))
+                    else:
+                        st.success(f"Label #{added['id']}: {added['better']} better than {added['worse']}.")
+        else:
+            st.info("Adding labels needs the analyst or admin role.")
+        prefs = tuning.list_preferences(ws, pdataset)
+        if prefs:
+            st.dataframe(prefs, hide_index=True, width="stretch")
+        else:
+            st.caption("No labels yet in this dataset. The preferences objective needs some.")
+
+# --------------------------------------------------------------------------- studies
+with studies_tab:
+    studies = tuning.list_studies(ws)
+    if not studies:
+        st.info("No study yet: start one in the next tab (or `rwb tune --template finance_risk --dataset NAME`).")
+        st.stop()
+    names = [s["name"] for s in studies]
+    wanted = st.session_state.pop("tune_show", None)
+    if wanted in names:
+        st.session_state["tune_name"] = wanted
+    name = st.selectbox("Study", names, key="tune_name",
+                        format_func=lambda n: f"{n} ({next(s['status'] for s in studies if s['name'] == n)})")
+    running = next(s for s in studies if s["name"] == name)["status"] == "running"
+
+    @st.fragment(run_every=REFRESH_S if running else None)
+    def live_study(name: str) -> None:
+        """The study's progress, best vs template weights, constraints and Optuna's figures."""
+        try:
+            report = resources.tuning_report(name)
+        except USER_ERRORS as exc:
+            st.error(str(exc))
+            return
+        counts = report.counts
+        left, right = st.columns([4, 1])
+        left.markdown(f"**{report.name}** · {report.status} · objective **{report.objective}** "
+                      f"({report.metric}) · template {report.template.get('name')}"
+                      f"{'@' + str(report.template['version']) if report.template.get('version') is not None else ''}"
+                      f" · {counts.get('complete', 0)} complete, {counts.get('feasible', 0)} feasible, "
+                      f"{counts.get('pruned', 0)} pruned · storage `{report.storage}`")
+        if report.status == "running" and actor is not None and actor.can("train"):
+            if right.button("Stop", key=f"tune_stop_{name}", help="Workers stop after their current trial."):
+                try:
+                    tuning.stop_tuning(ws, actor, name)
+                except USER_ERRORS as exc:
+                    st.error(str(exc))
+                else:
+                    st.toast(f"Stop requested for {name}.")
+        for note in report.notes:
+            st.caption(note)
+        if report.best is not None:
+            b1, b2 = st.columns(2)
+            b1.metric(f"Best {report.metric} (training split)", f"{report.best['value']:.4f}",
+                      delta=_delta(report.best["value"], report.baseline, "train", report.metric))
+            held = report.best.get("held_out")
+            b2.metric("Same weights on the held-out split", "–" if held is None else f"{held:.4f}",
+                      delta=_delta(held, report.baseline, "held_out", report.metric))
+        elif counts.get("complete"):
+            st.warning("No feasible trial yet: every completed trial breaks an expectation.")
+        st.subheader("Best vs template weights")
+        st.dataframe(report.weights, hide_index=True, width="stretch")
+        if report.params:
+            st.dataframe(report.params, hide_index=True, width="stretch")
+        if report.figures:
+            for key, title in (("history", "Optimisation history"), ("importances", "Parameter importances"),
+                               ("parallel", "Parallel coordinates")):
+                if key in report.figures:
+                    st.caption(title)
+                    st.plotly_chart(report.figures[key], key=f"tune_fig_{key}_{name}")
+        st.subheader("Expectations as constraints")
+        if report.constraints:
+            st.dataframe(report.constraints, hide_index=True, width="stretch")
+        else:
+            st.caption("The template has no expectation that the weights can change.")
+        with st.expander("Recent trials (constraint values ≤ 0 are satisfied)"):
+            st.dataframe(report.trials, hide_index=True, width="stretch")
+        if report.best is not None and actor is not None and actor.can("edit_template"):
+            with st.form(f"tune_apply_{name}"):
+                message = st.text_input("Why (kept with the new version)", key=f"tune_apply_msg_{name}")
+                if st.form_submit_button("Apply the best weights as a new template version", type="primary"):
+                    try:
+                        applied = tuning.apply_study(ws, actor, name, message=message or None)
+                    except USER_ERRORS as exc:
+                        st.error(str(exc))
+                    else:
+                        st.success(f"Saved {applied['label']} from trial {applied['trial']} "
+                                   f"({len(applied['diff'])} changes).")
+        log = tuning.tuning_log(ws, name)
+        if log:
+            with st.expander("Worker log (tail)"):
+                st.code(log, language=None)
+        st.caption(f"Open it in optuna-dashboard: `optuna-dashboard {report.storage}`")
+
+    def _delta(value, baseline, side, metric):
+        figures = (baseline or {}).get("figures") or {}
+        before = (figures.get(side) or {}).get(metric)
+        if value is None or before is None:
+            return None
+        return f"{value - before:+.4f} vs the template's weights"
+
+    live_study(name)

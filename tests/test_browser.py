@@ -1,0 +1,312 @@
+"""The main path in a real browser: Playwright driving Debian's Chromium against ``rwb app``.
+
+The app runs as a subprocess (``rwb --workspace WS app --port FREE --headless``) on
+127.0.0.1 with a temp workspace in multi-user mode (admin ada, analyst ana, reviewer rae,
+approver bob) that holds a small finance dataset and one finished training run whose L3
+curriculum queued high-risk actions for review.  In the browser:
+
+1. ana signs in, uploads a log file through the file chooser and sees it imported;
+2. on the Reward Pyramid page she moves a weight and the displayed totals change;
+3. on the Training page she launches a short run and its curves appear;
+4. on the Policies page she exports the finished run as a bundle and registers it;
+5. rae claims a review item and approves it;
+6. bob approves the bundle (four-eyes: not ana) and promotes it;
+7. a production-style ``rwb serve decide`` serves a decision with the promoted policy, and
+   the Audit page shows its record.
+
+Every page is screenshotted into ``test-output/screens/`` (printed at the end).  The
+browser is the system's Chromium (``shutil.which("chromium")``, headless, no sandbox, no
+background networking); nothing is downloaded.  Waits are for text on the page, never
+fixed sleeps: Streamlit reruns a page after every interaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENS = ROOT / "test-output" / "screens"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+PASSWORDS = {"ada": "ada-browser-pass", "ana": "ana-browser-pass", "rae": "rae-browser-pass",
+             "bob": "bob-browser-pass"}
+ROLES = {"ada": "admin", "ana": "analyst", "rae": "reviewer", "bob": "approver"}
+DATASET = "finance-demo"
+#: Generous per-wait ceiling (a busy 2-core CI machine); the waits end as soon as the text shows.
+WAIT_MS = 120_000
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+
+
+# --------------------------------------------------------------------------- the workspace and the app
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_workspace(base: Path) -> dict:
+    """Users, a small finance dataset (components pre-scored, as an earlier visit would
+    have left them), a finished run with review items, and a file to upload."""
+    from core import datasets, rewards
+    from core.demo import SMALL, demo_training_config
+    from core.importers import import_file
+    from core.runs import train
+    from core.store import Workspace
+    from core.users import LOCAL_ADMIN, Actor, add_user
+
+    ws = Workspace.open(base / "ws")
+    data = datasets.generate_file("finance", SMALL.episodes, 2024, base / f"{DATASET}.jsonl")
+    import_file(ws, data["out"], dataset=DATASET)
+    add_user(ws, LOCAL_ADMIN, "ada", "admin", password=PASSWORDS["ada"])
+    for name in ("ana", "rae", "bob"):
+        add_user(ws, Actor("ada", "admin"), name, ROLES[name], password=PASSWORDS[name])
+    for template in ("ecommerce_returns", "finance_risk"):
+        rewards.score(ws, template, dataset=DATASET)
+    run = train(ws, Actor("ana", "analyst"), template="finance_risk", dataset=DATASET,
+                config=demo_training_config(SMALL))
+    n_items = ws.conn.execute("SELECT COUNT(*) FROM review_items").fetchone()[0]
+    assert n_items > 0, "the fixture run queued no review item"
+    upload = datasets.generate_file("finance", 12, 99, base / "finance-upload.jsonl")["out"]
+    ws.close()
+    return {"root": base / "ws", "run_id": run["run_id"], "upload": Path(upload),
+            "policies": base / "policies"}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict:
+    return build_workspace(tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture(scope="module")
+def app_url(workspace) -> str:
+    port = _free_port()
+    env = {**os.environ, "RWB_POLICIES_DIR": str(workspace["policies"])}
+    log = open(workspace["root"].parent / "app.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace["root"]),
+                             "app", "--port", str(port), "--headless"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log.close()
+            pytest.fail("the app did not start:\n" + (workspace["root"].parent / "app.log").read_text())
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1500, "height": 1100})
+        pg = context.new_page()
+        pg.set_default_timeout(WAIT_MS)
+        pg.goto(app_url)
+        yield pg
+        context.close()
+        browser.close()
+
+
+# --------------------------------------------------------------------------- helpers
+def _main(pg):
+    return pg.locator('[data-testid="stMain"]')
+
+
+def _shot(pg, name: str) -> None:
+    """Screenshot the whole page, after checking it shows no exception."""
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    _idle(pg)
+    problems = _main(pg).locator('[data-testid="stException"]')
+    assert problems.count() == 0, f"{name}: the page shows an exception: {problems.first.inner_text()}"
+    pg.screenshot(path=str(SCREENS / f"{name}.png"), full_page=True)
+
+
+def _idle(pg) -> None:
+    """Wait until Streamlit is not running the script (its status widget is gone)."""
+    pg.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT_MS)
+
+
+def _see(pg, text: str | re.Pattern, *, timeout: int = WAIT_MS) -> None:
+    _main(pg).get_by_text(text).first.wait_for(state="visible", timeout=timeout)
+
+
+def _open(pg, title: str) -> None:
+    """Open a page from the sidebar (client-side: the session, and who is signed in, stays)."""
+    pg.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).click()
+    pg.locator("h1").filter(has_text=title).first.wait_for(timeout=WAIT_MS)
+    _idle(pg)
+
+
+def _select(pg, label: str, option: str) -> None:
+    """Pick the option containing ``option`` in the selectbox labelled ``label``."""
+    combo = _main(pg).get_by_role("combobox", name=label, exact=True).first
+    if option in (combo.input_value() or ""):
+        return
+    combo.click()
+    pg.get_by_role("option").filter(has_text=option).first.click()
+    pg.wait_for_function("([el, text]) => el.value.includes(text)", arg=[combo.element_handle(), option],
+                         timeout=WAIT_MS)
+    _idle(pg)
+
+
+def _metric(pg, label: str) -> str:
+    box = _main(pg).locator('[data-testid="stMetric"]').filter(has_text=label).first
+    return box.locator('[data-testid="stMetricValue"]').inner_text()
+
+
+def _sign_in(pg, name: str) -> None:
+    _open(pg, "Sign in")
+    signed = _main(pg).get_by_role("button", name="Sign out")
+    if signed.count():
+        signed.click()
+        _idle(pg)
+    _main(pg).get_by_label("User name").fill(name)
+    _main(pg).get_by_role("textbox", name="Password").fill(PASSWORDS[name])
+    _main(pg).get_by_role("button", name="Sign in").click()
+    _see(pg, f"Signed in as {name} ({ROLES[name]})")
+    pg.locator('[data-testid="stSidebar"]').get_by_text(f"Acting as {name}").wait_for()
+
+
+# --------------------------------------------------------------------------- the path
+def test_main_path_in_a_real_browser(page, workspace):
+    t0 = time.perf_counter()
+    pg = page
+    # A workspace with users opens on the sign-in page.
+    pg.locator("h1").filter(has_text="Sign in").first.wait_for()
+    _shot(pg, "00_sign_in")
+    _sign_in(pg, "ana")
+
+    # 1. Import a file through the file chooser.
+    _open(pg, "Episodes")
+    _main(pg).get_by_role("tab", name="Import a file").click()
+    with pg.expect_file_chooser() as chooser:
+        _main(pg).get_by_role("button", name=re.compile("Browse files|Upload")).first.click()
+    chooser.value.set_files(str(workspace["upload"]))
+    _main(pg).get_by_text(workspace["upload"].name).first.wait_for()
+    _main(pg).get_by_role("button", name="Import", exact=True).click()
+    _see(pg, re.compile(r"Imported 12 episodes from finance-upload\.jsonl"))
+    _shot(pg, "01_episodes_import")
+    _main(pg).get_by_role("tab", name="Browse").click()
+    _idle(pg)
+    _shot(pg, "02_episodes_browse")
+
+    # 2. Reward Pyramid: a weight changes the displayed totals.
+    _open(pg, "Reward Pyramid")
+    _select(pg, "Dataset", DATASET)
+    _select(pg, "Template version", "finance_risk@0")
+    _see(pg, "Mean episode return")
+    before = _metric(pg, "Mean episode return")
+    slider = _main(pg).locator('[data-testid="stSlider"]').filter(has_text="evidence_reliability").first
+    slider.get_by_role("slider").click()
+    pg.keyboard.press("End")                         # the slider's maximum weight
+    pg.wait_for_function(
+        """([label, old]) => [...document.querySelectorAll('[data-testid="stMetric"]')]
+             .some(m => m.innerText.includes(label)
+                        && m.querySelector('[data-testid="stMetricValue"]').innerText !== old)""",
+        arg=["Mean episode return", before], timeout=WAIT_MS)
+    after = _metric(pg, "Mean episode return")
+    assert after != before
+    _shot(pg, "03_reward_pyramid")
+
+    # 3. Training: launch a short run and watch its curves appear.
+    _open(pg, "Training")
+    _main(pg).get_by_text("Launch a run").first.click()
+    _select(pg, "Dataset", DATASET)
+    steps = _main(pg).get_by_label("Environment steps")
+    steps.fill("2048")
+    steps.press("Tab")
+    _main(pg).get_by_role("button", name="Launch").click()
+    _see(pg, re.compile(r"Launched run-"))
+    launched = re.search(r"Launched (run-[\w-]+)", _main(pg).inner_text()).group(1)
+    _see(pg, re.compile(rf"{launched}.*[1-9]\d* updates"))
+    _main(pg).locator('[data-testid="stVegaLiteChart"], [data-testid="stArrowVegaLiteChart"]').first.wait_for()
+    _shot(pg, "04_training")
+
+    # 4. Policies: ana exports the finished fixture run as a bundle and registers it.
+    _open(pg, "Policies")
+    _main(pg).get_by_role("tab", name="Runs & bundles").click()
+    _select(pg, "Run to export", workspace["run_id"])
+    _main(pg).get_by_role("button", name="Export bundle").click()
+    _see(pg, re.compile(r"Wrote .*\.zip"))
+    _main(pg).get_by_role("button", name="Register as candidate").click()
+    _see(pg, re.compile(r"register .*: done"))
+    _shot(pg, "05_policies_export")
+
+    # 5. Review Queue: rae claims an item and approves it.
+    _sign_in(pg, "rae")
+    _open(pg, "Review Queue")
+    _main(pg).get_by_role("button", name="Claim next item").click()
+    _see(pg, re.compile(r"Claimed item #\d+"))
+    _main(pg).get_by_label("Comment").fill("reasonable exploration in this state")
+    _main(pg).get_by_role("button", name="Approve: reasonable exploration").click()
+    _see(pg, re.compile(r"Item #\d+ approved"))
+    _shot(pg, "06_review_queue")
+
+    # 6. bob (approver) approves and promotes; ana could not (four-eyes).
+    _sign_in(pg, "bob")
+    _open(pg, "Policies")
+    _main(pg).get_by_label("Why you approve").fill("beats the logged expert on held-out episodes")
+    _main(pg).get_by_label("Why you approve").press("Tab")
+    _main(pg).get_by_role("button", name="Approve", exact=True).click()
+    _see(pg, re.compile(r"approve finance_risk \S+: done"))
+    _main(pg).get_by_role("button", name="Promote", exact=True).click()
+    _see(pg, re.compile(r"promote finance_risk \S+: done"))
+    assert _metric(pg, "Production") != "—"
+    index = json.loads((workspace["policies"] / "index.json").read_text())
+    assert index["policies"]["finance_risk"]["active"] == _metric(pg, "Production")
+    _shot(pg, "07_policies_promoted")
+
+    # 7. Production serves a decision with the promoted policy; the Audit page shows it.
+    request = {"episode_id": "browser-1", "query": "Urgently reduce my 600519 position",
+               "task_type": "urgent_reduce", "state": {"hour": 10.5, "volatility": 0.3}}
+    served = subprocess.run([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace["root"]),
+                             "serve", "decide", "--policy", "finance_risk", "--request", json.dumps(request),
+                             "--json"],
+                            env={**os.environ, "RWB_POLICIES_DIR": str(workspace["policies"])},
+                            capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0, served.stderr
+    _open(pg, "Audit")
+    _see(pg, "browser-1")
+    assert int(_metric(pg, "Records").replace(",", "")) >= 1
+    _shot(pg, "08_audit")
+
+    # The remaining pages render with this data too.
+    for title, shot in (("State Explorer", "09_state_explorer"), ("Diagnostics", "10_diagnostics"),
+                        ("Tuning", "11_tuning")):
+        if pg.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).count():
+            _open(pg, title)
+            _shot(pg, shot)
+    errors = _main(pg).locator('[data-testid="stException"]')
+    assert errors.count() == 0
+    print(f"\nbrowser path: {time.perf_counter() - t0:.0f} s; screenshots in {SCREENS}")

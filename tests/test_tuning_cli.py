@@ -1,0 +1,134 @@
+"""`rwb tune`: a study with --json, `apply` as a new template version (never an overwrite),
+preference labels, list/show, stopping a running study, and the errors an analyst sees."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from core import tuning
+from core.cli import main
+from core.errors import PermissionDenied
+from core.rewards.versions import get_template, list_versions, save_template
+from core.users import Actor, current_user
+from _tuning_fixtures import FIN_FAST, finance_file, finance_workspace
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    ws = finance_workspace(tmp_path / "ws", n_episodes=80, seed=6)
+    monkeypatch.setenv("RWB_WORKSPACE", str(ws.root))
+    monkeypatch.delenv("RWB_TUNE_STORAGE", raising=False)
+    save_template(ws, current_user(ws), "fin_fast", FIN_FAST, None, "seed")
+    return ws
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tune_json_then_apply_as_new_version(ws, capsys):
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--trials", "25",
+                         "--split-by", "task", "--json")
+    assert code == 0, err
+    body = json.loads(out)
+    assert body["trials_run"] == 25 and body["metric"] == "soft_auc"
+    assert set(body["best_weights"]) == {c for c in get_template(ws, "fin_fast").template().weights()}
+    for side in ("train", "held_out"):
+        assert set(body["best"]["figures"][side]) >= {"auc", "soft_auc", "kendall_tau"}
+        assert set(body["baseline"]["figures"][side]) >= {"auc", "kendall_tau"}
+    assert body["best_value"] >= body["baseline"]["figures"]["train"]["soft_auc"]   # the baseline is trial 0
+    study = body["study"]
+    assert study.startswith("fin_fast-outcome-fin-")
+
+    code, out, err = run(capsys, "tune", "apply", study, "--json")
+    assert code == 0, err
+    applied = json.loads(out)
+    assert applied["label"] == "fin_fast@2" and applied["base_version"] == 1
+    weights = {c["key"]: c["b"] for c in applied["diff"] if c["section"] == "weight"}
+    new = get_template(ws, "fin_fast", 2)
+    assert weights and all(new.template().weights()[k] == pytest.approx(v) for k, v in weights.items())
+    assert new.meta["tuning"]["train"] == pytest.approx(body["best_value"])
+    assert new.meta["tuning"]["held_out"] == pytest.approx(body["best"]["held_out_value"])
+    assert get_template(ws, "fin_fast", 1).yaml == FIN_FAST                # the old version is untouched
+    assert tuning.list_applications(ws, study)[0]["version"] == 2
+
+    # the study tuned version 1; version 2 now exists, so a second apply is a stale-base conflict
+    code, out, err = run(capsys, "tune", "apply", study)
+    assert code == 4 and "version 2" in err
+    assert [v.version for v in list_versions(ws, "fin_fast")] == [1, 2]
+
+    code, out, err = run(capsys, "tune", "list", "--json")
+    assert code == 0 and json.loads(out)["studies"][0]["name"] == study
+    code, out, err = run(capsys, "tune", "show", study, "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["counts"]["complete"] == 25 and shown["best"]["trial"] == applied["trial"]
+    code, out, err = run(capsys, "tune", "show", study)
+    assert code == 0 and "best trial" in out
+
+
+def test_episodes_file_and_text_output(ws, tmp_path, capsys):
+    path = finance_file(tmp_path / "eps.jsonl", n_episodes=50, seed=8)
+    template = tmp_path / "t.yaml"
+    template.write_text(FIN_FAST)
+    code, out, err = run(capsys, "tune", "--template", str(template), "--episodes", str(path), "--trials", "10",
+                         "--split-by", "episode", "--metric", "auc", "--bound", "tool_validity=0:0.5",
+                         "--fix", "latency")
+    assert code == 0, err
+    assert "held_out" in out and "apply with: rwb tune apply fin_fast-outcome-eps-" in out
+    study = tuning.list_studies(ws)[0]
+    attrs = tuning.load_study(ws, study["name"]).user_attrs["rwb"]
+    assert attrs["space"]["weights"]["tool_validity"] == [0.0, 0.5] and "latency" not in attrs["space"]["weights"]
+    assert attrs["data"]["dataset"] is None and attrs["data"]["episodes_file"].endswith("eps.jsonl")
+
+
+def test_preference_commands(ws, capsys):
+    ids = ws.episode_ids("fin")
+    code, out, err = run(capsys, "tune", "prefer", ids[0], ids[1], "--dataset", "fin", "--comment", "clearer")
+    assert code == 0 and "preference #1" in out
+    code, out, err = run(capsys, "tune", "prefer", ids[0], ids[1], "--dataset", "fin")
+    assert code == 4                                          # the same label twice
+    code, out, err = run(capsys, "tune", "preferences", "--dataset", "fin", "--json")
+    assert [(p["better"], p["worse"]) for p in json.loads(out)["preferences"]] == [(ids[0], ids[1])]
+
+
+def test_errors_an_analyst_sees(ws, capsys):
+    code, out, err = run(capsys, "tune", "--dataset", "fin")
+    assert code == 2 and "give a template" in err
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "nope", "--trials", "1")
+    assert code == 2 and "nope" in err
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--storage", "optuna.db")
+    assert code == 2 and "SQLAlchemy URL" in err
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--objective", "vibes")
+    assert code == 2 and "objective" in err
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--bound", "ghost=0:1")
+    assert code == 2 and "ghost" in err
+    code, out, err = run(capsys, "tune", "apply", "no-such-study")
+    assert code == 2 and "no study" in err
+    with pytest.raises(PermissionDenied):
+        tuning.tune(ws, Actor("rita", "reviewer"), "fin_fast", dataset="fin", trials=1)
+
+
+def test_stop_ends_a_running_study_after_its_current_trial(ws):
+    actor = current_user(ws)
+    asked = []
+
+    def progress(p: dict) -> None:
+        if not asked:
+            asked.append(tuning.stop_tuning(ws, actor, p["study"]))
+
+    res = tuning.tune(ws, actor, "fin_fast", dataset="fin", trials=100_000, study="stoppable",
+                      flush_seconds=0.05, progress=progress)
+    assert res.stopped and res.trials_run < 100_000
+    run = tuning.study_runs(ws, "stoppable")[-1]
+    assert run["status"] == "stopped" and run["trials_done"] == res.trials_run
+    assert len(tuning.load_study(ws, "stoppable").trials) == res.trials_run   # every trial was written
+    assert tuning.list_studies(ws)[0]["status"] == "stopped"
+    with pytest.raises(Exception, match="no running worker"):
+        tuning.stop_tuning(ws, actor, "stoppable")
