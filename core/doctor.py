@@ -152,8 +152,9 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     fid = state_fidelity(X, labels, step_episode)
     verdict = {True: "ok", None: "warn", False: "fail"}[fid.separates]
     margin = None if fid.silhouette is None else fid.silhouette - (fid.silhouette_shuffled or 0.0)
+    fid_numbers = {k: v for k, v in fid.to_dict().items() if k not in ("verdict", "separates")}
     steps.append(_step(2, "state-encoding fidelity", verdict, fid.silhouette,
-                       f"trained encoder: {fid.verdict}", silhouette_margin=margin, **fid.to_dict()))
+                       f"trained encoder: {fid.verdict}", silhouette_margin=margin, **fid_numbers))
 
     # 3: gradient flow in the last update that trained the policy
     history = run_metrics(ws, run_id)

@@ -755,10 +755,16 @@ class DecisionEngine:
         #: decision id -> (episode id, episode serial, step, policy version)
         self._served: collections.OrderedDict[str, tuple[str, int, int, str]] = collections.OrderedDict()
         self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        #: Embeddings under way (query -> the job computing it), and the lock of both maps.
+        self._intent_jobs: dict[str, concurrent.futures.Future] = {}
+        self._intent_lock = threading.Lock()
         self._lock = threading.RLock()
         # One worker: candidate generation runs beside the request so its budget can be
         # enforced; a run that overruns finishes in the background and is ignored.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-rl-boost")
+        # The sentence embedding of a new episode's query is started when the episode starts,
+        # beside the decision, so that a later RL-Boost finds it ready.
+        self._intent_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-intent")
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -879,6 +885,7 @@ class DecisionEngine:
             now = self.clock()
             self._expire(now)
             rows = [self._prepare(i, r, now) for i, r in enumerate(parsed)]
+            self._prefetch_intents([r.request.query for r in rows if r.new_episode])
             groups: dict[int, list[_Row]] = {}
             for row in rows:  # episodes may run on different policy versions
                 groups.setdefault(id(row.episode.runtime), []).append(row)
@@ -1056,21 +1063,50 @@ class DecisionEngine:
                   "rl_candidates": [c.audit() for c in o["cands"]]})
 
     # ------------------------------------------------------------------ RL-Boost
-    def _intent(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Sentence embedding and rule vector of each query, cached by text."""
+    def _prefetch_intents(self, queries: Sequence[str]) -> None:
+        """Start embedding the queries that are neither cached nor under way (one job)."""
+        with self._intent_lock:
+            new = [q for q in dict.fromkeys(queries) if q not in self._intents and q not in self._intent_jobs]
+            if not new:
+                return
+            job = self._intent_pool.submit(self._embed, new)
+            for q in new:
+                self._intent_jobs[q] = job
+
+    def _embed(self, queries: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Sentence embedding and rule vector of each query, kept in the cache and returned."""
         from core.state import extract_intent, intent_rule_vector
 
-        missing = [q for q in dict.fromkeys(queries) if q not in self._intents]
+        try:
+            emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
+            out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
+            with self._intent_lock:
+                for q, value in out.items():
+                    self._intents[q] = value
+                    self._intents.move_to_end(q)
+                while len(self._intents) > INTENT_CACHE_SIZE:
+                    self._intents.popitem(last=False)
+            return out
+        finally:
+            with self._intent_lock:
+                for q in queries:
+                    self._intent_jobs.pop(q, None)
+
+    def _intent(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(intent_emb [B, 384], intent_rules [B, D])`` of the queries: from the cache,
+        from an embedding under way (waited for), or computed here."""
+        with self._intent_lock:
+            jobs = {self._intent_jobs[q] for q in queries if q not in self._intents and q in self._intent_jobs}
+        for job in jobs:
+            job.result()  # raises what the embedder raised
+        with self._intent_lock:
+            got = {q: self._intents[q] for q in queries if q in self._intents}
+            for q in got:
+                self._intents.move_to_end(q)
+        missing = [q for q in dict.fromkeys(queries) if q not in got]
         if missing:
-            emb = np.asarray(self.embedder.encode(missing), dtype=np.float32)
-            for q, e in zip(missing, emb):
-                self._intents[q] = (e, intent_rule_vector(extract_intent(q), q))
-        for q in queries:
-            self._intents.move_to_end(q)
-        while len(self._intents) > INTENT_CACHE_SIZE:
-            self._intents.popitem(last=False)
-        return (np.stack([self._intents[q][0] for q in queries]),
-                np.stack([self._intents[q][1] for q in queries]))
+            got.update(self._embed(missing))
+        return np.stack([got[q][0] for q in queries]), np.stack([got[q][1] for q in queries])
 
     def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
         """The policy's top-k allowed actions and the critic's reward estimates (worker thread)."""
@@ -1162,6 +1198,7 @@ class DecisionEngine:
                 return
             self._closed = True
         self._pool.shutdown(wait=True)
+        self._intent_pool.shutdown(wait=True)
         if self._own_audit:
             self.audit.close()
         else:

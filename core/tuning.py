@@ -5,8 +5,9 @@ best with what we know about the episodes?  Three objectives, one per study:
 
 * ``outcome`` — episodes with a known outcome (imported logs with a reward or success
   key, generated data): the pyramid's episode return should rank successful episodes
-  above failed ones.  The value is the AUC (or Kendall τ) on a **training split**;
-  the same figure on the **held-out split** is reported, never optimised.  The split
+  above failed ones.  The value is a smooth AUC (:func:`soft_auc`; or the AUC, or
+  Kendall τ) on a **training split**; AUC and τ on the **held-out split** are
+  reported, never optimised.  The split
   is by ``split_by`` (``task``: episodes of the same request stay together, so tuning
   on half the tasks is judged on the other half; or ``episode``, ``task_type``,
   ``domain``, ``behaviour``, ``meta.<key>``), stratified by outcome.  The outcome is
@@ -36,13 +37,20 @@ tested against :func:`~core.rewards.expectations.evaluate_expectations`).  A tri
 that changes a component's parameters recomputes that one column (memoised per
 parameter value).  Storage: see :mod:`core.tuning_storage`.
 
+The module, in order: configuration (:class:`SearchSpace`, :class:`TuneConfig`), labels
+and splits, statistics, the fast re-weighting (:class:`ReturnModel`), expectations as
+constraints, the problem and its objectives, preference labels, :func:`tune`, the
+workspace's study records (:func:`list_studies`, :func:`launch_tuning`,
+:func:`stop_tuning`), :func:`apply_study` and :func:`study_report` (the page's view).
+
 Example::
 
-    >>> result = tune(ws, actor, "finance_risk", dataset="finance", objective="outcome",
-    ...               split_by="task", trials=300)                              # doctest: +SKIP
-    >>> result.best["held_out"]["auc"], result.baseline["held_out"]["auc"]    # doctest: +SKIP
-    (0.91, 0.84)
-    >>> apply_study(ws, actor, result.study)["label"]                            # doctest: +SKIP
+    >>> config = TuneConfig(objective="outcome", split_by="task")
+    >>> result = tune(ws, actor, "finance_risk", dataset="finance", config=config,
+    ...               trials=300)                                               # doctest: +SKIP
+    >>> result.best["figures"]["held_out"]["auc"]                              # doctest: +SKIP
+    0.81
+    >>> apply_study(ws, actor, result.study)["label"]                           # doctest: +SKIP
     'finance_risk@1'
 """
 
@@ -60,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -95,6 +104,8 @@ OUTCOME_COMPONENTS = frozenset({"business_impact", "terminal_outcome", "resolved
 CONFIG_ATTR = "rwb"
 #: Smallest violation reported for a strict inequality that holds with equality.
 STRICT_EPS = 1e-12
+#: Component columns kept in memory for trials that tune parameters (most recent).
+COLUMN_MEMO = 32
 #: The ``rwb`` command as a child process of this interpreter (works without the console script).
 CLI: tuple[str, ...] = (sys.executable, "-c", "from core.cli import console; console()")
 #: PPO settings of one policy trial unless the study overrides them (a short run).
@@ -270,18 +281,19 @@ def _param_range(template: Template, known: Mapping[str, ComponentSpec], comp_na
 
 
 def _coerce_choice(text: Any, annotation: Any) -> Any:
+    """A ``--bound`` choice as the parameter's type (text stays text for text parameters)."""
     if not isinstance(text, str):
         return text
     text = text.strip()
-    for cast in (int, float):
-        try:
-            value = cast(text)
-        except ValueError:
-            continue
-        if annotation is int or annotation is float or cast is float:
-            return value
+    if annotation is str:
+        return text
     if text in ("true", "false"):
         return text == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
     return text
 
 
@@ -814,10 +826,10 @@ class TuningProblem:
     """The data and the fixed parts of a study: template, frame(s), component matrix,
     split, search space, return model and compiled constraints.
 
-    :meth:`evaluate` is the one per-trial computation shared by the objectives."""
+    :meth:`trial_state` is the one per-trial computation shared by the objectives."""
 
     def __init__(self, template: Template, frame: StepsFrame, matrix: "ComponentMatrix",
-                 space: SearchSpace, held_out: np.ndarray, *, ctx: Any = None, cache: Any = None):
+                 space: SearchSpace, held_out: np.ndarray, *, ctx: Any = None):
         self.template, self.frame, self.matrix, self.space = template, frame, matrix, space
         self.held_out = held_out
         self.train_idx = np.flatnonzero(~held_out)
@@ -825,8 +837,10 @@ class TuningProblem:
         self.model = ReturnModel(template, frame)
         #: step values [C, N] and episode terms [E, K] (see matrix_layout)
         self.M, self.E, self._m_transposed, self._e_transposed = matrix_layout(matrix, frame, template)
-        self.ctx, self.cache = ctx, cache
-        self._columns: dict[tuple[str, str], np.ndarray] = {}
+        self.ctx = ctx
+        # columns of components under trial parameters, most recent last (bounded: a
+        # continuous parameter gives every trial a new column)
+        self._columns: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         #: components evaluated because a trial changed their parameters (the rest is reused)
         self.recomputed: list[str] = []
         tuned = {k.split(".", 1)[0] for k in space.params}
@@ -840,18 +854,24 @@ class TuningProblem:
         merged = {**dict(spec.params), **dict(params)}
         key = (name, json.dumps(merged, sort_keys=True, default=str))
         scope_episode = spec.group == "episode"
-        if key not in self._columns:
-            comp = build_component(replace(spec, params=merged))
-            values = self.cache.get(self.frame, comp) if self.cache is not None else None
-            if values is None:
-                from core.rewards.components import ScoringContext
+        if key in self._columns:
+            self._columns.move_to_end(key)
+            return self._columns[key], scope_episode
+        from core.rewards.components import ScoringContext
 
-                values = np.asarray(comp(self.frame, self.ctx or ScoringContext()), dtype=np.float64)
-                self.recomputed.append(name)
-                if self.cache is not None:
-                    self.cache.put(self.frame, comp, values)
-            self._columns[key] = values
-        return self._columns[key], scope_episode
+        # Not through the workspace's component cache: a continuous parameter would leave
+        # one column file per trial on disk.  The sentence embeddings stay cached (ctx).
+        comp = build_component(replace(spec, params=merged))
+        values = np.asarray(comp(self.frame, self.ctx or ScoringContext()), dtype=np.float64)
+        if values.shape != ((self.frame.n_episodes,) if scope_episode else (self.frame.n_steps,)) \
+                or not np.isfinite(values).all():
+            raise InputError(f"component {name!r} with parameters {merged} gave unusable values",
+                             field="bounds")
+        self.recomputed.append(name)
+        self._columns[key] = values
+        if len(self._columns) > COLUMN_MEMO:
+            self._columns.popitem(last=False)
+        return values, scope_episode
 
     def trial_state(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]]) -> _Trial:
         """Everything a trial's weights and parameters give (returns, gates, values)."""
@@ -906,6 +926,9 @@ class TuningObjective(abc.ABC):
     train/held-out figures of any weights (for the baseline and the best trial)."""
 
     name: str = ""
+    #: Prune trials that break an expectation before measuring them (worth it when
+    #: measuring is expensive; they can never be the best trial anyway).
+    skip_infeasible: bool = False
 
     def __init__(self, problem: TuningProblem):
         self.problem = problem
@@ -913,8 +936,13 @@ class TuningObjective(abc.ABC):
     def __call__(self, trial: optuna.Trial) -> float:
         weights, params = self.problem.space.suggest(trial)
         state = self.problem.trial_state(weights, params)
+        broken = []
         for key, value in self.problem.constraints.values(state).items():
             trial.set_constraint(key, value)
+            if value > 0:
+                broken.append(key)
+        if broken and self.skip_infeasible:
+            raise optuna.TrialPruned(f"breaks {', '.join(broken)}: not trained")
         train, held = self.measure(state, trial)
         if train is None:
             raise optuna.TrialPruned("the training split gives no figure for these weights")
@@ -1007,6 +1035,7 @@ class PolicyObjective(TuningObjective):
     the run; review requests of the curriculum's L3 are not enqueued from tuning runs."""
 
     name = "policy"
+    skip_infeasible = True
 
     def __init__(self, problem: TuningProblem, training_data: Any, cfg: Any):
         import torch
@@ -1429,7 +1458,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     ctx = ScoringContext(embedder=workspace_embedder(ws))
     cache = ComponentCache.for_workspace(ws)
     matrix = Pyramid(t).compute_matrix(scoring, ctx=ctx, cache=cache)
-    problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx, cache=cache)
+    problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx)
     if cfg.objective == "outcome":
         objective: TuningObjective = OutcomeObjective(problem, labels, cfg.metric)
     elif cfg.objective == "preferences":

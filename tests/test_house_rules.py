@@ -64,8 +64,8 @@ _IMPORT_ALL = textwrap.dedent("""
 
     def walk(package, skip):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-            if info.name == skip:
-                continue
+            if info.name == skip or info.name.endswith(".__main__"):
+                continue  # __main__ runs the program on import: it is not a library module
             names.append(info.name)
             module = importlib.import_module(info.name)
             if info.ispkg:

@@ -196,7 +196,7 @@ def test_doctor_four_steps(ws, finished):
     assert reward_integrity([0.1, float("nan")], 5.0, 10)["verdict"] == "fail"
     assert reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10)["verdict"] == "warn"
     assert reward_integrity([0.1, 0.2, 0.3], 1.5, 10)["verdict"] == "fail"
-    assert reward_integrity([0.1, 0.2, 0.3], 5.0, 10)["verdict"] == "ok"
+    assert reward_integrity([0.1, 0.2, 0.3, 0.4], 5.0, 10)["verdict"] == "ok"
     assert gradient_flow({"actor.0": 0.1, "encoder.intent_net.0": 0.0})["verdict"] == "fail"
     assert gradient_flow({"actor.0": 0.1, "critic.0": 5e3})["verdict"] == "warn"
     assert gradient_flow({"actor.0": 0.1})["verdict"] == "ok"

@@ -233,10 +233,15 @@ def test_arbitration_rules_on_hand_built_cases(bundle, ws):
     none._propose = _fixed([-1, -1, -1], [0, 0, 0], [np.nan] * 3, float("nan"))
     d = none.decide(_request("nothing", state=LATE))
     assert (d.final_action, d.source) == (bundle.catalog.escalate_id, "fallback")
-    for e in (engine, override, none):
+    # force_rde_override never serves the policy, not even without a baseline action
+    strict = _engine(ws, _with_rde(bundle, {blocked: 1.0}), force_rde_override=True)
+    strict._propose = _fixed([l3, l2, l1], [0.5, 0.3, 0.2], [0.1, 0.0, 0.0], float("nan"))
+    d = strict.decide(_request("no-rde-override", state=LATE))
+    assert (d.final_action, d.source, d.overridden) == (bundle.catalog.escalate_id, "fallback", True)
+    for e in (engine, override, none, strict):
         e.close()
     records = audit.tail(ws, 100)
-    assert len(records) == 7
+    assert len(records) == 8
 
 
 def test_real_rl_boost_proposes_three_unmasked_candidates(bundle, ws):

@@ -110,6 +110,15 @@ def test_tsne_is_deterministic_for_a_seed():
     assert a.coords.shape == (180, 2)
 
 
+def test_tsne_big_map_path_is_deterministic_too():
+    # the settings a big map gets (approximate neighbours, FFT gradients, two threads),
+    # on a short schedule to stay fast
+    X, _ = _blobs()
+    cfg = TsneConfig(seed=5, neighbors="annoy", negative_gradient_method="fft", n_jobs=2,
+                     early_exaggeration_iter=20, n_iter=30)
+    np.testing.assert_array_equal(tsne_map(X, cfg).coords, tsne_map(X, cfg).coords)
+
+
 def test_tsne_separates_blobs_and_transform_places_new_states(tmp_path):
     X, y = _blobs(seed=3)
     fitted = tsne_map(X, TsneConfig(seed=0))

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.episodes import Episode, ToolSchema
 from core.errors import InputError
 from core.importers.base import (
@@ -43,7 +45,7 @@ from core.importers.base import (
     prepare_episode,
 )
 from core.importers import parallel
-from core.importers.parallel import Rows, import_workers, read_rwb_rows, rows_of
+from core.importers.parallel import Call, Rows, import_workers, read_rwb_rows, rows_of
 from core.importers.rwb import header_line
 
 if TYPE_CHECKING:  # the store (sqlite-utils) is imported by the functions that need it
@@ -186,8 +188,7 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
 
 
 # --------------------------------------------------------------------------- importing
-def _count_invalid(tools: list[ToolSchema], calls: list[tuple[str, dict[str, Any], str | None]]
-                   ) -> tuple[int, int, dict[str, int]]:
+def _count_invalid(tools: list[ToolSchema], calls: list[Call]) -> tuple[int, int, dict[str, int]]:
     """(tool calls, INVALID tool calls, top reasons) under the catalog of ``tools`` (or of the
     logged calls when there are no schemas); presets are learned from the logged calls."""
     from core.catalog import build_catalog
@@ -195,10 +196,11 @@ def _count_invalid(tools: list[ToolSchema], calls: list[tuple[str, dict[str, Any
 
     if not calls:
         return 0, 0, {}
-    observed = []
-    for tool, params, raw in calls:  # what core.catalog.observed_calls takes from episodes
+    # What core.catalog.observed_calls takes from episodes: the params, or the raw
+    # arguments when they are a JSON object.
+    observed = [(tool, params) for tool, params, raw, _ in calls if raw is None]
+    for tool, _, raw, _ in calls:
         if raw is None:
-            observed.append((tool, params))
             continue
         try:
             parsed = json.loads(raw)
@@ -207,27 +209,28 @@ def _count_invalid(tools: list[ToolSchema], calls: list[tuple[str, dict[str, Any
         if isinstance(parsed, dict):
             observed.append((tool, parsed))
     catalog = build_catalog(tools, calls=observed)
-    # Logs repeat the same calls a lot: normalize each distinct call once, then count.
-    distinct: dict[tuple[str, str | None, str], int] = {}
+    # Logs repeat the same calls a lot: normalize each distinct call once (keyed by the
+    # params' JSON text, already made for the steps table), then count with numpy.
+    distinct: dict[tuple[str, str | None, str | None], int] = {}
+    firsts: list[Call] = []
     index = []
-    for tool, params, raw in calls:
-        key = (tool, raw, json.dumps(params, sort_keys=True, ensure_ascii=False, default=str))
-        index.append(distinct.setdefault(key, len(distinct)))
-    firsts: dict[int, tuple[str, dict[str, Any], str | None]] = {}
-    for (tool, params, raw), k in zip(calls, index):
-        firsts.setdefault(k, (tool, params, raw))
+    for call in calls:
+        key = (call[0], call[2], call[3])
+        k = distinct.get(key)
+        if k is None:
+            k = distinct[key] = len(firsts)
+            firsts.append(call)
+        index.append(k)
     # The calls were validated when read (here or in a worker): no need to validate again.
     actions = [Action.model_construct(kind="tool_call", tool=t, params=p, raw_arguments=r)
-               for t, p, r in (firsts[k] for k in range(len(firsts)))]
+               for t, p, r, _ in firsts]
     batch = catalog.normalize_many(actions)
-    bad = (batch.token_ids < 0).tolist()
+    per_call = np.bincount(np.asarray(index, dtype=np.int64), minlength=len(firsts))
+    bad = np.asarray(batch.token_ids) < 0
     reasons: Counter[str] = Counter()
-    n_invalid = 0
-    for k in index:
-        if bad[k]:
-            n_invalid += 1
-            reasons[(batch.reasons[k] or "invalid").split(":")[0]] += 1
-    return len(calls), n_invalid, dict(reasons.most_common(8))
+    for k in np.flatnonzero(bad).tolist():  # distinct INVALID calls, in order of first use
+        reasons[(batch.reasons[k] or "invalid").split(":")[0]] += int(per_call[k])
+    return len(calls), int(per_call[bad].sum()), dict(reasons.most_common(8))
 
 
 def _merge_tools(existing: list[ToolSchema], new: list[ToolSchema]) -> list[ToolSchema]:

@@ -58,6 +58,10 @@ def import_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+#: One logged tool call: (tool, params, raw_arguments, params as stored in the steps table).
+Call = tuple[str, dict[str, Any], "str | None", "str | None"]
+
+
 @dataclass
 class Rows:
     """Rows to insert, in file order."""
@@ -66,8 +70,8 @@ class Rows:
     episodes: list[tuple[Any, ...]] = field(default_factory=list)
     #: ``core.store.step_rows`` of each episode.
     steps: list[list[tuple[Any, ...]]] = field(default_factory=list)
-    #: (tool, params, raw_arguments) of every tool-call step.
-    calls: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)
+    #: Every tool-call step (see :data:`Call`).
+    calls: list[Call] = field(default_factory=list)
     domains: set[str] = field(default_factory=set)
 
     def extend(self, other: "Rows") -> None:
@@ -85,9 +89,10 @@ def rows_of(items: list[Prepared]) -> Rows:
     for p in items:
         data = p.data
         rows.episodes.append(episode_row_of(data, p.body, p.content_hash))
-        rows.steps.append(step_rows_of(data))
-        rows.calls += [(a["tool"] or "", a["params"], a["raw_arguments"])
-                       for a in (s["action"] for s in data["steps"]) if a["kind"] == "tool_call"]
+        steps = step_rows_of(data)
+        rows.steps.append(steps)
+        rows.calls += [(row[2] or "", s["action"]["params"], s["action"]["raw_arguments"], row[3])
+                       for row, s in zip(steps, data["steps"]) if row[1] == "tool_call"]
         rows.domains.add(data["domain"])
     return rows
 
