@@ -177,6 +177,9 @@ class ServingConfig:
     #: go to the review queue.
     review_risks: tuple[str, ...] = ("high",)
     review_confidence: float = 0.7
+    #: Start embedding a new episode's query when the episode starts (a background thread),
+    #: so that its first RL-Boost does not wait for the sentence model.
+    prefetch_intent: bool = True
     #: torch intra-op threads for the policy (``torch.set_num_threads``, process-wide); None
     #: leaves torch's default.  1 suits a serving process: the policy runs on a few rows,
     #: where more threads only add synchronisation.
@@ -885,7 +888,8 @@ class DecisionEngine:
             now = self.clock()
             self._expire(now)
             rows = [self._prepare(i, r, now) for i, r in enumerate(parsed)]
-            self._prefetch_intents([r.request.query for r in rows if r.new_episode])
+            if self.config.prefetch_intent:
+                self._prefetch_intents([r.request.query for r in rows if r.new_episode])
             groups: dict[int, list[_Row]] = {}
             for row in rows:  # episodes may run on different policy versions
                 groups.setdefault(id(row.episode.runtime), []).append(row)

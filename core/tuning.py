@@ -829,8 +829,15 @@ class TuningProblem:
     :meth:`trial_state` is the one per-trial computation shared by the objectives."""
 
     def __init__(self, template: Template, frame: StepsFrame, matrix: "ComponentMatrix",
-                 space: SearchSpace, held_out: np.ndarray, *, ctx: Any = None):
+                 space: SearchSpace, held_out: np.ndarray, *, ctx: Any = None,
+                 label_frame: StepsFrame | None = None):
         self.template, self.frame, self.matrix, self.space = template, frame, matrix, space
+        #: the same episodes with their recorded outcomes: what expectation filters such as
+        #: ``{resolved: true}`` select on, even while the components see the outcome withheld
+        self.label_frame = label_frame if label_frame is not None else frame
+        if self.label_frame.content_hash != frame.content_hash and \
+                not np.array_equal(self.label_frame.ep_len, frame.ep_len):
+            raise ValueError("label_frame must hold the same episodes as frame")
         self.held_out = held_out
         self.train_idx = np.flatnonzero(~held_out)
         self.held_idx = np.flatnonzero(held_out)
@@ -844,7 +851,7 @@ class TuningProblem:
         #: components evaluated because a trial changed their parameters (the rest is reused)
         self.recomputed: list[str] = []
         tuned = {k.split(".", 1)[0] for k in space.params}
-        self.constraints = ExpectationConstraints(template, frame, self.train_idx, tuned)
+        self.constraints = ExpectationConstraints(template, self.label_frame, self.train_idx, tuned)
         baseline = self.trial_state(template.weights(), {})
         self.constraints.check_constant(baseline)
 
@@ -1371,6 +1378,8 @@ class TuneResult:
     stopped: bool
     seconds: float
     trials_per_min: float
+    #: process CPU seconds of the optimisation (on a shared machine, wall time includes waiting)
+    cpu_seconds: float
     baseline: dict[str, Any]
     best: dict[str, Any] | None
     skipped_expectations: list[dict[str, Any]]
@@ -1458,7 +1467,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     ctx = ScoringContext(embedder=workspace_embedder(ws))
     cache = ComponentCache.for_workspace(ws)
     matrix = Pyramid(t).compute_matrix(scoring, ctx=ctx, cache=cache)
-    problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx)
+    problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx, label_frame=full)
     if cfg.objective == "outcome":
         objective: TuningObjective = OutcomeObjective(problem, labels, cfg.metric)
     elif cfg.objective == "preferences":
@@ -1549,7 +1558,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         previous = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread (a server): no handler, the stop flag still works
         previous = None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     status, error = "finished", None
     run_objective: Callable[[optuna.Trial], float] = objective
     if distributed:
@@ -1565,7 +1574,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        seconds = time.perf_counter() - t0
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
         per_min = state["done"] / seconds * 60 if seconds > 0 else 0.0
         try:
             flush(working, in_loop=False)
@@ -1594,7 +1603,8 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     return TuneResult(
         study=name, storage=describe_url(url), objective=cfg.objective, metric=_objective_metric(cfg),
         trials_run=state["done"], trials_total=len(all_trials), feasible_trials=len(feasible),
-        stopped=state["stopped"], seconds=seconds, trials_per_min=per_min, baseline=_finite(baseline),
+        stopped=state["stopped"], seconds=seconds, trials_per_min=per_min, cpu_seconds=cpu_seconds,
+        baseline=_finite(baseline),
         best=_finite(best), skipped_expectations=problem.constraints.skipped, split=attrs["split"],
         recomputed_components=sorted(set(problem.recomputed)), run_id=run)
 
@@ -1614,7 +1624,7 @@ def _expectation_checks(template: Template, problem: TuningProblem,
         # component values from the full matrix: history-dependent components keep the
         # whole data's context, as while tuning
         sub = problem.pyramid_matrix(template, state.step_values, state.episode_values, idx)
-        report = evaluate_expectations(ScoreResult(template, problem.frame.take_episodes(idx), sub))
+        report = evaluate_expectations(ScoreResult(template, problem.label_frame.take_episodes(idx), sub))
         out[side] = {"passed": report.passed,
                      "results": {r.name: {"passed": r.passed, "message": r.message} for r in report.results}}
     return out

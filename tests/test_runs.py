@@ -257,4 +257,4 @@ def test_cli_train_runs_doctor_evaluate(ws_root, finished, monkeypatch):
     # user errors exit 2 with a message
     assert main(["runs", "show", "run-nope"]) == 2
     assert main(["train", "--dataset", "finance"]) == 2
-    assert main(["runs", "stop", finished]) == 2
+    assert main(["runs", "stop", finished]) == ConflictError.exit_code

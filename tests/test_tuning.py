@@ -37,7 +37,7 @@ def _problem(template, frame, *, bounds=None, seed=0, withhold=True):
     held = tuning.split_episodes(tuning.split_keys(frame, "task"), labels.success, 0.5, seed)
     matrix = Pyramid(template).compute_matrix(scoring)
     space = tuning.SearchSpace.for_template(template, bounds)
-    return tuning.TuningProblem(template, scoring, matrix, space, held), labels
+    return tuning.TuningProblem(template, scoring, matrix, space, held, label_frame=frame), labels
 
 
 def _random_weights(template, rng):
@@ -98,10 +98,14 @@ CONSTRAINED = FIN_FAST.split("expectations:")[0] + """expectations:
 """
 
 
-def test_constraints_match_evaluate_expectations(frame):
-    """Compiled constraints (≤ 0 = satisfied) against rwb reward check on the training split."""
+@pytest.mark.parametrize("withhold", [False, True])
+def test_constraints_match_evaluate_expectations(frame, withhold):
+    """Compiled constraints (≤ 0 = satisfied) against rwb reward check on the training split.
+
+    With the outcome withheld from the components, filters such as ``{resolved: true}``
+    still select on the recorded outcome."""
     t = parse_template(CONSTRAINED)
-    problem, _ = _problem(t, frame, withhold=False)
+    problem, _ = _problem(t, frame, withhold=withhold)
     cons = problem.constraints
     skipped = {s["name"]: s["reason"] for s in cons.skipped}
     assert "nobody" in skipped and "no episode" in skipped["nobody"]
@@ -117,7 +121,7 @@ def test_constraints_match_evaluate_expectations(frame):
         values = cons.values(state)
         tw = t.with_weights(weights)
         sub = problem.pyramid_matrix(tw, state.step_values, state.episode_values, problem.train_idx)
-        report = evaluate_expectations(ScoreResult(tw, problem.frame.take_episodes(problem.train_idx), sub))
+        report = evaluate_expectations(ScoreResult(tw, problem.label_frame.take_episodes(problem.train_idx), sub))
         slow = {r.name: r.passed for r in report.results}
         for name, v in values.items():
             assert (v <= 0) == slow[name], (name, v, weights)

@@ -1,0 +1,185 @@
+"""The Training and Diagnostics pages (AppTest): empty states, the run table and live curves,
+launching a run from the form, the stop button, the comparison, the four-step diagnosis and
+the held-out evaluation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from _state_fixtures import HashEmbedder
+from core import runs
+from core.store import Workspace
+from core.users import LOCAL_ADMIN
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINING = str(ROOT / "pages" / "training.py")
+DIAGNOSTICS = str(ROOT / "pages" / "diagnostics.py")
+SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
+
+
+def tiny():
+    from core.ppo import PPOConfig
+
+    return PPOConfig(total_steps=1024, n_envs=32, rollout_len=16, update_epochs=2, n_minibatches=2, bc_epochs=3,
+                     hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu", threads=1, eval_every=1,
+                     eval_episodes=32, checkpoint_every=1)
+
+
+@pytest.fixture(scope="module")
+def trained_ws(tmp_path_factory):
+    """A workspace with the finance sample's first 60 episodes and one finished tiny run."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    from core.importers import import_file
+
+    root = tmp_path_factory.mktemp("pages-ws")
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    subset = root / "finance.jsonl"
+    subset.write_text("\n".join(lines[:61]) + "\n", encoding="utf-8")
+    ws = Workspace.open(root / "ws")
+    import_file(ws, subset, dataset="finance")
+    run_id = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=tiny())["run_id"]
+    ws.close()
+    mp.undo()
+    return root / "ws", run_id
+
+
+@pytest.fixture
+def page_env(trained_ws, monkeypatch):
+    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setenv("RWB_WORKSPACE", str(trained_ws[0]))
+    return trained_ws
+
+
+def test_training_page_empty_workspace(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "empty"))
+    at = AppTest.from_file(TRAINING, default_timeout=60).run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Training"]
+    infos = " ".join(i.value for i in at.info)
+    assert "import episodes" in infos and "No runs yet" in infos
+
+
+def test_diagnostics_page_empty_workspace(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "empty"))
+    at = AppTest.from_file(DIAGNOSTICS, default_timeout=60).run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Diagnostics"]
+    assert "Training page" in at.info[0].value
+
+
+def test_training_page_shows_runs_curves_and_comparison(page_env):
+    _, run_id = page_env
+    at = AppTest.from_file(TRAINING, default_timeout=120).run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="train_run").value == run_id
+    assert any(run_id in str(df.value) for df in at.dataframe)
+    md = " ".join(m.value for m in at.markdown)
+    assert f"**{run_id}** · finished" in md
+    charts = at.get("vega_lite_chart")
+    assert len(charts) >= 10                    # every recorded metric has a curve (+ the comparison)
+    captions = " ".join(c.value for c in at.caption)
+    for title in ("Episode return", "KL penalty β", "Mask violations (must stay 0)", "Curriculum level",
+                  "Entropy per tool (nats)", "Gradient norm per layer"):
+        assert title in captions
+    assert not [b for b in at.button if b.label == "Stop"]      # a finished run has no stop button
+    assert at.multiselect(key="train_compare").value == [run_id]
+
+
+def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
+    """The Launch button hands the form's settings to core.runs.launch_run (spied here: the
+    background process itself is tested in tests/test_runs.py)."""
+    calls = []
+    real_create = runs.create_run
+
+    def spy(ws, actor, *, template, dataset=None, episodes_file=None, config=None, masks=None):
+        calls.append({"template": template, "dataset": dataset, "config": dict(config)})
+        from core.ppo import PPOConfig
+
+        tmpl, label = runs.resolve_run_template(ws, template)
+        run_id = real_create(ws, actor, template=tmpl, config=PPOConfig.from_dict(config), dataset=dataset,
+                             template_version=label)
+        return {"run_id": run_id, "pid": 0, "log": ""}
+
+    monkeypatch.setattr(runs, "launch_run", spy)
+    at = AppTest.from_file(TRAINING, default_timeout=120).run()
+    at.number_input(key="train_steps").set_value(5000)
+    at.radio(key="train_device").set_value("cpu")
+    at.radio(key="train_gating").set_value("off")
+    at.radio(key="train_adaptive").set_value("fixed")
+    next(b for b in at.button if b.label == "Launch").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert len(calls) == 1
+    c = calls[0]
+    assert c["dataset"] == "finance" and c["template"].startswith("finance_risk")
+    assert c["config"]["total_steps"] == 5000 and c["config"]["device"] == "cpu"
+    assert c["config"]["encoder"] == {"gating": "off"} and c["config"]["adaptive_kl"] is False
+    assert any("Launched run-" in s.value for s in at.success)
+    # the new run is shown (its "process" never existed: interrupted)
+    new_id = at.selectbox(key="train_run").value
+    assert new_id != page_env[1]
+    assert "interrupted" in " ".join(m.value for m in at.markdown)
+
+
+def test_stop_button_asks_a_running_run_to_stop(page_env):
+    ws_path, _ = page_env
+    ws = Workspace.open(ws_path)
+    try:
+        run_id = runs.create_run(ws, LOCAL_ADMIN, template=runs.run_template(ws, page_env[1]), config=tiny(),
+                                 dataset="finance")
+        runs.mark_started(ws, run_id, device="cpu")          # "trained" by this (alive) process
+        assert runs.get_run(ws, run_id)["process_alive"] is True
+        at = AppTest.from_file(TRAINING, default_timeout=120).run()
+        at.selectbox(key="train_run").set_value(run_id)
+        at.run()
+        stop = [b for b in at.button if b.label == "Stop"]
+        assert stop, [b.label for b in at.button]
+        stop[0].click()
+        at.run()
+        assert not at.exception, at.exception
+        assert runs.get_run(ws, run_id)["stop_requested"] is True
+    finally:
+        runs.finish_run(ws, run_id, "stopped")
+        ws.close()
+
+
+def test_diagnostics_page_diagnoses_and_evaluates(page_env):
+    _, run_id = page_env
+    at = AppTest.from_file(DIAGNOSTICS, default_timeout=180).run()
+    assert not at.exception, at.exception
+    at.selectbox(key="diag_run").set_value(run_id)
+    next(b for b in at.button if b.label == "Diagnose").click()
+    at.run()
+    assert not at.exception, at.exception
+    verdicts = [e.value for e in (*at.success, *at.warning, *at.error)]
+    for name in ("1. Reward integrity", "2. State-encoding fidelity", "3. Gradient flow", "4. Exploration quality"):
+        assert any(name in v for v in verdicts), verdicts
+    next(b for b in at.button if b.label == "Evaluate").click()
+    at.run()
+    assert not at.exception, at.exception
+    messages = " ".join(e.value for e in (*at.success, *at.warning))
+    assert "best logged behaviour" in messages and "random-in-mask" in messages
+    assert any("policy (greedy)" in str(df.value) for df in at.dataframe)
+
+
+def test_pages_show_user_errors(page_env, monkeypatch):
+    """A core error reaches the page as st.error, not a traceback."""
+    from core.errors import InputError
+
+    def broken(*a, **k):
+        raise InputError("the held-out file is gone")
+
+    monkeypatch.setattr("core.evaluation.evaluate", broken)
+    at = AppTest.from_file(DIAGNOSTICS, default_timeout=120).run()
+    at.selectbox(key="diag_run").set_value(page_env[1])
+    at.number_input(key="diag_repeats").set_value(2)
+    next(b for b in at.button if b.label == "Evaluate").click()
+    at.run()
+    assert not at.exception
+    assert any("the held-out file is gone" in e.value for e in at.error)
+    assert os.environ["RWB_WORKSPACE"] == str(page_env[0])
