@@ -771,7 +771,8 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
     gamma = float(cfg.gamma if cfg.gamma is not None else tb.gamma)
 
     # ------------------------------------------------------------------ environment
-    sim = BatchedSim(tb, cfg.n_envs, device=device, seed=cfg.seed, episodes=data.train_episodes)
+    sim = BatchedSim(tb, cfg.n_envs, device=device, seed=cfg.seed, episodes=data.train_episodes,
+                     reuse_obs_buffers=True)    # the rollout copies what it keeps
     act_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)   # action sampling, on the device
     A, B, T = tb.n_actions, cfg.n_envs, cfg.rollout_len
     high_risk = torch.tensor([t.risk == "high" for t in tb.catalog.tokens], dtype=torch.bool, device=device)
@@ -910,10 +911,11 @@ def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = Non
         # -------------------------------------------------------------- advantages (GAE), with the L2 UCB bonus
         with torch.no_grad():
             next_value_heads = agent.heads(agent.state(next_obs))[1]
-        sigma = values.std(dim=-1)
+        sigma = values.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(rewards)
         bonus = torch.zeros_like(rewards)
         if cfg.curriculum and level >= 2 and cfg.ucb_coef > 0:
-            sigma_next = torch.cat([sigma[1:], next_value_heads.std(dim=-1)[None]], dim=0)
+            next_sigma = next_value_heads.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(next_done)
+            sigma_next = torch.cat([sigma[1:], next_sigma[None]], dim=0)
             alive_next = 1.0 - torch.cat([dones[1:], next_done[None]], dim=0)
             bonus = cfg.ucb_coef * sigma_next * alive_next
         advantages, returns = gae(rewards + bonus, values.mean(-1), dones, next_value_heads.mean(-1), next_done,

@@ -715,6 +715,17 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
 
 
 # =========================================================================== the engine
+def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
+    """Identity of the policies index file (changes when a promotion replaces it)."""
+    from core.policies import INDEX, policies_root
+
+    try:
+        st = os.stat(policies_root(root) / INDEX)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 class DecisionEngine:
     """Serves decisions for one policy (a bundle, or a promoted policy that may be
     re-promoted while the engine runs).  Thread-safe: decisions are made one batch at a
@@ -743,7 +754,7 @@ class DecisionEngine:
         self.runtime = PolicyRuntime(bundle)
         self.reload_error: str | None = None
         if policy_name is not None:
-            self._index_stat = self._stat_index()
+            self._index_stat = _index_stat(self._policies_root)
         if embedder is None:
             import core.embed
 
@@ -786,7 +797,10 @@ class DecisionEngine:
         next episode start."""
         from core.policies import load_bundle_for
 
-        return cls(ws, load_bundle_for(name, root=root), policy_name=name, policies_root=root, **options)
+        seen = _index_stat(root)  # taken before loading: a promotion meanwhile is picked up later
+        engine = cls(ws, load_bundle_for(name, root=root), policy_name=name, policies_root=root, **options)
+        engine._index_stat = seen
+        return engine
 
     @property
     def policy_version(self) -> str:
@@ -794,15 +808,6 @@ class DecisionEngine:
         return self.runtime.version
 
     # ------------------------------------------------------------------ hot reload
-    def _stat_index(self) -> tuple[int, int, int] | None:
-        from core.policies import INDEX, policies_root
-
-        try:
-            st = os.stat(policies_root(self._policies_root) / INDEX)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
     def _pick_up_promotion(self) -> None:
         """At an episode start: load the active version when the index changed and names
         another version than the one new episodes start on.  A version that cannot be
@@ -811,7 +816,7 @@ class DecisionEngine:
         and tries again when the index changes next."""
         if self._policy_name is None:
             return
-        stat = self._stat_index()
+        stat = _index_stat(self._policies_root)
         if stat == self._index_stat:
             return
         self._index_stat = stat

@@ -1476,8 +1476,10 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         objective = _policy_objective(ws, problem, ref, cfg, dataset, episodes)
 
     base_weights = {k: t.weights()[k] for k in space.weights}
-    baseline = {"weights": t.weights(), "figures": objective.figures(t.weights(), {}) if cfg.objective != "policy"
-                else None}
+    baseline = {"weights": t.weights(),
+                "figures": objective.figures(t.weights(), {}) if cfg.objective != "policy" else None,
+                # the template's own weights against its expectations (training split)
+                "constraints": problem.constraints.values(problem.trial_state(t.weights(), {}))}
     data_name = _data_name(dataset, episodes) if frame is None else f"frame-{full.content_hash[:8]}"
     name = study or default_study_name(ref, cfg, data_name, space)
     attrs = {
@@ -1492,8 +1494,8 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
 
     # ------------------------------------------------------------------ storage and study
     url = storage if storage is not None else default_storage_url(ws)
-    rdb = open_rdb(url)
     distributed = storage is not None
+    rdb = open_rdb(url, heartbeat=distributed)
     sampler = make_sampler(cfg, distributed=distributed)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2) if cfg.objective == "policy"
               else optuna.pruners.NopPruner())
@@ -1967,7 +1969,7 @@ def study_fingerprint(ws: "Workspace", name: str, storage: str | None = None) ->
 
 
 def study_report(ws: "Workspace", name: str, storage: str | None = None) -> StudyReport:
-    """The state of a study for the Tuning page: counts, best vs current weights, the
+    """The state of a study for the Tuning page: counts, best vs template weights, the
     constraint status of each recent trial, and Optuna's plotly figures (optimisation
     history, parameter importances, parallel coordinates)."""
     from optuna.trial import TrialState
@@ -2004,15 +2006,19 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
         bw, bp = space.decode(bt.params)
         best = {"trial": bt.number, "value": bt.value, "held_out": bt.user_attrs.get("held_out"),
                 "weights": {**current, **bw}, "params": bp, "constraints": dict(bt.constraints)}
-    weights = [{"component": k, "current": v, "best": None if best is None else best["weights"].get(k),
+    weights = [{"component": k, "template": v, "best": None if best is None else best["weights"].get(k),
                 "low": space.weights[k][0] if k in space.weights else None,
                 "high": space.weights[k][1] if k in space.weights else None, "tuned": k in space.weights}
                for k, v in current.items()]
     params = [{"parameter": k, "range": v.to_dict(), "best": None if best is None else
                best["params"].get(k.split(".", 1)[0], {}).get(k.split(".", 1)[1])} for k, v in space.params.items()]
     names = sorted({k for tr in complete for k in tr.constraints})
+    base_cons = (attrs.get("baseline") or {}).get("constraints") or {}
+    best_cons = best["constraints"] if best else {}
     constraint_rows = [{"expectation": n, "satisfied": sum(1 for tr in complete if tr.constraints.get(n, 0) <= 0),
-                        "violated": sum(1 for tr in complete if tr.constraints.get(n, 0) > 0)} for n in names]
+                        "violated": sum(1 for tr in complete if tr.constraints.get(n, 0) > 0),
+                        "template weights": _status(base_cons.get(n)), "best trial": _status(best_cons.get(n))}
+                       for n in names]
     table = []
     for tr in trials[-REPORT_TRIALS:][::-1]:
         row = {"trial": tr.number, "state": tr.state.name.lower(), "value": tr.value,
@@ -2047,6 +2053,10 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
         split=attrs.get("split", {}), counts=counts, best=_finite(best), baseline=attrs.get("baseline"),
         weights=_finite(weights), params=_finite(params), constraints=constraint_rows, trials=_finite(table),
         runs=runs, figures=figures, notes=notes)
+
+
+def _status(constraint: float | None) -> str:
+    return "-" if constraint is None else ("satisfied" if constraint <= 0 else "violated")
 
 
 def _view_study(study: optuna.Study, trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.Study:

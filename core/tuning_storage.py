@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The workspace's Optuna database, relative to its artifacts folder.
 DEFAULT_DB = Path("tuning") / "optuna.db"
+#: Seconds between heartbeats of a running trial in a shared study.
+HEARTBEAT_S = 60
 #: Attempts to open a storage whose schema another worker is creating at the same moment.
 RACE_RETRIES = 5
 _RACE_MARKERS = ("already exists", "duplicate key", "UniqueViolation", "DuplicateTable")
@@ -93,11 +95,14 @@ def driver_url(url: str) -> str:
     return url
 
 
-def open_rdb(url: str) -> optuna.storages.RDBStorage:
+def open_rdb(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on ``url`` (schema created or upgraded as Optuna does).
 
     SQLite files get WAL journaling, so the page can read a study while a worker
-    writes it.  An unreachable server or a bad URL is an :class:`InputError`."""
+    writes it.  ``heartbeat`` (shared studies): each running trial records a heartbeat,
+    and a trial whose worker died is marked failed by the other workers instead of
+    staying "running" for ever.  An unreachable server or a bad URL is an
+    :class:`InputError`."""
     if not isinstance(url, str) or "://" not in url:
         raise InputError(f"storage must be an SQLAlchemy URL such as postgresql://user@host/db or "
                          f"sqlite:///path/optuna.db, got {url!r}", field="storage")
@@ -110,7 +115,8 @@ def open_rdb(url: str) -> optuna.storages.RDBStorage:
                 conn.execute("PRAGMA journal_mode=WAL")
     for attempt in range(RACE_RETRIES):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+            kwargs = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 3 * HEARTBEAT_S} if heartbeat else {}
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **kwargs)
         except ImportError as exc:
             raise InputError(f"no database driver for {describe_url(url)}: {exc}", field="storage") from None
         except Exception as exc:  # sqlalchemy OperationalError, ArgumentError, IntegrityError, …

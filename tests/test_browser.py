@@ -274,6 +274,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     _fill(pg, "Environment steps", "1024")
     _main(pg).get_by_text("Settings", exact=True).first.click()
     _fill(pg, "Parallel environments", "32")      # 2 updates of 32 envs × 16 steps
+    _fill(pg, "CPU threads (0 = default)", "1")   # one thread: fastest on a busy 2-core machine
     _main(pg).get_by_role("button", name="Launch").click()
     _see(pg, re.compile(r"Launched run-"))
     launched = re.search(r"Launched (run-[\w-]+)", _main(pg).inner_text()).group(1)

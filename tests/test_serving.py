@@ -519,3 +519,7 @@ def test_cli_decide_and_metrics(run, tmp_path, capsys):
     assert "invalid decision request" in capsys.readouterr().err
     assert main([*w, "serve", "metrics", "--alert-rules"]) == 0
     assert "RwbActionFailureRateHigh" in capsys.readouterr().out
+    assert main([*w, "serve", "metrics", "--policy", str(run.bundle), "--request", json.dumps(_request("m"))]) == 0
+    text = capsys.readouterr().out
+    assert 'rwb_decisions_total{policy_version="finance_risk@0.1.0"' in text
+    assert "rwb_decision_latency_seconds_count 1.0" in text

@@ -107,6 +107,7 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
 
     monkeypatch.setattr(runs, "launch_run", spy)
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
+    at.selectbox(key="train_template").set_value("finance_risk@0")
     at.number_input(key="train_steps").set_value(5000)
     at.radio(key="train_device").set_value("cpu")
     at.radio(key="train_gating").set_value("off")
@@ -116,7 +117,7 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
     assert not at.exception, at.exception
     assert len(calls) == 1
     c = calls[0]
-    assert c["dataset"] == "finance" and c["template"].startswith("finance_risk")
+    assert c["dataset"] == "finance" and c["template"] == "finance_risk@0"
     assert c["config"]["total_steps"] == 5000 and c["config"]["device"] == "cpu"
     assert c["config"]["encoder"] == {"gating": "off"} and c["config"]["adaptive_kl"] is False
     assert any("Launched run-" in s.value for s in at.success)

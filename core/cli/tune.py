@@ -220,7 +220,7 @@ def show(
     storage: Optional[str] = typer.Option(None, "--storage", envvar="RWB_TUNE_STORAGE", help=STORAGE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """A study's trials, best vs current weights and the status of each expectation."""
+    """A study's trials, best vs template weights and the status of each expectation."""
     from core import tuning
 
     report = tuning.study_report(open_workspace(), study, storage)
@@ -234,7 +234,7 @@ def show(
         typer.echo(f"  best trial {report.best['trial']}: {_fmt(report.best['value'])} train, "
                    f"{_fmt(report.best['held_out'])} held out")
     for w in report.weights:
-        typer.echo(f"  {w['component']:<26} current {_fmt(w['current']):>8}  best {_fmt(w['best']):>8}"
+        typer.echo(f"  {w['component']:<26} template {_fmt(w['template']):>8}  best {_fmt(w['best']):>8}"
                    + (f"  bounds {_fmt(w['low'])}–{_fmt(w['high'])}" if w["tuned"] else "  (fixed)"))
     for c in report.constraints:
         typer.echo(f"  expectation {c['expectation']!r}: satisfied in {c['satisfied']}, violated in {c['violated']}")

@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -68,7 +70,16 @@ def loads(text: str | bytes) -> Any:
     """``json.loads`` that refuses NaN, Infinity and numbers that overflow to inf."""
     if not isinstance(text, str):
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    return _DECODER.decode(text)
+    # The C scanner straight away: decode() first and last matches whitespace with a
+    # Python-level regex, which costs more than scanning a short text.  Anything but a
+    # value filling the whole text takes decode(), for its exact errors.
+    try:
+        value, end = _DECODER.scan_once(text, 0)
+    except StopIteration:
+        return _DECODER.decode(text)
+    if end != len(text):
+        return _DECODER.decode(text)
+    return value
 
 
 def dumps_canonical(obj: Any) -> str:
@@ -106,20 +117,20 @@ def canonical_text(data: dict[str, Any]) -> tuple[str, str]:
     ``source`` (same content → same hash, wherever it came from).  Raises ValueError on
     NaN/inf anywhere, UnicodeEncodeError (a ValueError too) on unpaired surrogates."""
     parts = []
-    hashed = hashlib.sha256(b"{")
-    sep = b""
+    source = None
     for k in sorted(data):
         head = _KEY_TEXT.get(k)
         if head is None:
             head = _KEY_TEXT[k] = dumps_canonical(k) + ":"
-        part = head + _dumps_fast(data[k])
-        parts.append(part)
-        encoded = part.encode("utf-8")  # also refuses unpaired surrogates
-        if k != "source":
-            hashed.update(sep + encoded)
-            sep = b","
-    hashed.update(b"}")
-    return "{" + ",".join(parts) + "}", hashed.hexdigest()
+        if k == "source":
+            source = len(parts)
+        parts.append(head + _dumps_fast(data[k]))
+    body = "{" + ",".join(parts) + "}"
+    if source is not None:
+        parts[source].encode("utf-8")  # refuses unpaired surrogates (the rest: just below)
+        del parts[source]
+    hashed = ("{" + ",".join(parts) + "}").encode("utf-8")
+    return body, hashlib.sha256(hashed).hexdigest()
 
 
 @dataclass(slots=True)
@@ -293,10 +304,12 @@ def load_document(path: str | Path, data: bytes | None = None) -> Document:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(f"not UTF-8 text (byte {exc.start})", file=str(path), line=line) from None
-    stripped = text.lstrip()
-    if not stripped:
+    # Look at the text where it starts without copying it (files are often tens of MB).
+    start = _NOT_SPACE.search(text)
+    if start is None:
         raise InputError("file is empty", file=str(path))
-    if stripped[0] == "[":
+    first = text[start.start()]
+    if first == "[":
         try:
             value = loads(text)
         except (ValueError, RecursionError) as exc:
@@ -306,13 +319,13 @@ def load_document(path: str | Path, data: bytes | None = None) -> Document:
             raise InputError(_json_error_message(exc), file=str(path), line=line) from None
         return Document(path, data, "json-list",
                         [RawRecord(v, i) for i, v in enumerate(value)])
-    if stripped[0] == "{" and "\n" in stripped.rstrip():
+    if first == "{" and text.find("\n", start.start(), _content_end(text)) >= 0:
         # One pretty-printed object, or JSON Lines?  A whole-document parse decides;
         # JSON Lines fail it right after their first line ("Extra data").
         try:
             return Document(path, data, "json-object", [RawRecord(loads(text), 0)])
         except (ValueError, RecursionError) as exc:
-            if not _looks_like_jsonl(stripped):
+            if not _looks_like_jsonl(text):
                 line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
                 raise InputError(_json_error_message(exc), file=str(path), line=line) from None
     return _load_jsonl(path, data, text)
@@ -320,7 +333,7 @@ def load_document(path: str | Path, data: bytes | None = None) -> Document:
 
 def _looks_like_jsonl(text: str) -> bool:
     """True when one of the first two non-blank lines is a JSON object on its own."""
-    lines = [ln for ln in text.split("\n", 8)[:8] if ln.strip()][:2]
+    lines = [ln for ln in itertools.islice(_lines(text), 8) if ln.strip()][:2]
     for ln in lines:
         try:
             if isinstance(loads(ln), dict):
@@ -334,10 +347,38 @@ def _load_jsonl(path: Path, data: bytes, text: str) -> Document:
     records: list[RawRecord] = []
     # split on "\n" only: str.splitlines would also cut at U+2028 & co., which JSON
     # strings may hold unescaped.
+    name = str(path)
     for lineno, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
-            records.append(RawRecord(None, len(records), lineno, text=line, file=str(path)))
+        if line and not line.isspace():  # not blank (as line.strip(), without the copy)
+            records.append(RawRecord(None, len(records), lineno, text=line, file=name))
     return Document(path, data, "jsonl", records)
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` (split on "\n"), one at a time."""
+    pos = 0
+    while True:
+        end = text.find("\n", pos)
+        if end < 0:
+            yield text[pos:]
+            return
+        yield text[pos:end]
+        pos = end + 1
+
+
+#: The first character that is not whitespace.
+_NOT_SPACE = re.compile(r"\S")
+
+
+def _content_end(text: str) -> int:
+    """``len(text.rstrip())``, without copying the text."""
+    end = len(text)
+    while end > 0:
+        tail = text[max(0, end - 4096):end].rstrip()
+        if tail:
+            return max(0, end - 4096) + len(tail)
+        end = max(0, end - 4096)
+    return 0
 
 
 # --------------------------------------------------------------------------- options & result
