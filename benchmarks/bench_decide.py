@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -225,6 +226,9 @@ def main() -> None:
     fast.close()
     naive.close()
     records = audit.stats(ws)["records"]
+    ws.close()
+    if args.workspace is None:
+        shutil.rmtree(work, ignore_errors=True)
 
     out = {"policy": bundle.policy_version, "requests": n_requests, "rl_boost_share": f["boost_share"],
            "engine": f, "naive": r, "same_actions": same, "compared": len(pairs),

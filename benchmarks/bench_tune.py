@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--episodes", type=int, default=400, help="generated episodes before tiling")
     ap.add_argument("--trials", type=int, default=1000, help="trials of the default path (a)")
-    ap.add_argument("--rdb-trials", type=int, default=100, help="trials on the direct RDB storage (b)")
+    ap.add_argument("--rdb-trials", type=int, default=300, help="trials on the direct RDB storage (b)")
     ap.add_argument("--naive-trials", type=int, default=3, help="trials of the naive reference (c)")
     ap.add_argument("--template", default="finance_risk")
     ap.add_argument("--workspace", default=str(Path(tempfile.gettempdir()) / "rwb-bench-tune"),

@@ -89,8 +89,8 @@ class PPOConfig:
     """passes over each batch"""
     n_minibatches: int = 4
     """minibatches per pass"""
-    lr: float = 3e-4
-    """Adam learning rate"""
+    lr: float = 1e-3
+    """Adam learning rate (of the heads; the encoder, when PPO trains it, too)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the run"""
     gamma: float | None = None
@@ -101,7 +101,7 @@ class PPOConfig:
     """surrogate clipping ε of PPO"""
     norm_adv: bool = True
     """normalise advantages per minibatch"""
-    ent_coef: float = 0.01
+    ent_coef: float = 0.02
     """weight of the entropy bonus"""
     vf_coef: float = 0.5
     """weight of the value loss"""
@@ -151,9 +151,9 @@ class PPOConfig:
     """review items one run may queue at most"""
     heldout_fraction: float = 0.2
     """episodes kept out of training for evaluation"""
-    train_encoder: bool = True
-    """PPO trains the state encoder too; False keeps it as behaviour cloning left it (seeded
-    without a curriculum): the update then runs on stored states, 3-5× faster on a CPU"""
+    train_encoder: bool = False
+    """PPO trains the state encoder too; False (default) keeps it as behaviour cloning left it
+    (seeded without a curriculum): the update then runs on stored states, 3-5× faster on a CPU"""
     encoder: dict[str, Any] = field(default_factory=dict)
     """state-encoder settings (core.state.StateEncoderConfig), e.g. {"gating": "off"}"""
     sim: dict[str, Any] = field(default_factory=dict)
@@ -499,7 +499,11 @@ def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, gener
         perm = torch.randperm(n, generator=generator).to(bc["action"].device)
         for start in range(0, n, mb):
             idx = perm[start:start + mb]
-            logits, values = agent.heads(agent.state({k: v[idx] for k, v in bc["obs"].items()}))
+            state = agent.state({k: v[idx] for k, v in bc["obs"].items()})
+            logits = agent.actor(state)
+            # The critic fits the logged returns on the encoder's output without shaping it:
+            # its early, large errors would otherwise drown the imitation gradient.
+            values = agent.critic_heads(agent.critic(state.detach()))
             dist = MaskedCategorical(logits, bc["mask"][idx])
             ce = -dist.log_prob(bc["action"][idx]).mean()
             v_loss = 0.5 * ((values - bc["returns"][idx, None]) ** 2).mean()

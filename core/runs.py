@@ -632,8 +632,6 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
         cfg.validate()
         run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
                             masks=masks, template_version=label)
-    device = ppo.resolve_device(cfg.device)
-    mark_started(ws, run_id, device=device)
     recorder = _Recorder(ws, run_id, progress)
     stopped = {"flag": False}
 
@@ -648,6 +646,7 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     except ValueError:  # not the main thread (e.g. inside a server): no signal handler
         previous = None
     try:
+        mark_started(ws, run_id, device=ppo.resolve_device(cfg.device))
         data = ppo.load_training_data(ws, tmpl, dataset=dataset, episodes_file=episodes_file,
                                       masks=run_masks(ws, run_id), config=cfg)
         ckpt = latest_checkpoint(ws, run_id) if resume is not None else None

@@ -8,6 +8,7 @@ import ast
 import json
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -692,3 +693,180 @@ def test_parallel_rwb_import_matches_one_process(ws: Workspace, tmp_path: Path,
     assert errors[0] == errors[1] and errors[0]["line"] == 46
     assert _table_dump(ws, "skip1") == _table_dump(ws, "skip2")
     assert counts(ws)["episodes"] == before["episodes"] + 2 * 58
+
+
+# --------------------------------------------------------------------------- fast path vs the model path
+def _slow_rows(ws: Workspace, dataset: str, episodes: list[Episode]) -> None:
+    """The obvious reference: models, ``ep.to_json()``/``ep.content_hash()`` and
+    ``Workspace.insert_episodes`` (what import_file stored before its fast path)."""
+    with ws.transaction() as conn:
+        ws.ensure_dataset(conn, dataset, None)
+        ws.insert_episodes(conn, dataset, episodes)
+
+
+@pytest.mark.parametrize("domain", ["finance", "ecommerce"])
+def test_fast_import_stores_what_the_model_path_stores(ws: Workspace, tmp_path: Path, domain: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """import_file validates into dicts and dumps once (no models); the rows must be those of
+    the slow obvious path, for rwb and for the same episodes as OpenAI logs."""
+    import sys
+
+    from core.datasets import generate, write_jsonl as write_generated
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_import import to_openai_record
+
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "1")
+    ds = generate(domain, 30, seed=7)
+    src = write_generated(ds, tmp_path / f"{domain}.jsonl")
+    result = import_file(ws, src, dataset="fast")
+    _slow_rows(ws, "slow", read_file(src).episodes)
+    assert _table_dump(ws, "fast") == _table_dump(ws, "slow")
+    assert result.steps == sum(e.n_steps for e in ds.episodes)
+
+    logs = write_jsonl(tmp_path / "logs.jsonl", [to_openai_record(e, ds.tools) for e in ds.episodes])
+    import_file(ws, logs, dataset="fast_openai", id_key="id")
+    _slow_rows(ws, "slow_openai", read_file(logs, id_key="id").episodes)
+    assert _table_dump(ws, "fast_openai") == _table_dump(ws, "slow_openai")
+
+
+def test_fast_validation_equals_the_models() -> None:
+    """episode_dict (one pydantic-core pass into dicts) == Episode.model_validate(...).model_dump(),
+    from JSON text and from Python objects; prepare_fast == prepare_episode; the dict rows ==
+    the model rows."""
+    from core.datasets import generate
+    from core.episodes import episode_dict
+    from core.importers.base import prepare_episode, prepare_fast
+    from core.store import episode_row, episode_row_of, step_rows, step_rows_of
+
+    eps = generate("finance", 12, seed=2).episodes + generate("ecommerce", 12, seed=2).episodes
+    eps.append(Episode(episode_id="bare"))  # every default
+    eps.append(Episode.model_validate({"episode_id": "odd", "meta": {"z": 1, "a": [1.5e-7, 2**70, "é\u2028"]},
+                                       "steps": [{"t": 0, "action": {"kind": "tool_call", "tool": "x",
+                                                                     "params": {"b": 1e16, "a": None}}}]}))
+    for ep in eps:
+        line = ep.to_json()
+        assert episode_dict(json_text=line) == ep.model_dump()
+        loose = json.loads(line)
+        loose["steps"] = [{k: v for k, v in s.items() if v is not None} for s in loose["steps"]]
+        assert episode_dict(loose) == ep.model_dump()  # defaults filled in as the model does
+        fast, slow = prepare_fast(json_text=line), prepare_episode(ep)
+        assert fast is not None and (fast.data, fast.body, fast.content_hash) == \
+               (slow.data, slow.body, slow.content_hash) == (ep.model_dump(), line, ep.content_hash())
+        assert episode_row_of(fast.data, fast.body, fast.content_hash) == episode_row(ep, line, ep.content_hash())
+        assert step_rows_of(fast.data) == step_rows(ep)
+
+
+def test_fast_path_never_vouches_for_what_the_models_refuse() -> None:
+    """Whatever the per-field Python validators refuse, the fast path refuses too (None: the
+    caller then validates with the models, which locate the problem)."""
+    from core.episodes import MAX_TEXT_CHARS
+    from core.importers.base import prepare_episode, prepare_fast
+
+    good = {"episode_id": "e", "steps": [{"t": 0, "action": {"kind": "tool_call", "tool": "x"}},
+                                         {"t": 1, "action": {"kind": "reply"}, "output_text": "ok"}]}
+    assert prepare_fast(good) is not None
+
+    def variant(path: tuple, value: Any) -> dict[str, Any]:
+        data = json.loads(json.dumps(good))
+        cur = data
+        for k in path[:-1]:
+            cur = cur[k]
+        cur[path[-1]] = value
+        return data
+
+    nan, huge = float("nan"), "x" * (MAX_TEXT_CHARS + 1)
+    bad = [variant(("steps", 1, "t"), 5),                                   # steps out of order
+           variant(("steps", 0, "action", "tool"), None),                  # tool_call without a tool
+           variant(("steps", 0, "observation"), {"state": {"v": nan}}),    # NaN where the model looks
+           variant(("steps", 0, "tool_result"), [float("inf")]),
+           variant(("steps", 0, "latency_ms"), float("inf")),
+           variant(("outcome",), {"final_reward": nan}),
+           variant(("steps", 1, "output_text"), huge),                     # over-long text
+           variant(("steps", 0, "observation"), {"messages": [{"content": huge}]}),
+           variant(("meta",), {"x": huge}),
+           variant(("steps", 0, "action", "params"), {"p": nan}),
+           variant(("steps", 0, "surprise"), 1),                           # unknown key
+           variant(("source",), {"raw": {"x": nan}})]                       # the model accepts, storage must not
+    for data in bad:
+        assert prepare_fast(data) is None, data
+        try:
+            ep = Episode.model_validate(data)
+        except ValueError:
+            continue
+        with pytest.raises(ValueError):
+            prepare_episode(ep)  # NaN where the models do not look is refused, not stored as null
+
+
+def test_bad_rwb_lines_are_reported_alike_on_both_paths(ws: Workspace, tmp_path: Path) -> None:
+    """import_file (fast path) and read_file (models) name the same line and field."""
+    lines = (ROOT / "datasets" / "finance" / "sample.jsonl").read_text(encoding="utf-8").splitlines()[1:4]
+    cases = [lines[1].replace('"t":0', '"t":3', 1), lines[1].replace('"latency_ms":', '"latency_ms":-', 1),
+             lines[1].replace('"output_text":"', '"output_text":"' + "x" * 1_000_001, 1),
+             lines[1].replace('"raw":null', '"raw":{"v":NaN}', 1), lines[1].replace('"t":0', '"t":0,"x":1', 1),
+             re.sub(r'"tool":"[^"]*"', '"tool":""', lines[1], count=1)]
+    for i, case in enumerate(cases):
+        path = tmp_path / f"bad{i}.jsonl"
+        path.write_text("\n".join([lines[0], case, lines[2]]) + "\n", encoding="utf-8")
+        with pytest.raises(InputError) as slow:
+            read_file(path)
+        with pytest.raises(InputError) as fast:
+            import_file(ws, path)
+        assert fast.value.to_dict() == slow.value.to_dict() and fast.value.line == 2, case[:80]
+    assert counts(ws)["episodes"] == 0
+
+
+def test_dict_schema_refuses_validators_it_does_not_replace() -> None:
+    """A new Python validator on the models must not be skipped silently by the fast path."""
+    from pydantic import BaseModel, field_validator
+
+    from core.episodes import _dict_schema
+
+    class Other(BaseModel):
+        x: int = 0
+
+        @field_validator("x")
+        @classmethod
+        def _finite(cls, v: int) -> int:  # same name as a replaced one, other module
+            return v
+
+    with pytest.raises(TypeError, match="cannot replace validator"):
+        _dict_schema(Other.__pydantic_core_schema__)
+
+
+def test_gc_paused_restores_the_collector() -> None:
+    import gc
+
+    from core.importers.base import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+
+
+def test_loads_fast_path_matches_json() -> None:
+    from core.importers.base import loads
+
+    for text in ['{"a": [1, 2.5, "é"]}', " [1] ", "[1] x", '"s"', "12", "", "{bad", "[1,]", '{"a": 1e308}']:
+        try:
+            expected: Any = json.loads(text)
+        except ValueError as exc:
+            expected = (type(exc), str(exc))
+        try:
+            got: Any = loads(text)
+        except ValueError as exc:
+            got = (type(exc), str(exc))
+        assert got == expected, text
+    for text in ["[NaN]", '{"a": -Infinity}', "[1e999]"]:
+        with pytest.raises(ValueError):
+            loads(text)

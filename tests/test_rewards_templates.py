@@ -77,7 +77,7 @@ def test_validate_reports_key_and_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"unknown component 'tool_valdity' at line {line}" in err and "known: tool_validity" in err
     assert main(["reward", "validate", "no_such_template"]) == 2
-    assert "shipped templates: ecommerce_returns, finance_risk, tool_agent" in capsys.readouterr().err
+    assert "known: ecommerce_returns, finance_risk, tool_agent" in capsys.readouterr().err
 
 
 def test_tool_agent_uses_no_outcome_and_no_domain_knowledge():

@@ -46,20 +46,15 @@ def header_line(domain: str | None, tools: list[ToolSchema]) -> dict[str, Any]:
 def episode_from_line(doc: Document, rec: RawRecord, for_storage: bool = False) -> Episode | Prepared:
     """One episode line, validated; InputError located at the line and field.
 
-    ``for_storage``: return the stored form from the fast path (one pydantic-core pass into
-    dicts, no models) when it vouches for the line."""
+    ``for_storage``: no model is needed (the fast path's dict is stored)."""
     if rec.text is not None:
-        # Fast paths: pydantic parses and validates the line in one go.  On any failure
-        # the slow path below re-reads it to say precisely what is wrong.
-        if for_storage:
-            prepared = prepare_fast(json_text=rec.text)
-            if prepared is not None:
-                return prepared
-        else:
-            try:
-                return Episode.model_validate_json(rec.text)
-            except ValidationError:
-                pass
+        # Fast path: pydantic-core parses and validates the line in one go.  On any failure
+        # the slow path below re-reads it strictly to say precisely what is wrong.
+        prepared = prepare_fast(json_text=rec.text)
+        if prepared is not None:
+            if not for_storage:
+                prepared.episode = Episode.model_validate(prepared.data)
+            return prepared
     if rec.error is not None:
         raise rec.error
     value = rec.value
