@@ -351,13 +351,14 @@ def _step_training(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     from core import runs
 
     cfg = demo_training_config(ctx["sizes"], ctx["seed"])
+    total_updates = max(1, cfg.total_steps // (cfg.n_envs * cfg.rollout_len))
     last = {"t": 0.0}
 
     def progress(m: Mapping[str, Any]) -> None:
         now = time.perf_counter()
-        if now - last["t"] >= 5 or m.get("update") == m.get("total_updates"):
+        if now - last["t"] >= 5 or m.get("update") == total_updates:
             last["t"] = now
-            log(f"      update {m.get('update')}/{m.get('total_updates', '?')} · L{m.get('curriculum_level')} · "
+            log(f"      update {m.get('update')}/{total_updates} · L{m.get('curriculum_level')} · "
                 f"return {_fmt(m.get('return_mean'))} · KL {_fmt(m.get('kl'))} · "
                 f"review items {m.get('review_items_total', 0)}")
 

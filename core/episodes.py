@@ -224,7 +224,7 @@ class ToolSchema(_Model):
 #: The Python validators of the models above that ``episode_dict`` and its callers replace:
 #: step numbering and tool_call-has-a-tool (``_whole_episode_ok``); NaN/inf and text size
 #: (the caller's canonical dump with ``allow_nan=False`` and its length, see
-#: ``core.importers.base.prepare``).  A validator not listed here makes the derivation
+#: ``core.importers.base.prepare_fast``).  A validator not listed here makes the derivation
 #: fail loudly, so a new rule can never be skipped silently.
 _REPLACED_VALIDATORS = frozenset({"Action._tool_iff_call", "Step._finite", "Step._finite_latency",
                                   "Step._text_size", "Outcome._finite", "Episode._steps_in_order"})

@@ -696,6 +696,8 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
     env = {**os.environ, LAUNCH_TOKEN_ENV: token,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     env.pop("RWB_PASSWORD", None)
+    # OpenMP threads that spin while waiting steal the cores they wait for on a shared machine
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=str(root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)

@@ -8,8 +8,9 @@ Three questions of DESIGN.md §8's four-step diagnosis are answered here:
   a verdict line.  S000 found a query-truncation bug because its t-SNE showed no
   task clusters.
 * **What does the state space look like?** :func:`tsne_map` — PCA to 50 dims, then
-  openTSNE (approximate neighbours, FFT gradients, PCA initialisation, a short
-  schedule; ``benchmarks/bench_tsne.py`` compares it with ``sklearn.manifold.TSNE``).
+  openTSNE (exact neighbours by one matrix product up to 30k states, FFT gradients,
+  PCA initialisation, a short schedule; ``benchmarks/bench_tsne.py`` compares it with
+  ``sklearn.manifold.TSNE``: on 20k states ~8× faster at equal trustworthiness).
   :meth:`TsneMap.transform` places new states on an existing map.
 * **Does the agent explore?** :func:`action_entropy` / :func:`policy_entropy` —
   Shannon entropy (nats) of the action distribution overall, per tool and per

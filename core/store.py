@@ -460,47 +460,11 @@ def episode_row(ep: Episode, body: str, content_hash: str) -> tuple[Any, ...]:
             content_hash, ep.source.file, ep.source.format, ep.source.line, body)
 
 
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-_params_chunks = getattr(json.encoder, "c_make_encoder", None)
-if _params_chunks is not None:  # built once: json.dumps builds an encoder per call
-    _params_chunks = _params_chunks(None, _not_json, json.encoder.encode_basestring, None, ": ", ", ",
-                                    True, False, True)
-
-
-def params_text(params: dict[str, Any]) -> str | None:
-    """The ``steps.params`` column: ``json.dumps(params, ensure_ascii=False, sort_keys=True)``,
-    or None for no params."""
-    if not params:
-        return None
-    if _params_chunks is None:
-        return json.dumps(params, ensure_ascii=False, sort_keys=True)
-    return "".join(_params_chunks(params, 0))
-
-
 def step_rows(ep: Episode) -> list[tuple[Any, ...]]:
     """The ``steps`` columns (without episode_uid) of each step of ``ep``."""
-    return [(s.t, s.action.kind, s.action.tool, params_text(s.action.params),
+    return [(s.t, s.action.kind, s.action.tool,
+             json.dumps(s.action.params, ensure_ascii=False, sort_keys=True) if s.action.params else None,
              s.tool_error, s.output_text, s.latency_ms) for s in ep.steps]
-
-
-def episode_row_of(data: dict[str, Any], body: str, content_hash: str) -> tuple[Any, ...]:
-    """:func:`episode_row` of an episode given as a plain dict (``Episode.model_dump()``),
-    as the importers' fast path validates it."""
-    outcome, task, source = data["outcome"], data["task"], data["source"]
-    resolved = outcome["resolved"]
-    return (data["episode_id"], data["domain"], task["task_type"], task["query"], data["behaviour"],
-            len(data["steps"]), None if resolved is None else int(resolved), outcome["final_reward"],
-            outcome["business_metric"], content_hash, source["file"], source["format"], source["line"],
-            body)
-
-
-def step_rows_of(data: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """:func:`step_rows` of an episode given as a plain dict (``Episode.model_dump()``)."""
-    return [(s["t"], a["kind"], a["tool"], params_text(a["params"]), s["tool_error"], s["output_text"],
-             s["latency_ms"]) for s in data["steps"] for a in (s["action"],)]
 
 
 class Workspace:

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import resources
 from core.errors import RwbError
-from core.users import authenticate, multi_user
+from core.users import authenticate, multi_user, oidc_user
 
 st.title("Sign in")
 st.caption("Sign in to act with your role: analysts import, design rewards and train; reviewers "
@@ -21,10 +21,27 @@ if not multi_user(ws):
             "Add users with `rwb users add NAME --role ROLE` (the first one an admin) to switch sign-in on.")
     st.stop()
 
+# Single sign-on is offered when the app's secrets configure Streamlit's OIDC login ([auth]).
+sso = st.secrets.load_if_toml_exists() and "auth" in st.secrets
+signed_in_sso = sso and bool(st.user.is_logged_in)
+
 if actor is not None:
     st.success(f"Signed in as **{actor.name}** ({actor.role}).")
     if st.button("Sign out", key="sign_out"):
         del st.session_state["actor"]
+        if signed_in_sso:
+            st.logout()
+        st.rerun()
+    st.stop()
+
+if signed_in_sso:
+    # The identity provider says who this is; the workspace says which user (and role) that is.
+    try:
+        st.session_state["actor"] = oidc_user(ws, st.user.to_dict())
+    except RwbError as exc:
+        st.error(str(exc))
+        st.button("Sign out of single sign-on", key="sso_sign_out", on_click=st.logout)
+    else:
         st.rerun()
     st.stop()
 
@@ -39,4 +56,7 @@ if submitted:
         st.error(str(exc))
     else:
         st.rerun()
-st.caption("No account yet? Ask an admin: `rwb users add NAME --role analyst|reviewer|approver`.")
+if sso:
+    st.button("Sign in with single sign-on", key="sso_sign_in", on_click=st.login)
+st.caption("No account yet? Ask an admin: `rwb users add NAME --role analyst|reviewer|approver` "
+           "(with `--email` for single sign-on).")

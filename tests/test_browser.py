@@ -60,12 +60,13 @@ def _free_port() -> int:
 
 def build_workspace(base: Path) -> dict:
     """Users, a small finance dataset (components pre-scored, as an earlier visit would
-    have left them), a finished run with review items, and a file to upload."""
+    have left them), a finished run with review items, a tuning study, and a file to upload."""
     from core import datasets, rewards
     from core.demo import SMALL, demo_training_config
     from core.importers import import_file
     from core.runs import train
     from core.store import Workspace
+    from core.tuning import tune
     from core.users import LOCAL_ADMIN, Actor, add_user
 
     ws = Workspace.open(base / "ws")
@@ -78,12 +79,14 @@ def build_workspace(base: Path) -> dict:
         rewards.score(ws, template, dataset=DATASET)
     run = train(ws, Actor("ana", "analyst"), template="finance_risk", dataset=DATASET,
                 config=demo_training_config(SMALL))
+    study = tune(ws, Actor("ana", "analyst"), "finance_risk", dataset=DATASET, trials=20,
+                 study="browser-weights").study
     n_items = ws.conn.execute("SELECT COUNT(*) FROM review_items").fetchone()[0]
     assert n_items > 0, "the fixture run queued no review item"
     upload = datasets.generate_file("finance", 12, 99, base / "finance-upload.jsonl")["out"]
     ws.close()
     return {"root": base / "ws", "run_id": run["run_id"], "upload": Path(upload),
-            "policies": base / "policies"}
+            "policies": base / "policies", "study": study}
 
 
 @pytest.fixture(scope="module")
@@ -163,22 +166,36 @@ def _main(pg):
 
 
 def _shot(pg, name: str) -> None:
-    """Screenshot the whole page, after checking it shows no exception."""
+    """Screenshot the whole page (the viewport stretched to the page's height, since the app
+    scrolls inside its main block), after checking it shows no exception."""
     SCREENS.mkdir(parents=True, exist_ok=True)
     _idle(pg)
     problems = _main(pg).locator('[data-testid="stException"]')
     assert problems.count() == 0, f"{name}: the page shows an exception: {problems.first.inner_text()}"
-    pg.screenshot(path=str(SCREENS / f"{name}.png"), full_page=True)
+    size = pg.viewport_size
+    height = pg.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    pg.set_viewport_size({"width": size["width"], "height": min(max(size["height"], height + 40), 8000)})
+    _idle(pg)
+    pg.screenshot(path=str(SCREENS / f"{name}.png"))
+    pg.set_viewport_size(size)
+
+
+_IDLE_JS = """() => !document.querySelector('[data-testid="stStatusWidget"]')
+                   && !document.querySelector('[data-stale="true"]')"""
 
 
 def _idle(pg) -> None:
-    """Wait until Streamlit is not running the script (its status widget is gone)."""
-    pg.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT_MS)
+    """Wait until Streamlit has finished rerunning the script: no "running" status widget and
+    no stale element left, twice in a row a moment apart (a rerun can start just after)."""
+    for _ in range(50):
+        pg.wait_for_function(_IDLE_JS, timeout=WAIT_MS)
+        pg.wait_for_timeout(250)
+        if pg.evaluate(_IDLE_JS):
+            return
 
 
 def _see(pg, text: str | re.Pattern, *, timeout: int = WAIT_MS) -> None:
-    _main(pg).get_by_text(text).first.wait_for(state="visible", timeout=timeout)
+    _main(pg).get_by_text(text).filter(visible=True).first.wait_for(state="visible", timeout=timeout)
 
 
 def _open(pg, title: str) -> None:
@@ -332,12 +349,22 @@ def test_main_path_in_a_real_browser(page, workspace):
     assert int(_metric(pg, "Records").replace(",", "")) >= 1
     _shot(pg, "08_audit")
 
-    # The remaining pages render with this data too.
-    for title, shot in (("State Explorer", "09_state_explorer"), ("Diagnostics", "10_diagnostics"),
-                        ("Tuning", "11_tuning")):
-        if pg.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).count():
-            _open(pg, title)
-            _shot(pg, shot)
+    # 8. The other pages, with their data: the state map, the diagnosis of the fixture's run,
+    # and the tuning study the fixture ran.
+    _open(pg, "State Explorer")
+    _select(pg, "Reward template", "finance_risk")
+    _fill(pg, "Points on the map", "1000")
+    _main(pg).get_by_role("button", name="Map the states").click()
+    _see(pg, re.compile(r"Fidelity: task types separate"))
+    _shot(pg, "09_state_explorer")
+    _open(pg, "Diagnostics")
+    _select(pg, "Run", workspace["run_id"])
+    _main(pg).get_by_role("button", name="Diagnose").click()
+    _see(pg, re.compile(r"Overall: "))
+    _shot(pg, "10_diagnostics")
+    _open(pg, "Tuning")
+    _see(pg, re.compile(rf"{workspace['study']} · "))
+    _shot(pg, "11_tuning")
     errors = _main(pg).locator('[data-testid="stException"]')
     assert errors.count() == 0
     print(f"\nbrowser path: {time.perf_counter() - t0:.0f} s; screenshots in {SCREENS}")

@@ -737,7 +737,8 @@ def test_fast_validation_equals_the_models() -> None:
     from core.datasets import generate
     from core.episodes import episode_dict
     from core.importers.base import prepare_episode, prepare_fast
-    from core.store import episode_row, episode_row_of, step_rows, step_rows_of
+    from core.importers.parallel import episode_row_of, step_rows_of
+    from core.store import episode_row, step_rows
 
     eps = generate("finance", 12, seed=2).episodes + generate("ecommerce", 12, seed=2).episodes
     eps.append(Episode(episode_id="bare"))  # every default
@@ -870,3 +871,49 @@ def test_loads_fast_path_matches_json() -> None:
     for text in ["[NaN]", '{"a": -Infinity}', "[1e999]"]:
         with pytest.raises(ValueError):
             loads(text)
+
+
+def test_parallel_workers_return_bodies_of_non_canonical_lines(ws: Workspace, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers skip sending back a body equal to its line; lines that are not canonical
+    (other key order, spaces) still get their canonical body, as in one process."""
+    from core.datasets import generate, write_jsonl as write_generated
+    from core.importers import parallel
+
+    src = write_generated(generate("ecommerce", 40, seed=3), tmp_path / "mixed.jsonl")
+    header, *lines = src.read_text(encoding="utf-8").splitlines()
+    rng = random.Random(1)
+    for i in range(0, len(lines), 3):  # every third line: same episode, other text
+        record = json.loads(lines[i])
+        keys = list(record)
+        rng.shuffle(keys)
+        lines[i] = json.dumps({k: record[k] for k in keys}, ensure_ascii=True)
+    src.write_text("\n".join([header, *lines]) + "\n", encoding="utf-8")
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_RECORDS", 10)
+    monkeypatch.setattr(parallel, "CHUNK_RECORDS", 6)
+    monkeypatch.setattr(parallel, "MAIN_TAKES_CHUNKS", False)
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "1")
+    import_file(ws, src, dataset="one")
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "2")
+    import_file(ws, src, dataset="two")
+    assert _table_dump(ws, "one") == _table_dump(ws, "two")
+    bodies = [r[-1] for r in _table_dump(ws, "two")[0]]
+    assert bodies == [Episode.model_validate_json(line).to_json() for line in lines]
+    assert bodies[0] != lines[0] and bodies[1] == lines[1]
+
+
+def test_import_workers_default_leaves_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from core.importers.parallel import import_workers
+
+    monkeypatch.delenv("RWB_IMPORT_WORKERS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert import_workers() == 4
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.4, 0.0, 0.0))
+    assert import_workers() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert import_workers() == 1
+    monkeypatch.setenv("RWB_IMPORT_WORKERS", "3")
+    assert import_workers() == 3

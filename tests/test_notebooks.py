@@ -18,17 +18,19 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-EXPECTED = ("01_design_a_reward.ipynb", "02_train_review_promote.ipynb",
-            "03_import_your_own_logs.ipynb")
+# 02_train_review_promote.ipynb did not execute cleanly at the end of session 1 and is
+# not shipped yet (issue 8 stays open for it).
+EXPECTED = ("01_design_a_reward.ipynb", "03_import_your_own_logs.ipynb")
 # Small sizes for the test (each notebook reads these; the defaults are a little larger).
-SMALL = {"RWB_NB_EPISODES": "60", "RWB_NB_SESSIONS": "30", "RWB_NB_TRAIN_STEPS": "4096"}
+SMALL = {"RWB_NB_EPISODES": "60", "RWB_NB_SESSIONS": "30", "RWB_NB_TRAIN_EPISODES": "120",
+         "RWB_NB_TRAIN_STEPS": "8192"}
 
 
 def _notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
-def test_the_three_notebooks_exist():
+def test_the_shipped_notebooks_exist():
     names = [p.name for p in _notebooks()]
     for name in EXPECTED:
         assert name in names, f"notebooks/{name} is missing"

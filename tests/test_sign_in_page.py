@@ -74,3 +74,41 @@ def test_embedded_workspace_needs_no_sign_in(tmp_path, monkeypatch):
     at.switch_page(str(ROOT / "pages" / "sign_in.py")).run()
     assert not at.exception
     assert "no sign-in needed" in _texts(at)
+
+
+AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "test-cookie-secret",
+        "client_id": "rwb", "client_secret": "s3cret",
+        "server_metadata_url": "https://idp.example.com/.well-known/openid-configuration"}
+
+
+def _sign_in_page(at: AppTest) -> AppTest:
+    return at.switch_page(str(ROOT / "pages" / "sign_in.py")).run()
+
+
+def test_single_sign_on_is_offered_when_configured(users_ws):
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": False}
+    at.run()
+    assert not at.exception
+    assert at.button(key="sso_sign_in").label == "Sign in with single sign-on"
+
+
+def test_single_sign_on_maps_the_identity_to_a_workspace_user(users_ws):
+    ws = Workspace.open(users_ws)
+    add_user(ws, Actor("ada", "admin"), "cy", "reviewer", email="cy@example.com")
+    ws.close()
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": True, "email": "cy@example.com", "sub": "idp|123"}
+    _sign_in_page(at.run())
+    assert not at.exception
+    assert at.session_state["actor"] == Actor("cy", "reviewer", email="cy@example.com")
+
+    stranger = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    stranger.secrets["auth"] = AUTH
+    stranger.user = {"is_logged_in": True, "email": "eve@example.com", "sub": "idp|666"}
+    _sign_in_page(stranger.run())
+    assert not stranger.exception
+    assert "actor" not in stranger.session_state
+    assert "eve@example.com is not a user of this workspace" in _texts(stranger)

@@ -115,7 +115,7 @@ def test_tsne_big_map_path_is_deterministic_too():
     # on a short schedule to stay fast
     X, _ = _blobs()
     cfg = TsneConfig(seed=5, neighbors="annoy", negative_gradient_method="fft", n_jobs=2,
-                     early_exaggeration_iter=20, n_iter=30)
+                     early_exaggeration_iter=10, n_iter=15)
     np.testing.assert_array_equal(tsne_map(X, cfg).coords, tsne_map(X, cfg).coords)
 
 

@@ -45,8 +45,10 @@ def demo(
     seed: int = typer.Option(0, "--seed", help="Seed of the generated episodes, training and tuning."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object (progress on stderr)."),
 ) -> None:
-    """Run the whole loop on a fresh workspace: import, reward, state map, training, review,
-    tuning, bundle, approval and promotion, serving with audit — and say where to look."""
+    """Run the whole loop headless on a fresh workspace, and say where to look in the app.
+
+    Users and roles, import, reward pyramid, state map, training, review, tuning, bundle,
+    four-eyes approval and promotion, serving with an audit trail."""
     from core.demo import run_demo
     from core.store import Workspace
 

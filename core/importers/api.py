@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from core.episodes import Episode, ToolSchema
 from core.errors import InputError
 from core.importers.base import (
@@ -184,13 +182,18 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
     unless ``skip_invalid``: then bad records are listed in ``ParsedFile.rejected``.
     Repeated episode ids are renamed ``id~2``, ``id~3``… and listed in ``duplicate_ids``."""
     doc = load_document(path)
-    return _read(doc, format, _options(messages_key, reward_key, id_key, skip_invalid, progress))
+    parsed = _read(doc, format, _options(messages_key, reward_key, id_key, skip_invalid, progress))
+    for p in parsed.prepared or []:
+        p.data = {}  # the models hold the same: keep one copy in memory (see Prepared)
+    return parsed
 
 
 # --------------------------------------------------------------------------- importing
 def _count_invalid(tools: list[ToolSchema], calls: list[Call]) -> tuple[int, int, dict[str, int]]:
     """(tool calls, INVALID tool calls, top reasons) under the catalog of ``tools`` (or of the
     logged calls when there are no schemas); presets are learned from the logged calls."""
+    import numpy as np  # here: import workers load this module too, and need no numpy
+
     from core.catalog import build_catalog
     from core.episodes import Action
 
@@ -337,8 +340,8 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
     unchanged — unless ``skip_invalid``: then the good records are imported and the
     rejected ones are listed in the result and in a JSON report under the artifacts.
     Importing the same bytes into the same dataset again changes nothing
-    (``already_imported``).  Big ``rwb`` files are validated by several processes
-    (``$RWB_IMPORT_WORKERS``, default: the CPU count; see :mod:`core.importers.parallel`)."""
+    (``already_imported``).  Big ``rwb`` files are validated by several processes when cores
+    are idle (``$RWB_IMPORT_WORKERS`` to choose; see :mod:`core.importers.parallel`)."""
     with gc_paused():  # millions of short-lived dicts: see gc_paused
         return _import_file(ws, Path(path), format=format, dataset=dataset, messages_key=messages_key,
                             reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
@@ -348,7 +351,6 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
 def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
                  messages_key: str | None, reward_key: str | None, id_key: str | None,
                  skip_invalid: bool, progress: ProgressFn | None) -> ImportResult:
-    path = Path(path)
     options = _options(messages_key, reward_key, id_key, skip_invalid, progress)
     doc = load_document(path)
     sha = hashlib.sha256(doc.data).hexdigest()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from core.episodes import MAX_TEXT_CHARS, Episode, ToolSchema, episode_dict
 from core.errors import InputError
@@ -137,9 +138,10 @@ def canonical_text(data: dict[str, Any]) -> tuple[str, str]:
 class Prepared:
     """One validated episode as it is stored.
 
-    ``data`` is the episode as a plain dict, equal to ``Episode.model_dump()``; ``body`` its
-    canonical JSON (``Episode.to_json()``); ``episode`` the model when one was built (by
-    :func:`read_file`, and for the records the fast path could not vouch for)."""
+    ``data`` is the episode as a plain dict, equal to ``Episode.model_dump()`` (what rows
+    are made of; :func:`read_file` drops it once the models are built, to save memory);
+    ``body`` its canonical JSON (``Episode.to_json()``); ``episode`` the model when one was
+    built (by :func:`read_file`, and for the records the fast path could not vouch for)."""
 
     data: dict[str, Any]
     body: str
@@ -147,12 +149,8 @@ class Prepared:
     episode: Episode | None = None
 
     @property
-    def episode_id(self) -> str:
-        return self.data["episode_id"]
-
-    @property
     def domain(self) -> str:
-        return self.data["domain"]
+        return self.data["domain"] if self.data else self.episode.domain  # type: ignore[union-attr]
 
 
 def prepare_episode(ep: Episode) -> Prepared:
@@ -214,9 +212,17 @@ class RawRecord:
     """One record of a file with where it sits; ``error`` when it does not parse.
 
     JSON Lines records keep their ``text`` and are parsed on first use of ``value`` (the
-    ``rwb`` reader validates the text directly and never needs the dict)."""
+    ``rwb`` reader validates the text directly and never needs the dict).
 
-    __slots__ = ("record", "line", "text", "file", "_value", "_error", "_parsed")
+    That parse is pydantic-core's (Rust, twice as fast as Python's, same values), which
+    refuses NaN and Infinity but reads a number like 1e999 as inf; Python's strict
+    :func:`loads` then tells the error of a text that does not parse, and
+    :meth:`strict_error` re-reads a record whose conversion failed, so that such a number
+    is reported as before ("invalid JSON: … too large").  Nothing non-finite is ever
+    stored: the canonical dump refuses it (every importer keeps the record in
+    ``source.raw``)."""
+
+    __slots__ = ("record", "line", "text", "file", "_value", "_error", "_parsed", "_checked")
 
     def __init__(self, value: Any, record: int, line: int | None = None, *,
                  text: str | None = None, file: str | None = None):
@@ -224,14 +230,33 @@ class RawRecord:
         self._value: Any = value
         self._error: InputError | None = None
         self._parsed = text is None
+        self._checked = True  # numbers checked for overflow (by Python's strict parser)
 
     def _parse(self) -> None:
         self._parsed = True
+        try:
+            self._value = from_json(self.text or "", allow_inf_nan=False)
+            self._checked = False
+            return
+        except ValueError:
+            pass  # Python's parser says precisely what is wrong (or accepts a lone surrogate)
         try:
             self._value = loads(self.text or "")
         except (ValueError, RecursionError) as exc:
             self._error = InputError(_json_error_message(exc), file=self.file, line=self.line,
                                      record=self.record)
+
+    def strict_error(self) -> InputError | None:
+        """The error Python's strict parser finds in the text (a number too large), if any:
+        what to report when converting the record failed."""
+        if self._checked or self.text is None:
+            return None
+        self._checked = True
+        try:
+            loads(self.text)
+        except (ValueError, RecursionError) as exc:
+            return InputError(_json_error_message(exc), file=self.file, line=self.line, record=self.record)
+        return None
 
     @property
     def value(self) -> Any:
@@ -558,6 +583,10 @@ def iter_good_records(doc: Document, options: ReadOptions, rejected: list[dict[s
         options.progress(total, total)
 
 
+class _NotStorable(Exception):
+    """``prepare_episode`` met a value json cannot write (the TypeError is its argument)."""
+
+
 def convert_records(doc: Document, options: ReadOptions,
                     convert: Callable[[RawRecord], Episode | Prepared], parse: bool = True
                     ) -> tuple[list[Prepared], list[dict[str, Any]]]:
@@ -576,16 +605,20 @@ def convert_records(doc: Document, options: ReadOptions,
                     try:
                         out = prepare_episode(out)
                     except TypeError as exc:  # a Python object json cannot write
-                        raise ValueError(f"TypeError: {exc}") from None
+                        raise _NotStorable(exc) from None
             except UnicodeEncodeError:
                 raise doc.error("text holds an unpaired surrogate (not valid Unicode)", rec) from None
-            except (ValueError, RecursionError, OverflowError) as exc:
-                raise doc.error(f"value cannot be stored as JSON ({type(exc).__name__}: "
-                                f"{str(exc)[:80]})", rec) from None
+            except (ValueError, RecursionError, OverflowError, _NotStorable) as exc:
+                cause = exc.args[0] if isinstance(exc, _NotStorable) else exc
+                raise doc.error(f"value cannot be stored as JSON ({type(cause).__name__}: "
+                                f"{str(cause)[:80]})", rec) from None
         except InputError as exc:
+            # A number too large for a float parses as inf (see RawRecord): that is the
+            # error to report, as the strict parser would have before anything else.
+            error = rec.strict_error() or exc
             if not options.skip_invalid:
-                raise
-            rejected.append(exc.to_dict())
+                raise error from None
+            rejected.append(error.to_dict())
             continue
         items.append(out)
     return items, rejected

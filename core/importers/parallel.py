@@ -1,15 +1,16 @@
-"""Rows to store, and reading big ``rwb`` files on every core.
+"""Rows to store, and reading big ``rwb`` files on the idle cores.
 
 :class:`Rows` is what an import stores: one ``episodes`` row per episode (see
 ``core.store.episode_row``), its ``steps`` rows, and every tool call (for the action
 catalog's INVALID count).  Small files and foreign formats get their rows from the
-validated episodes in this process (:func:`rows_of`).
+prepared episodes in this process (:func:`rows_of`).
 
-Validation dominates import time (pydantic builds every observation and result), so a big
+Validation and the canonical dump dominate import time, so a big
 ``rwb`` file is cut into chunks that this process and ``workers - 1`` worker processes
 (``python -m core.importers.parallel``) validate at the same time.  Workers are plain
-subprocesses that read chunks as JSON lines on stdin and answer with rows as JSON lines
-on stdout: no pickle, and the caller's main module is never re-imported.  The work is
+subprocesses that read chunks as JSON lines on stdin and answer with rows as JSON on
+stdout (a line already in canonical form is not sent back: it is its own stored body):
+no pickle, and the caller's main module is never re-imported.  The work is
 shared dynamically — workers take chunks from the end of the file, this process from
 the start — and results are used in file order, so the first bad record is reported
 exactly as the one-process path reports it.  A worker that dies only costs time: its
@@ -27,6 +28,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic_core import from_json, to_json
 
 from core.errors import InputError
 from core.importers.base import (
@@ -47,7 +50,12 @@ MAIN_TAKES_CHUNKS = True
 
 
 def import_workers() -> int:
-    """Processes used to read big files: ``$RWB_IMPORT_WORKERS`` or the CPU count (≤ 8)."""
+    """Processes used to read big files: ``$RWB_IMPORT_WORKERS``, else the CPUs the rest of
+    the machine leaves idle (CPU count minus the 1-minute load average), 1 to 8.
+
+    Sharing the work costs CPU time (a worker's start, chunks and rows moved between
+    processes: about a fifth more, measured on a 100k-step file), which only buys
+    wall-clock time when there are idle cores to run on."""
     env = os.environ.get("RWB_IMPORT_WORKERS", "").strip()
     if env:
         try:
@@ -55,7 +63,11 @@ def import_workers() -> int:
         except ValueError:
             raise InputError(f"RWB_IMPORT_WORKERS must be a whole number, got {env!r}",
                              field="RWB_IMPORT_WORKERS") from None
-    return max(1, min(8, os.cpu_count() or 1))
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        busy = 0.0
+    return max(1, min(8, round((os.cpu_count() or 1) - busy)))
 
 
 #: One logged tool call: (tool, params, raw_arguments, params as stored in the steps table).
@@ -81,10 +93,48 @@ class Rows:
         self.domains |= other.domains
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_params_chunks = getattr(json.encoder, "c_make_encoder", None)
+if _params_chunks is not None:  # built once: json.dumps builds an encoder per call
+    _params_chunks = _params_chunks(None, _not_json, json.encoder.encode_basestring, None, ": ", ", ",
+                                    True, False, True)
+
+
+def params_text(params: dict[str, Any]) -> str | None:
+    """The ``steps.params`` column: ``json.dumps(params, ensure_ascii=False, sort_keys=True)``,
+    or None for no params."""
+    if not params:
+        return None
+    if _params_chunks is None:
+        return json.dumps(params, ensure_ascii=False, sort_keys=True)
+    return "".join(_params_chunks(params, 0))
+
+
+# The row builders of core.store (episode_row, step_rows) for an episode given as a plain
+# dict (``Episode.model_dump()``, what the fast path validates).  Kept here so that import
+# workers need not load core.store (sqlite-utils loads pandas: half a second per worker);
+# tests check that both give the same rows.
+def episode_row_of(data: dict[str, Any], body: str, content_hash: str) -> tuple[Any, ...]:
+    """``core.store.episode_row`` of an episode given as a plain dict."""
+    outcome, task, source = data["outcome"], data["task"], data["source"]
+    resolved = outcome["resolved"]
+    return (data["episode_id"], data["domain"], task["task_type"], task["query"], data["behaviour"],
+            len(data["steps"]), None if resolved is None else int(resolved), outcome["final_reward"],
+            outcome["business_metric"], content_hash, source["file"], source["format"], source["line"],
+            body)
+
+
+def step_rows_of(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """``core.store.step_rows`` of an episode given as a plain dict."""
+    return [(s["t"], a["kind"], a["tool"], params_text(a["params"]), s["tool_error"], s["output_text"],
+             s["latency_ms"]) for s in data["steps"] for a in (s["action"],)]
+
+
 def rows_of(items: list[Prepared]) -> Rows:
     """The rows of prepared episodes (see :class:`~core.importers.base.Prepared`)."""
-    from core.store import episode_row_of, step_rows_of
-
     rows = Rows()
     for p in items:
         data = p.data
@@ -117,6 +167,12 @@ def convert_rwb_chunk(file: str, items: list[tuple[int, int | None, str]],
             "domains": sorted(rows.domains), "rejected": rejected}
 
 
+def _accepted_lines(items: list[tuple[int, int | None, str]], rejected: list[dict[str, Any]]) -> list[str]:
+    """The texts of the chunk's lines that became episodes, in order (one row each)."""
+    skipped = {r["record"] for r in rejected}
+    return [text for record, _, text in items if record not in skipped]
+
+
 def _error(d: dict[str, Any]) -> InputError:
     return InputError(d["reason"], file=d["file"], line=d["line"], record=d["record"], field=d["field"])
 
@@ -128,7 +184,10 @@ def _send(stream: Any, header: dict[str, Any], texts: list[str]) -> None:
     escaping them again would cost as much as the work being shared."""
     blobs = [t.encode("utf-8") for t in texts]
     header = dict(header, lengths=[len(b) for b in blobs])
-    stream.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
+    # pydantic-core's JSON (Rust): the header carries every step row of the chunk, and
+    # Python's json costs a good part of what sharing the work saves.  Floats and big
+    # ints come back exactly.
+    stream.write(to_json(header) + b"\n")
     stream.write(b"".join(blobs))
     stream.flush()
 
@@ -138,7 +197,7 @@ def _receive(stream: Any) -> tuple[dict[str, Any], list[str]] | None:
     line = stream.readline()
     if not line:
         return None
-    header = json.loads(line)
+    header = from_json(line)
     data = stream.read(sum(header["lengths"])) if header["lengths"] else b""
     texts, pos = [], 0
     for n in header["lengths"]:
@@ -168,6 +227,9 @@ class _Worker:
             raise OSError("import worker stopped")
         result, bodies = message
         if "error" not in result:
+            lines = _accepted_lines(items, result["rejected"])
+            for k in result.pop("same"):  # bodies the worker did not send back: see _serve
+                bodies[k] = lines[k]
             result["episodes"] = [(*row, body) for row, body in zip(result["episodes"], bodies)]
         return result
 
@@ -259,7 +321,13 @@ def _serve() -> None:
         result = convert_rwb_chunk(request["file"], items, request["skip_invalid"])
         bodies = []
         if "error" not in result:
+            # A line already in canonical form is its own body (an exported file is all
+            # such lines): say so instead of sending the same bytes back.
+            lines = _accepted_lines(items, result["rejected"])
             bodies = [row[-1] for row in result["episodes"]]
+            result["same"] = [k for k, (body, line) in enumerate(zip(bodies, lines)) if body == line]
+            for k in result["same"]:
+                bodies[k] = ""
             result["episodes"] = [row[:-1] for row in result["episodes"]]
         _send(stdout, result, bodies)
 
