@@ -75,7 +75,8 @@ class Component:
     version: ClassVar[int] = 1
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
-        raise NotImplementedError
+        # The base class computes nothing: every registered component overrides this.
+        raise TypeError(f"{type(self).__name__} does not define its computation (__call__)")
 
     # ------------------------------------------------------------------ introspection
     @classmethod
