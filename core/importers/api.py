@@ -182,7 +182,8 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
     unless ``skip_invalid``: then bad records are listed in ``ParsedFile.rejected``.
     Repeated episode ids are renamed ``id~2``, ``id~3``… and listed in ``duplicate_ids``."""
     doc = load_document(path)
-    parsed = _read(doc, format, _options(messages_key, reward_key, id_key, skip_invalid, progress))
+    with gc_paused():  # see gc_paused
+        parsed = _read(doc, format, _options(messages_key, reward_key, id_key, skip_invalid, progress))
     for p in parsed.prepared or []:
         p.data = {}  # the models hold the same: keep one copy in memory (see Prepared)
     return parsed
