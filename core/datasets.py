@@ -37,7 +37,7 @@ import json
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -301,13 +301,18 @@ def summarize(dataset: GeneratedDataset) -> dict[str, Any]:
 
 
 def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[int, int], None] | None = None,
+                  behaviours: Sequence[str] | None = None) -> dict[str, Any]:
     """Generate episodes straight into an rwb JSONL file (what ``rwb datasets generate``
     does); memory stays bounded by one chunk.  The bytes equal ``write_jsonl(generate(...))``.
 
-    Returns the :func:`summarize` figures plus the output path, size and sha256."""
+    ``behaviours`` keeps only the episodes of those behaviours among the ``n_episodes``
+    generated — e.g. ``("noisy", "hacker")``: the logs of an imperfect agent, with no expert
+    demonstration to imitate.  Returns the :func:`summarize` figures (of what was written)
+    plus the output path, size and sha256."""
     _check_domain(domain)
     _check_size(n_episodes, seed)
+    keep = _check_behaviours(domain, behaviours)
     started = time.perf_counter()
     tools, tool_dicts = _tool_dicts(domain, _MODULES[domain])
     tally = _Tally()
@@ -318,6 +323,8 @@ def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
             digest.update(line.encode() + b"\n")
             yield line
         for part in _record_chunks(domain, n_episodes, seed, tool_dicts, progress):
+            if keep is not None:
+                part = [r for r in part if r["behaviour"] in keep]
             tally.add(part)
             for record in part:
                 line = common.dumps(record)
@@ -328,6 +335,19 @@ def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
     summary = tally.result(domain, seed, len(tools), time.perf_counter() - started)
     summary.update(out=str(path), bytes=path.stat().st_size, sha256=digest.hexdigest())
     return summary
+
+
+def _check_behaviours(domain: str, behaviours: Sequence[str] | None) -> set[str] | None:
+    """The behaviours to keep (None: all); unknown names are refused, naming the known ones."""
+    if behaviours is None:
+        return None
+    known = _MODULES[domain].BEHAVIOURS
+    wanted = [b.strip() for b in behaviours if b.strip()]
+    unknown = sorted(set(wanted) - set(known))
+    if unknown or not wanted:
+        raise InputError(f"unknown {domain} behaviours {', '.join(unknown) or '(none given)'}: "
+                         f"choose among {', '.join(known)}", field="behaviours")
+    return set(wanted)
 
 
 def list_datasets(ws: Any) -> dict[str, Any]:

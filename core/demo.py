@@ -474,11 +474,22 @@ def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     except PermissionDenied as exc:
         notes.append(f"refused as expected: {exc}")
     gate = registry.promotion_gate(ws, name, ver)
-    registry.approve(ws, approver, name, ver, f"rwb demo: {gate['reason']}")
-    entry = registry.promote(ws, approver, name, ver, "rwb demo", root=ctx["policies"])
-    ctx["policy"] = name
-    figures = {"policy": name, "version": ver, "gate": gate["reason"], "approved_by": approver.name,
-               "active": entry.get("active"), "policies_dir": str(ctx["policies"])}
+    figures = {"policy": name, "version": ver, "gate": gate["reason"], "gate_passed": gate["passed"],
+               "policies_dir": str(ctx["policies"])}
+    if gate["passed"]:
+        registry.approve(ws, approver, name, ver, f"rwb demo: {gate['reason']}")
+        entry = registry.promote(ws, approver, name, ver, "rwb demo", root=ctx["policies"])
+        ctx["policy"] = name
+        figures.update(approved_by=approver.name, active=entry.get("active"))
+    else:
+        # The gate holds even for the approver: nothing is promoted, and the demo serves the
+        # verified bundle file itself (what a staging service would do).
+        try:
+            registry.approve(ws, approver, name, ver, "rwb demo")
+        except registry.GateFailed as exc:
+            notes.append(f"approval refused by the promotion gate: {exc}")
+        ctx["policy"] = str(ctx["bundle"])
+        figures.update(approved_by=None, active=None, served_from=str(ctx["bundle"]))
     return figures, "Policies page (sign in as bob to approve, promote, roll back)", notes
 
 

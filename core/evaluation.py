@@ -5,7 +5,10 @@ held-out episode, once per repeat, in the same recorded-episode simulator it tra
 It is compared with
 
 * each **logged behaviour** — the template return the recorded episodes of that
-  behaviour earned on the same held-out set (what following the log gives), and
+  behaviour earned on the same held-out set (what following the log gives), *paired*:
+  the policy is also run from the start states of that behaviour's own held-out
+  episodes, so both answer the same requests from the same first state (``paired``);
+  "beats the best logged behaviour" is decided on that pairing, and
 * **random-in-mask** — a uniform choice among the unmasked actions, run exactly like the
   policy.
 
@@ -113,13 +116,35 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     logged = logged_returns(tables, held)
     best = max(logged, key=lambda b: logged[b]) if logged else None
     pol, rnd = _summarise(policy), _summarise(random)
+    paired = paired_returns(tables, agent, held, logged, repeats=int(repeats), device=device, seed=seed)
     report = {
         "run_id": run_id, "source": source, "episodes": int(held.numel()), "repeats": int(repeats),
         "checkpoint_update": ctx.checkpoint["update_idx"] if ctx.checkpoint else None,
         "policy": pol, "random_in_mask": rnd, "logged": logged,
         "best_logged": None if best is None else {"behaviour": best, "return_mean": logged[best]},
-        "beats_best_logged": None if best is None else bool(pol["return_mean"] >= logged[best]),
+        "paired": paired,
+        "beats_best_logged": None if best is None else bool(paired[best]["policy"] >= paired[best]["logged"]),
         "margin_over_random": pol["return_mean"] - rnd["return_mean"],
         "mask_violations": pol["mask_violations"],
     }
     return report
+
+
+def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str, float], *, repeats: int,
+                   device: str, seed: int) -> dict[str, dict[str, Any]]:
+    """Per logged behaviour: the policy's mean return from the start states of that
+    behaviour's held-out episodes (greedy, ``repeats`` passes) next to the return the
+    behaviour's own logs earned there — the same requests, the same first state."""
+    from core import ppo
+
+    labels = [tables.behaviours[i] or "unknown" for i in held.cpu().tolist()]
+    out: dict[str, dict[str, Any]] = {}
+    for behaviour in sorted(set(labels)):
+        starts = held[torch.tensor([x == behaviour for x in labels], dtype=torch.bool, device=held.device)]
+        passes = [ppo.episode_stats(tables, agent, starts, greedy=True, every_episode=True, device=device,
+                                    seed=seed + 1000 * r, support_episodes="all") for r in range(repeats)]
+        policy = _summarise(passes)
+        out[behaviour] = {"episodes": int(starts.numel()), "logged": logged.get(behaviour),
+                          "policy": policy["return_mean"], "policy_success_rate": policy["success_rate"],
+                          "margin": policy["return_mean"] - logged[behaviour] if behaviour in logged else None}
+    return out

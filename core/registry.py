@@ -382,8 +382,10 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
     reward template — its own report when it was evaluated on that set, else the
     production policy re-run on the candidate's held-out episodes (possible when both
     share the action catalog and the candidate's run is in this workspace).  Without a
-    production version, the baseline is the logged expert behaviour on the candidate's
-    held-out episodes.  Returns the verdict with the numbers behind it."""
+    production version, the baseline is the logged expert behaviour (the best logged
+    behaviour; when the logs hold no expert, the best one they hold), paired: the policy
+    started from the start states of that behaviour's held-out episodes against what the
+    behaviour's logs earned on them.  Returns the verdict with the numbers behind it."""
     cand = _row(ws.conn, name, version)
     ev = _evaluation(cand["manifest"])
     pol = ev.get("policy") or {}
@@ -395,6 +397,16 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
     if prod is None or prod == version:
         out.update(baseline="logged expert behaviour", baseline_return=ev.get("expert_return"),
                    baseline_source="the candidate's evaluation report")
+        best = (ev.get("best_logged") or {}).get("behaviour")
+        paired = (ev.get("paired") or {}).get(best) or {}
+        if paired.get("policy") is not None:
+            # The same requests from the same first states: the policy started where the
+            # held-out episodes of the best logged behaviour (the expert, when the logs have
+            # one) started, against what that behaviour's logs earned there.
+            out.update(candidate_return=paired["policy"], baseline_return=paired.get("logged"),
+                       episodes=paired.get("episodes"),
+                       baseline=f"logged {best} behaviour" + (" (the best logged)" if best != "expert" else ""),
+                       metric=f"mean template return from the start states of the held-out {best} episodes")
     else:
         prow = _row(ws.conn, name, prod)
         pev = _evaluation(prow["manifest"])

@@ -398,32 +398,6 @@ GROUPED_CURVES: tuple[tuple[str, str], ...] = (
 )
 
 
-def metrics_table(ws: "Workspace", run_ids: Sequence[str], metric: str) -> "Any":
-    """A wide pandas DataFrame for one metric: index env_steps, one column per run (or,
-    for a dict-valued metric of one run, one column per key).  For charts."""
-    import pandas as pd
-
-    frames = []
-    for run_id in run_ids:
-        rows = run_metrics(ws, run_id)
-        if not rows:
-            continue
-        values = [r.get(metric) for r in rows]
-        steps = [r["env_steps"] for r in rows]
-        if any(isinstance(v, dict) for v in values):
-            table = pd.DataFrame([v or {} for v in values], index=pd.Index(steps, name="env_steps"))
-            if len(run_ids) > 1:
-                table.columns = [f"{run_id}: {c}" for c in table.columns]
-            frames.append(table)
-        else:
-            frames.append(pd.DataFrame({run_id: pd.to_numeric(pd.Series(values, dtype="object"),
-                                                              errors="coerce").to_numpy()},
-                                       index=pd.Index(steps, name="env_steps")))
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, axis=1).sort_index()
-
-
 def run_curves(ws: "Workspace", run_ids: Sequence[str]) -> dict[str, Any]:
     """Every curve of :data:`CURVES` and :data:`GROUPED_CURVES` for ``run_ids``, as wide
     DataFrames indexed by env steps (one column per run; per key for a grouped metric of
@@ -565,12 +539,14 @@ class _Recorder:
     ws: "Workspace"
     run_id: str
     progress: Callable[[dict[str, Any]], None] | None = None
+    #: Set by SIGTERM: stop after this update, like a stop request.
+    terminate: bool = False
 
     def on_update(self, update_idx: int, env_steps: int, metrics: Mapping[str, Any]) -> bool:
         stop = record_update(self.ws, self.run_id, update_idx, env_steps, metrics)
         if self.progress is not None:
             self.progress({**metrics, "update": update_idx, "env_steps": env_steps})
-        return stop
+        return stop or self.terminate
 
     def checkpoint_dir(self, update_idx: int) -> Path:
         return run_dir(self.ws, self.run_id) / "checkpoints" / f"{update_idx:06d}"
@@ -633,12 +609,10 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
         run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
                             masks=masks, template_version=label)
     recorder = _Recorder(ws, run_id, progress)
-    stopped = {"flag": False}
 
     def _on_sigterm(signum, frame):  # noqa: ARG001 - a polite kill stops after the update
-        stopped["flag"] = True
-        with ws.transaction() as conn:
-            conn.execute("UPDATE runs SET stop_requested=1 WHERE id=?", (run_id,))
+        # only a flag: the handler may interrupt a database write of this very connection
+        recorder.terminate = True
 
     previous = None
     try:

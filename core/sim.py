@@ -18,8 +18,14 @@ When it acts:
 An episode ends (``terminated``) on the final-answer action (unless it is the logged
 action and the log goes on), or when the recorded episode whose step was used has no
 further step (end of log: its outcome ``R_final`` is earned, since that is how the
-recorded episode ended); it is ``truncated`` at the step cap (S000: 12) and when an
-off-support step runs past the end of the environment's own log.
+recorded episode ended); it is ``truncated`` at the step cap (S000: 12) — the request
+was never answered, so ``R_final`` is ``unanswered_outcome`` (default: the worst recorded
+outcome) — and when an off-support step runs past the end of the environment's own log.
+
+Penalties that depend on the episode's own history (``duplicate_calls``: a call repeated
+within the episode) are recomputed from the environment's own actions whenever it leaves
+the log — a counterfactual repeat is a repeat, whatever the drawn step's episode did —
+and kept as recorded while it follows the log (so a followed log earns its own return).
 
 Rewards (template ``a, b, γ``): the pyramid's per-step total ``r`` (gating applied) of the
 step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final/γ^t`` on the
@@ -81,6 +87,15 @@ class SimConfig:
     off_support_penalty: float = -0.5
     #: k-means state clusters per task type: "similar state" for counterfactual draws.
     n_clusters: int = 16
+    #: Recorded steps per cluster at least: a task type with few steps gets fewer clusters
+    #: (on 40 logged episodes, 16 clusters per task type left most counterfactual actions
+    #: without support).
+    min_cluster_steps: int = 25
+    #: R_final of an episode cut at the step cap without an answer: the request was never
+    #: answered.  None takes the worst outcome among the recorded episodes — otherwise a
+    #: policy could pad every episode to the cap with positively rewarded calls and never
+    #: be charged for leaving the user without an answer.
+    unanswered_outcome: float | None = None
     #: Seed of the clustering (the environments have their own seed).
     seed: int = 0
 
@@ -89,8 +104,14 @@ class SimConfig:
             raise InputError(f"step_cap must be at least 1, not {self.step_cap}", field="step_cap")
         if int(self.n_clusters) < 1:
             raise InputError(f"n_clusters must be at least 1, not {self.n_clusters}", field="n_clusters")
+        if int(self.min_cluster_steps) < 1:
+            raise InputError(f"min_cluster_steps must be at least 1, not {self.min_cluster_steps}",
+                             field="min_cluster_steps")
         if not np.isfinite(self.off_support_penalty):
             raise InputError("off_support_penalty must be a finite number", field="off_support_penalty")
+        if self.unanswered_outcome is not None and not np.isfinite(self.unanswered_outcome):
+            raise InputError("unanswered_outcome must be a finite number (or null: the worst recorded outcome)",
+                             field="unanswered_outcome")
 
 
 # --------------------------------------------------------------------------- tables
@@ -217,14 +238,16 @@ def _as_rules(masks: MaskRules | str | Path | None) -> MaskRules:
     raise InputError(f"masks must be mask rules or a YAML file, not {type(masks).__name__}", field="masks")
 
 
-def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
+def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int, seed: int = 0,
+                   min_cluster_steps: int = 1) -> np.ndarray:
     """``[N]`` k-means cluster of every recorded step's state, within its task type.
 
     The state is the request's rule features (verb, urgency, target …) and the step's tool
     context (latest result's key fields, scalar state, progress flags), each block scaled
     to unit mean row norm.  The log's trace is left out on purpose: an environment's own
     trace differs from the log's, while the context is what it shares with the log.
-    Rows of one task type get ``min(n_clusters, distinct states)`` clusters."""
+    Rows of one task type get ``min(n_clusters, distinct states, rows // min_cluster_steps)``
+    clusters (at least one)."""
     from sklearn.cluster import KMeans
 
     n = raw.n_steps
@@ -240,7 +263,7 @@ def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int
     X = np.concatenate(scaled, axis=1)
     for code in np.unique(step_task):
         rows = np.flatnonzero(step_task == code)
-        k = min(int(n_clusters), len(np.unique(X[rows], axis=0)))
+        k = min(int(n_clusters), len(np.unique(X[rows], axis=0)), len(rows) // max(1, int(min_cluster_steps)))
         if k <= 1:
             continue
         km = KMeans(n_clusters=k, n_init=4, random_state=seed)
@@ -278,7 +301,7 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     task_names: list[str | None] = list(dict.fromkeys(frame.task_type.tolist()))
     task_index = {t: i for i, t in enumerate(task_names)}
     task_code = np.array([task_index[t] for t in frame.task_type.tolist()], dtype=np.int64)
-    cluster = state_clusters(raw, task_code, config.n_clusters, config.seed)
+    cluster = state_clusters(raw, task_code, config.n_clusters, config.seed, config.min_cluster_steps)
     K = int(config.n_clusters)
     valid = token >= 0
     step_bucket = np.where(valid, (task_code[step_episode] * K + cluster) * A + np.maximum(token, 0), -1)
@@ -293,6 +316,14 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
                        np.where(~np.isnan(final_reward), (final_reward > 0).astype(np.float64), 0.0))
     terminal_token = np.zeros(A, dtype=bool)
     terminal_token[catalog.final_id] = True
+    # Own-history penalties (duplicate_calls): column, weight × per, cap; the tool-call tokens.
+    history = [(c, spec.weight * float(spec.params_with_defaults()["per"]), int(spec.params_with_defaults()["cap"]))
+               for c, spec in enumerate(template.step_components) if spec.component == "duplicate_calls"]
+    call_token = np.array([tok.kind == "tool_call" for tok in catalog.tokens], dtype=bool)
+    finals = np.asarray(result.final, dtype=np.float64)
+    finals = finals[np.isfinite(finals)]
+    unanswered = (float(config.unanswered_outcome) if config.unanswered_outcome is not None
+                  else float(finals.min()) if finals.size else 0.0)
 
     states = [(s.observation.get("state") if isinstance(s.observation, dict) else None) or {}
               for ep in episodes for s in ep.steps]
@@ -313,7 +344,11 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
         "episode_return": t(result.returns, torch.float64), "task_code": t(task_code, torch.int64),
         "intent_emb": t(raw.intent_emb, torch.float32), "intent_rules": t(raw.intent_rules, torch.float32),
         "bucket_offsets": t(bucket_offsets, torch.int64), "bucket_steps": t(order, torch.int64),
-        "terminal_token": t(terminal_token, torch.bool),
+        "terminal_token": t(terminal_token, torch.bool), "call_token": t(call_token, torch.bool),
+        "history_cols": t(np.array([h[0] for h in history], dtype=np.int64), torch.int64),
+        "history_coef": t(np.array([h[1] for h in history], dtype=np.float64), torch.float64),
+        "history_cap": t(np.array([h[2] for h in history], dtype=np.int64), torch.int64),
+        "unanswered": t(np.array(unanswered, dtype=np.float64), torch.float64),
     }
     return SimTables(
         n_actions=A, n_components=len(template.step_components),
@@ -483,6 +518,9 @@ class BatchedSim:
         self._step_cap = int(self.config.step_cap)
         self._penalty = torch.tensor(float(self.config.off_support_penalty), dtype=torch.float64,
                                      device=self.device)
+        self._unanswered = tb.unanswered.reshape(())
+        self._history_cols, self._history_coef = tb.history_cols, tb.history_coef
+        self._history_cap = tb.history_cap
 
         dev = self.device
         # Environment state.
@@ -659,6 +697,15 @@ class BatchedSim:
         r64, dt, last, final_of_used, success_of_used = self._at_used.index_select(0, used).unbind(1)
         r64 = torch.where(recorded, r64, self._penalty)
         comps = tb.components.index_select(0, used) * recorded[:, None]
+        if self._history_cols.numel():
+            # Own-history penalties: off the log, what this environment's own calls earn.
+            seen = self.counts.gather(1, token[:, None]).long()                    # [B, 1] earlier own calls
+            own = (-self._history_coef * torch.minimum(seen, self._history_cap).double()
+                   * tb.call_token.index_select(0, token)[:, None])                 # [B, H]
+            was = comps.index_select(1, self._history_cols).double()
+            adjust = torch.where((~followed & ~replay_invalid)[:, None], own - was, torch.zeros_like(own))
+            r64 = r64 + adjust.sum(1)
+            comps.index_add_(1, self._history_cols, adjust.float())
 
         # Where the environment goes next, and why it may stop.
         end_of_log = last > 0
@@ -671,7 +718,8 @@ class BatchedSim:
 
         # Outcome: R_final of the recorded episode whose ending was used.
         ended_with_outcome = terminated & recorded
-        final = torch.where(ended_with_outcome, final_of_used, 0.0)
+        # cut short (step cap, or off-support past the end of the own log): never answered
+        final = torch.where(ended_with_outcome, final_of_used, torch.where(truncated, self._unanswered, 0.0))
         # R_final is not discounted in the template's return: on a terminal step at t it is
         # paid as b·R_final/γ^t, so that Σ γ^t·reward is exactly the template's return.
         reward = (self._a * r64 + self._b * final / self.discount).float()

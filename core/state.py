@@ -816,6 +816,12 @@ class StateEncoderConfig:
     action_embed_dim: int = 32
     #: g_intent at the highest urgency before any training (S000: ≈ 0.7).
     high_urgency_intent_gate: float = 0.7
+    #: Least weight of every active branch.  Without a floor the state term of the gates
+    #: can saturate in a few hundred optimiser steps and silence a branch for good
+    #: (measured on the finance data: behaviour cloning drove g_trace to 1.0000, so the
+    #: first step — an empty trace — could not see the request and was right 46% of the
+    #: time; with the floor 0.1 it is right 100% of the time).
+    gate_floor: float = 0.1
     #: Seed of the initial weights (an untrained encoder is reproducible).
     seed: int = 0
 
@@ -825,8 +831,11 @@ class StateEncoderConfig:
                 raise InputError(f"{name} must be 'on' or 'off', not {getattr(self, name)!r}", field=name)
         if self.dim < 8:
             raise InputError(f"dim must be at least 8, not {self.dim}", field="dim")
-        if not 1 / 3 <= self.high_urgency_intent_gate < 1:
-            raise InputError("high_urgency_intent_gate must be in [1/3, 1)", field="high_urgency_intent_gate")
+        if not 0 <= self.gate_floor < 1 / 3:
+            raise InputError("gate_floor must be in [0, 1/3)", field="gate_floor")
+        if not 1 / 3 <= self.high_urgency_intent_gate < 1 - 2 * self.gate_floor:
+            raise InputError(f"high_urgency_intent_gate must be in [1/3, {1 - 2 * self.gate_floor:g})",
+                             field="high_urgency_intent_gate")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StateEncoderConfig":
@@ -885,8 +894,9 @@ class StateEncoder(nn.Module):
         with torch.no_grad():
             self.gate_prior.weight.zero_()
             self.gate_prior.bias.zero_()
-            # softmax([w, 0, 0])[0] = g  ⇔  w = log(2g / (1 - g)): urgency 1 → g_intent = g
-            g = c.high_urgency_intent_gate
+            # g = floor + (1 - 3·floor)·softmax; softmax([w, 0, 0])[0] = s  ⇔  w = log(2s / (1 - s)):
+            # urgency 1 → g_intent = high_urgency_intent_gate
+            g = (c.high_urgency_intent_gate - c.gate_floor) / (1 - 3 * c.gate_floor)
             self.gate_prior.weight[0, GATE_FEATURES.index("urgency")] = math.log(2 * g / (1 - g))
             self.gate_state.weight.zero_()
             self.gate_state.bias.zero_()
@@ -920,11 +930,13 @@ class StateEncoder(nn.Module):
         if self.config.gating == "off":
             return torch.full((b, 3), 1.0 / 3.0, device=branches[0].device, dtype=branches[0].dtype)
         logits = self.gate_prior(self._gate_features(batch)) + self.gate_state(torch.cat(branches, dim=-1))
+        floor = torch.full_like(logits, self.config.gate_floor)
         if self.config.intent == "off":
             # the intent branch is empty: give its weight to the others
             logits = logits.clone()
             logits[:, 0] = float("-inf")
-        return torch.softmax(logits, dim=-1)
+            floor[:, 0] = 0.0
+        return floor + (1.0 - floor.sum(dim=1, keepdim=True)) * torch.softmax(logits, dim=-1)
 
     # ------------------------------------------------------------------ public
     def gates(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -948,7 +960,9 @@ class StateEncoder(nn.Module):
             raise InputError(f"encoder was built for state features v{d.get('feature_version')}, "
                              f"this Reward Workbench uses v{FEATURE_VERSION}; retrain it",
                              field="feature_version")
-        return cls(StateEncoderConfig.from_dict(d["config"]), n_actions=int(d["n_actions"]))
+        # encoders saved before the gate floor existed ran without one
+        config = {"gate_floor": 0.0, **d["config"]}
+        return cls(StateEncoderConfig.from_dict(config), n_actions=int(d["n_actions"]))
 
 
 def save_encoder(encoder: StateEncoder, folder: str | Path, name: str = "encoder") -> tuple[Path, Path]:

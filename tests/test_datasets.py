@@ -474,3 +474,20 @@ def test_good_behaviours_pass_the_shipped_masks(domain, good):
         if behaviour in good:
             assert row["blocked"] == 0, (behaviour, report)
     assert report["blocked"] > 0
+
+
+def test_behaviours_keeps_only_the_named_ones(tmp_path):
+    full = datasets.generate_file("finance", 40, 5, tmp_path / "all.jsonl")
+    part = datasets.generate_file("finance", 40, 5, tmp_path / "part.jsonl", behaviours=["noisy", "hacker"])
+    assert set(part["behaviours"]) == {"noisy", "hacker"}
+    assert part["behaviours"] == {b: n for b, n in full["behaviours"].items() if b != "expert"}
+    # the kept episodes are byte-identical to the same episodes of the full file
+    lines = lambda p: (tmp_path / p).read_text().splitlines()[1:]  # noqa: E731
+    kept = [line for line in lines("all.jsonl") if json.loads(line)["behaviour"] != "expert"]
+    assert lines("part.jsonl") == kept
+    with pytest.raises(InputError, match="unknown finance behaviours pro: choose among expert, noisy, hacker"):
+        datasets.generate_file("finance", 5, 5, tmp_path / "x.jsonl", behaviours=["pro"])
+    assert not (tmp_path / "x.jsonl").exists()
+    assert rwb(["datasets", "generate", "--domain", "finance", "-n", "40", "--seed", "5", "--behaviours",
+                "noisy,hacker", "--out", str(tmp_path / "cli.jsonl"), "--json"]) == 0
+    assert (tmp_path / "cli.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()

@@ -222,9 +222,10 @@ def test_warm_start_imitates_the_best_logged_behaviour(data):
                      if tb.behaviours[int(tb.step_episode[s])] == bc["behaviour"]}
     assert labels <= expert_tokens
     agent = ppo.Agent(tb.n_actions, tiny().encoder_config(), hidden=64, n_critics=2)
-    before = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=0), torch.Generator().manual_seed(0))
+    before = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=0, bc_min_steps=0), torch.Generator().manual_seed(0))
     after = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=25), torch.Generator().manual_seed(0))
-    assert before["bc_accuracy"] < 0.2 and after["bc_accuracy"] > 0.5
+    # (the gates' floor keeps the request in view: without it the clone was right ~50% of the time)
+    assert before["bc_accuracy"] < 0.2 and after["bc_accuracy"] > 0.9
     assert after["bc_loss"] < before["bc_loss"]
 
 

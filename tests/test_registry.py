@@ -184,7 +184,8 @@ def test_gate_first_version_must_beat_the_logged_expert(ws, run, tmp_path):
     # the real tiny run: a few seconds of PPO do not beat the expert's log
     registry.register(ws, run.actor("ana"), reseal(run.bundle, tmp_path / "real.zip", name="gate-real"))
     gate = registry.promotion_gate(ws, "gate-real", "0.1.0")
-    real = load_bundle(run.bundle).manifest.evaluation["policy"]["return_mean"]
+    ev = load_bundle(run.bundle).manifest.evaluation
+    real = ev["paired"][ev["best_logged"]["behaviour"]]["policy"]      # from the expert's start states
     assert gate["baseline"] == "logged expert behaviour" and gate["baseline_return"] == expert
     assert gate["candidate_return"] == real and gate["passed"] == (real > expert)
     if not gate["passed"]:
@@ -228,6 +229,7 @@ def test_gate_reruns_production_on_the_candidates_heldout_episodes(ws, run, tmp_
     m.update(name="gate3", version="0.1.0")
     m["evaluation"]["heldout_fingerprint"] = "f" * 64          # "evaluated on another split"
     m["evaluation"]["policy"]["return_mean"] = expert + 5.0
+    m["evaluation"]["paired"]["expert"]["policy"] = expert + 5.0
     files = members(run.bundle)
     prod = write_bundle(tmp_path / "gate3-prod.zip", m, {n: files[n] for n in BUNDLE_FILES})
     registry.register(ws, run.actor("ana"), prod)

@@ -124,6 +124,7 @@ VARIANTS = [
                                                     "key_param": "side", "per": 0.3}),
     ("step_cost", {}), ("step_cost", {"per": 0.7, "kinds": ["tool_call", "reply"]}),
     ("repeated_failures", {}), ("repeated_failures", {"match": "tool", "cap": 2, "count_invalid": False}),
+    ("duplicate_calls", {}), ("duplicate_calls", {"per": 1.0, "cap": 1}),
     ("resolved_bonus", {}), ("sentiment_bonus", {"per": 0.7, "missing_value": -0.1}),
     ("length_penalty", {}), ("length_penalty", {"count": "tool_calls", "free": 2}),
     ("terminal_outcome", {}), ("terminal_outcome", {"field": "business_metric", "low": 0.2}),
@@ -285,6 +286,15 @@ def test_repeated_failures_hand_computed():
                           call(5, "order", {"side": "buy", "quantity": 1})]))
     assert run("repeated_failures", f).tolist() == pytest.approx([0, 0, -0.2, -0.4, -0.6, 0])
     assert run("repeated_failures", f, cap=2).tolist() == pytest.approx([0, 0, -0.2, -0.4, -0.4, 0])
+
+
+def test_duplicate_calls_hand_computed():
+    f = frame_of(episode([call(0, "quote", {"symbol": "A"}), call(1, "quote", {"symbol": "B"}),
+                          call(2, "quote", {"symbol": "A"}), call(3, "quote", {"symbol": "A"}),
+                          call(4, "quote", {"symbol": "A"}, tool_error="down"),
+                          call(5, "order", {"symbol": "A"})]))
+    assert run("duplicate_calls", f).tolist() == pytest.approx([0, 0, -0.5, -1.0, -1.5, 0])
+    assert run("duplicate_calls", f, per=1.0, cap=1).tolist() == pytest.approx([0, 0, -1, -1, -1, 0])
 
 
 @pytest.mark.parametrize("name,params,message", [

@@ -78,6 +78,9 @@ class ReferenceSim:
         self.success, self.task = g("success"), g("task_code")
         self.intent_emb, self.intent_rules, self.context = g("intent_emb"), g("intent_rules"), g("context")
         self.A = tables.n_actions
+        self.unanswered = float(g("unanswered").reshape(()))
+        self.is_call = g("call_token")
+        self.history = list(zip(g("history_cols").tolist(), g("history_coef").tolist(), g("history_cap").tolist()))
         self.starts = list(range(tables.n_episodes)) if starts is None else list(starts)
         self.buckets: dict[tuple, list[int]] = {}
         for j in range(len(self.token)):
@@ -158,7 +161,14 @@ class ReferenceSim:
             terminated = final_action or (end_of_log and recorded)
             truncated = not terminated and (self.t[b] + 1 >= cfg.step_cap or (end_of_log and not recorded))
             done = terminated or truncated
-            final = float(self.final[e_used]) if terminated and recorded else 0.0
+            final = (float(self.final[e_used]) if terminated and recorded
+                     else self.unanswered if truncated else 0.0)
+            comps = self.comps[used].astype(np.float64) if recorded else np.zeros(self.comps.shape[1])
+            if not followed and a >= 0:
+                for col, coef, cap in self.history:   # the environment's own repeats
+                    own = -coef * min(int(self.counts[b, a]), cap) if self.is_call[a] else 0.0
+                    r_step += own - comps[col]
+                    comps[col] = own
             self.disc_sum[b] += self.disc[b] * r_step
             rec["reward"].append(tb.a * r_step + tb.b * final / self.disc[b])
             rec["terminated"].append(terminated)
@@ -166,7 +176,7 @@ class ReferenceSim:
             rec["off_support"].append(not recorded)
             rec["followed"].append(followed)
             rec["source"].append(used if recorded else -1)
-            rec["components"].append(self.comps[used] if recorded else np.zeros(self.comps.shape[1]))
+            rec["components"].append(comps)
             rec["episode_return"].append(tb.a * self.disc_sum[b] + tb.b * final if done else math.nan)
             rec["success"].append((float(self.success[e_used]) if terminated and recorded else 0.0)
                                   if done else math.nan)
@@ -345,8 +355,13 @@ def test_counterfactual_draws_only_from_its_bucket(tables):
                                for b in range(B)])
         np.testing.assert_array_equal(np_(out.info["off_support"]), expect_off)
         off = np_(out.info["off_support"])
-        np.testing.assert_allclose(np_(out.info["step_reward"])[off], tables.config.off_support_penalty)
-        assert np.abs(np_(out.info["components"])[off]).sum() == 0
+        # no component credit off support; only the environment's own repeats still cost
+        own = [c for c, n in enumerate(tables.component_names) if n == "duplicate_calls"]
+        comps = np_(out.info["components"])[off]
+        np.testing.assert_allclose(np_(out.info["step_reward"])[off],
+                                   tables.config.off_support_penalty + comps[:, own].sum(1), rtol=1e-6)
+        assert np.abs(np.delete(comps, own, axis=1)).sum() == 0
+        assert (comps[:, own] <= 0).all()
         n_off += int(off.sum())
         n_steps += B
         mask = out.mask
@@ -421,7 +436,7 @@ def test_logged_returns_per_behaviour(tables, scored):
         assert got[b] == pytest.approx(float(np.mean(scored.returns[sel])))
 
 
-def test_step_cap_truncates_without_outcome(tables):
+def test_step_cap_truncates_as_unanswered(tables):
     # the step cap does not change the tables: the same ones with another config
     t = replace(tables, config=replace(tables.config, step_cap=2))
     long_ep = next(e for e in range(t.n_episodes) if int(t.ep_len[e]) > 2)
@@ -432,8 +447,12 @@ def test_step_cap_truncates_without_outcome(tables):
         out = sim.step(sim.logged_actions())
         r.append(float(out.info["step_reward"][0]))
     assert bool(out.truncated[0]) and not bool(out.terminated[0])
-    assert float(out.info["final"][0]) == 0.0 and float(out.info["success"][0]) == 0.0
-    assert float(out.info["episode_return"][0]) == pytest.approx(t.a * (r[0] + t.gamma * r[1]), rel=1e-5)
+    # the request was never answered: the worst recorded outcome, no success
+    worst = float(t.final.min())
+    assert float(t.unanswered) == worst < 0
+    assert float(out.info["final"][0]) == worst and float(out.info["success"][0]) == 0.0
+    assert float(out.info["episode_return"][0]) == pytest.approx(t.a * (r[0] + t.gamma * r[1]) + t.b * worst,
+                                                                 rel=1e-5)
 
 
 def test_bad_actions_are_refused(tables):
@@ -590,3 +609,27 @@ def test_masks_may_be_given_as_rules_or_none(data):
     t2 = build_sim_tables_from(episodes[:10], tools, "finance_risk", masks=rules,
                                config=SimConfig(n_clusters=2), embedder=HashEmbedder())
     assert [r.name for r in t2.mask_rules] == [r.name for r in rules]
+
+
+def test_a_counterfactual_repeat_pays_the_duplicate_penalty(tables):
+    """Off the log, ``duplicate_calls`` reads the environment's own calls: the same call
+    again costs weight × per × (earlier copies), whatever the drawn step's episode did."""
+    col = tables.component_names.index("duplicate_calls")
+    calls = [t.id for t in tables.catalog.tokens if t.kind == "tool_call"]
+    for start in range(tables.n_episodes):
+        for a in calls:
+            sim = BatchedSim(tables, 1, seed=0)
+            _, mask = sim.reset(start_episodes=[start])
+            values = []
+            for _ in range(3):
+                if not bool(mask[0, a]) or int(sim.logged_actions()[0]) == a:
+                    break
+                out = sim.step(torch.tensor([a]))
+                values.append(float(out.info["components"][0, col]))
+                if bool(out.terminated[0] | out.truncated[0]):
+                    break
+                mask = out.mask
+            if len(values) == 3:
+                assert values == pytest.approx([0.0, -1.0, -2.0])      # finance_risk: per 1.0, weight 1
+                return
+    pytest.fail("no start state allowed the same call three times off the log")

@@ -336,3 +336,27 @@ def test_episodes_without_steps_anywhere(catalog):
     np.testing.assert_allclose(raw.context, ref.context, atol=1e-6)
     np.testing.assert_array_equal(raw.trace_dt, ref.trace_dt)
     assert extract_features([], catalog, HashEmbedder()).n_steps == 0
+
+
+def test_gate_floor_keeps_every_branch_in_view(raw):
+    """Saturated gate logits (what unconstrained training drove them to) still leave every
+    branch its floor weight; without a floor one branch takes everything."""
+    b = raw.step_batch(np.arange(8))
+    floored = StateEncoder(n_actions=raw.n_actions)
+    bare = StateEncoder(StateEncoderConfig(gate_floor=0.0), n_actions=raw.n_actions)
+    for enc in (floored, bare):
+        with torch.no_grad():
+            enc.gate_state.bias.copy_(torch.tensor([-50.0, -50.0, 50.0]))
+    g = floored.gates(b)
+    assert torch.allclose(g[:, :2], torch.full((8, 2), 0.1), atol=1e-6)
+    assert torch.allclose(g.sum(1), torch.ones(8))
+    assert float(bare.gates(b)[:, 0].max().detach()) < 1e-20
+    with pytest.raises(InputError, match="gate_floor"):
+        StateEncoderConfig(gate_floor=0.4)
+
+
+def test_encoders_saved_without_a_floor_load_as_they_were(raw, tmp_path):
+    enc = StateEncoder(StateEncoderConfig(gate_floor=0.0), n_actions=raw.n_actions)
+    d = enc.config_dict()
+    d["config"].pop("gate_floor")                      # what an older version wrote
+    assert StateEncoder.from_config_dict(d).config.gate_floor == 0.0

@@ -18,20 +18,24 @@ def generate(
     episodes: int = typer.Option(1000, "--episodes", "-n", help="Number of episodes."),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed → byte-identical file)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output rwb JSONL file."),
+    behaviours: str = typer.Option("", "--behaviours",
+                                   help="Keep only these behaviours, comma-separated (e.g. noisy,hacker: "
+                                        "the logs of an imperfect agent)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object."),
 ) -> None:
     """Write N generated episodes of a domain (with its tool schemas) as rwb JSONL."""
     from core.datasets import generate_file
 
+    keep = behaviours.split(",") if behaviours else None
     if as_json:
-        print_json(generate_file(domain, episodes, seed, out))
+        print_json(generate_file(domain, episodes, seed, out, behaviours=keep))
         return
     from rich.console import Console
     from rich.progress import Progress
 
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"Generating {domain} episodes", total=episodes)
-        summary = generate_file(domain, episodes, seed, out,
+        summary = generate_file(domain, episodes, seed, out, behaviours=keep,
                                 progress=lambda done, total: bar.update(task, completed=done))
     typer.echo(f"Wrote {summary['episodes']} {domain} episodes ({summary['steps']} steps, "
                f"{summary['tool_calls']} tool calls) to {summary['out']} in {summary['seconds']} s")

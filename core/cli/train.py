@@ -257,11 +257,15 @@ def evaluate_cmd(
     typer.echo(f"  random-in-mask    return {_fmt(q['return_mean'])}  success {_fmt(q['success_rate'], '.2f')}  "
                f"off-support {_fmt(q['off_support_rate'], '.2f')}")
     for name, value in sorted(r["logged"].items(), key=lambda kv: -kv[1]):
-        typer.echo(f"  logged {name:<10} return {_fmt(value)}")
+        pair = r.get("paired", {}).get(name, {})
+        typer.echo(f"  logged {name:<10} return {_fmt(value)}   policy from the same {pair.get('episodes', 0)} "
+                   f"start states {_fmt(pair.get('policy'))}")
     if r["best_logged"]:
+        best = r["best_logged"]["behaviour"]
         word = "beats" if r["beats_best_logged"] else "does not beat"
-        typer.echo(f"The policy {word} the best logged behaviour ({r['best_logged']['behaviour']}, "
-                   f"{_fmt(r['best_logged']['return_mean'])}); margin over random {_fmt(r['margin_over_random'])}.")
+        typer.echo(f"The policy {word} the best logged behaviour ({best}) on its own held-out requests: "
+                   f"{_fmt(r['paired'][best]['policy'])} vs {_fmt(r['paired'][best]['logged'])}; "
+                   f"margin over random {_fmt(r['margin_over_random'])}.")
 
 
 def register(root: typer.Typer) -> None:

@@ -623,6 +623,17 @@ class StepCost(Component):
         return np.where(np.isin(frame.kind, _kinds(self.kinds)), -self.per, 0.0) + 0.0
 
 
+def repeat_penalty(frame: StepsFrame, rows: np.ndarray, key: np.ndarray, per: float, cap: int) -> np.ndarray:
+    """−per × (earlier rows of the same episode with the same ``key``, at most ``cap``) on
+    ``rows`` (step indices, in order), 0 elsewhere."""
+    order = np.lexsort((rows, key, frame.episode[rows]))
+    group = frame.episode[rows][order] * (int(key.max(initial=0)) + 1) + key[order]
+    _, earlier = segment_positions(group)
+    out = np.zeros(frame.n_steps)
+    out[rows[order]] = -per * np.minimum(earlier, cap) + 0.0
+    return out
+
+
 @register
 class RepeatedFailures(Component):
     """Repeated failing calls: each failed call that repeats an earlier failure in the episode costs more."""
@@ -643,12 +654,26 @@ class RepeatedFailures(Component):
         failed &= frame.kind == TOOL_CALL
         rows = np.flatnonzero(failed)
         key = (frame.call_key if self.match == "call" else frame.tool.astype(np.int64))[rows]
-        order = np.lexsort((rows, key, frame.episode[rows]))
-        group = frame.episode[rows][order] * (int(key.max(initial=0)) + 1) + key[order]
-        _, earlier = segment_positions(group)  # failures of the same call before this one
-        out = np.zeros(frame.n_steps)
-        out[rows[order]] = -self.per * np.minimum(earlier, self.cap) + 0.0
-        return out
+        return repeat_penalty(frame, rows, key, self.per, self.cap)  # failures of the same call before
+
+
+@register
+class DuplicateCalls(Component):
+    """Duplicate calls: a tool call identical to an earlier one of the episode (same tool and arguments) costs ``per`` for each earlier copy (up to ``cap``), so padding an episode with repeats does not pay."""
+
+    name = "duplicate_calls"
+    level = "penalty"
+    #: The recorded-episode simulator recomputes this component from an environment's own
+    #: history when it leaves the log (core.sim): a counterfactual repeat is a repeat.
+    history = "own_calls"
+
+    def __init__(self, *, per: float = 0.5, cap: int = 3):
+        _check(per >= 0 and cap >= 1, "need per ≥ 0 and cap ≥ 1")
+        self.per, self.cap = float(per), int(cap)
+
+    def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
+        rows = np.flatnonzero(frame.kind == TOOL_CALL)
+        return repeat_penalty(frame, rows, frame.call_key[rows], self.per, self.cap)  # identical calls before
 
 
 # =========================================================================== episode terms

@@ -13,7 +13,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from core.rewards.components import (ActionSmoothing, BusinessImpact, EndsWithAnswer,
+from core.rewards.components import (ActionSmoothing, BusinessImpact, DuplicateCalls, EndsWithAnswer,
                                      EvidenceReliability, LatencyPenalty, LengthPenalty,
                                      OutputConsistency, ParamReasonableness, RepeatedFailures,
                                      ResolvedBonus, SentimentBonus, StepCost, TerminalOutcome,
@@ -219,6 +219,18 @@ def repeated_failures(frame: StepsFrame, c: RepeatedFailures) -> np.ndarray:
     return out
 
 
+def duplicate_calls(frame: StepsFrame, c: DuplicateCalls) -> np.ndarray:
+    out = np.zeros(frame.n_steps)
+    seen: dict[tuple, int] = defaultdict(int)
+    for s in _steps(frame):
+        if s["kind"] != "tool_call":
+            continue
+        key = (s["episode"], s["call"])
+        out[s["i"]] = -c.per * min(seen[key], c.cap) + 0.0
+        seen[key] += 1
+    return out
+
+
 def _episode_values(frame: StepsFrame, fn) -> np.ndarray:
     return np.array([fn(e) for e in range(frame.n_episodes)], dtype=np.float64)
 
@@ -270,6 +282,7 @@ REFERENCES = {
     "output_consistency": output_consistency, "evidence_reliability": evidence_reliability,
     "business_impact": business_impact, "latency_penalty": latency_penalty,
     "action_smoothing": action_smoothing, "repeated_failures": repeated_failures, "step_cost": step_cost,
+    "duplicate_calls": duplicate_calls,
     "resolved_bonus": resolved_bonus, "sentiment_bonus": sentiment_bonus,
     "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
     "ends_with_answer": ends_with_answer,
