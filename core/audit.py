@@ -173,13 +173,17 @@ def _canonical(obj: Any) -> str:
                       allow_nan=False)
 
 
-def input_hash(request: Any) -> str:
-    """sha256 of the request's canonical JSON (sorted keys, no spaces)."""
+def _request_json(request: Any) -> str:
+    """The request's canonical JSON: what ``input_hash`` hashes and the trail keeps."""
     try:
-        text = _canonical(request)
+        return _canonical(request)
     except (TypeError, ValueError) as exc:
         raise InputError(f"the request is not plain JSON: {exc}", field="request") from exc
-    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def input_hash(request: Any) -> str:
+    """sha256 of the request's canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(_request_json(request).encode()).hexdigest()
 
 
 _TYPE_TAGS = frozenset({"int", "str", "float", "bool", "none", "list", "dict"})
@@ -189,16 +193,24 @@ def make_record(record: Mapping[str, Any] | AuditRecord, *, request: Any = None)
     """Validate one record, filling ``timestamp`` (now), ``decision_id`` (a fresh uuid)
     and ``input_hash`` (from ``request``) when missing.  A given ``input_hash`` must match
     the request's."""
+    return _make_record(record, None if request is None else _request_json(request))
+
+
+def _make_record(record: Mapping[str, Any] | AuditRecord, request_json: str | None) -> AuditRecord:
+    """:func:`make_record` with the request already in canonical JSON (a writer needs the
+    text for the row too: serialised once)."""
     if isinstance(record, AuditRecord):
         data = record.model_dump()
     elif isinstance(record, Mapping):
         data = dict(record)
     else:
         raise InputError(f"an audit record must be a mapping, not {type(record).__name__}")
-    data.setdefault("timestamp", now_iso())
-    data.setdefault("decision_id", uuid.uuid4().hex)
-    if request is not None:
-        computed = input_hash(request)
+    if "timestamp" not in data:
+        data["timestamp"] = now_iso()
+    if "decision_id" not in data:  # (not setdefault: a uuid costs a system call)
+        data["decision_id"] = uuid.uuid4().hex
+    if request_json is not None:
+        computed = hashlib.sha256(request_json.encode()).hexdigest()
         if data.get("input_hash") is None:
             data["input_hash"] = computed
         elif data["input_hash"] != computed:
@@ -214,7 +226,7 @@ def make_record(record: Mapping[str, Any] | AuditRecord, *, request: Any = None)
         raise InputError(f"invalid audit record: {err['msg']}", field=where or None) from exc
 
 
-def _row(record: AuditRecord, request: Any, action: Action | Mapping[str, Any] | None,
+def _row(record: AuditRecord, request_json: str | None, action: Action | Mapping[str, Any] | None,
          written_by: str) -> tuple[Any, ...]:
     if action is not None and not isinstance(action, Action):
         try:
@@ -226,8 +238,7 @@ def _row(record: AuditRecord, request: Any, action: Action | Mapping[str, Any] |
             record.input_hash, _canonical(record.final_action),
             # Keys in RECORD_KEYS order (not sorted): the stored text is what tail/export print.
             json.dumps(d, ensure_ascii=False, separators=(",", ":"), allow_nan=False),
-            None if request is None else _canonical(request),
-            None if action is None else action.model_dump_json(), written_by)
+            request_json, None if action is None else action.model_dump_json(), written_by)
 
 
 _INSERT = f"INSERT INTO audit({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -332,8 +343,9 @@ class AuditWriter:
         kept next to the record for :func:`export` ``as_episodes``.  Raises InputError for
         an invalid record and :class:`AuditUnavailable` when the trail cannot take it;
         in both cases nothing was accepted."""
-        rec = make_record(record, request=request)
-        self._accept([_row(rec, request, action, self.actor.name)])
+        request_json = None if request is None else _request_json(request)
+        rec = _make_record(record, request_json)
+        self._accept([_row(rec, request_json, action, self.actor.name)])
         return rec.decision_id
 
     def write_many(self, records: Sequence[Mapping[str, Any] | AuditRecord]) -> list[str]:
@@ -490,8 +502,9 @@ def write_record(ws: "Workspace", actor: Actor, record: Mapping[str, Any] | Audi
                  request: Any = None, action: Action | Mapping[str, Any] | None = None) -> str:
     """Append one record and commit it before returning (no writer to manage)."""
     authorize(ws, actor, "write_audit")
-    rec = make_record(record, request=request)
-    row = _row(rec, request, action, actor.name)
+    request_json = None if request is None else _request_json(request)
+    rec = _make_record(record, request_json)
+    row = _row(rec, request_json, action, actor.name)
     with ws.transaction() as conn:
         conflicts = _insert_rows(conn, [row])
     if conflicts:
@@ -607,7 +620,7 @@ class ExportResult:
         return asdict(self)
 
 
-def _token_action(catalog: Any, token: int | str) -> Action:
+def token_action(catalog: Any, token: int | str) -> Action:
     """Decode an action token (id or name) with a ``core.catalog.Catalog``.
 
     A token names a tool and a parameter *preset*; only parameters the preset pins to one
@@ -649,7 +662,7 @@ def _episode(key: str, rows: list[tuple[str, str | None, str | None]], catalog: 
         if action_json:
             action = Action.model_validate_json(action_json)
         elif catalog is not None:
-            action = _token_action(catalog, record["final_action"])
+            action = token_action(catalog, record["final_action"])
         else:
             raise InputError(f"decision {record['decision_id']} has no decoded action; give the "
                              "policy's catalog to decode action tokens (--catalog catalog.json)",

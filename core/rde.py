@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,9 @@ class RdeModel:
     catalog_version: str
     config: RdeConfig
     trained_on: dict[str, Any]
+    #: The node arrays as Python lists for :meth:`_leaf` (built on first use).
+    _node_lists: tuple[tuple[np.ndarray, ...], tuple[list, ...]] | None = field(
+        default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ features
     @property
@@ -161,6 +164,8 @@ class RdeModel:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise InputError(f"the RDE tree reads {self.n_features} features per row, got shape {X.shape}")
+        if X.shape[0] == 1:
+            return np.array([self._leaf(X[0].tolist())], dtype=np.int64)
         node = np.zeros(X.shape[0], dtype=np.int64)
         rows = np.arange(X.shape[0])
         # until every row sits on a leaf: at most `depth` levels, without computing the
@@ -172,6 +177,20 @@ class RdeModel:
                 return node
             go_left = X[rows, np.maximum(self.feature[node], 0)] <= self.threshold[node]
             node = np.where(inner, np.where(go_left, left, self.children_right[node]), node)
+
+    def _leaf(self, x: list[float]) -> int:
+        """The leaf of one row, walked in plain Python: a serving request is one row, where
+        a handful of list look-ups per level beat the batched walk's array calls.  Same rule
+        and float64 comparisons as :meth:`leaves`."""
+        arrays = (self.children_left, self.children_right, self.feature, self.threshold)
+        if self._node_lists is None or any(a is not b for a, b in zip(self._node_lists[0], arrays)):
+            # keyed on the arrays themselves: fit_rde and dataclasses.replace swap them
+            self._node_lists = (arrays, tuple(a.tolist() for a in arrays))
+        left, right, feature, threshold = self._node_lists[1]
+        node = 0
+        while left[node] >= 0:
+            node = left[node] if x[feature[node]] <= threshold[node] else right[node]
+        return node
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """``[B, len(classes)]`` class probabilities (the leaf's class shares)."""

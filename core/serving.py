@@ -39,8 +39,9 @@ What a decision does
 1. **Episode state** (per ``episode_id``, in memory, dropped after ``episode_ttl_s`` —
    default 15 min — without a request): the policy version the episode runs on, its
    step index, how often each action was served (for business limits), the latest
-   tool result, and the trace of its last three served actions with their rewards and
-   times (the encoder's trace branch).  A new episode is pinned to the policy version
+   tool result (and its context row, once built), the trace of its last three served
+   actions with their rewards and times (the encoder's trace branch), and its query's
+   sentence embedding once computed.  A new episode is pinned to the policy version
    active when it starts: when the engine serves a promoted policy, the policies
    index (``index.json``) is checked at every episode start (its ``os.stat`` is
    cached) and a newly promoted version is loaded then — no restart; episodes already
@@ -106,15 +107,22 @@ value the encoder also sees for steps that do not exist.
 
 Latency: the baseline path is array code on one row (masks, tree) plus an in-memory
 audit append; the policy runs only on RL-Boost, as a TorchScript trace of the bundle's
-module checked against it at load (:func:`_compile_policy`), and the query's sentence
-embedding is computed once per query text (cached).  ``torch_threads=1`` suits a serving
-process.  ``decide_batch`` runs the same steps for many episodes at once.
+module checked against it at load (:func:`_compile_policy`), on a context row whose
+tool-result part is built once per result.  The sentence embedding is never on the
+baseline's path: a query is embedded when an RL-Boost first needs it (then that request
+waits for it: the one cost of serving a new query) or, after a new episode's first
+decision, on a background thread (``prefetch_intent``), so that its later requests find
+it ready; the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
+queries' (an embedder such as :func:`core.embed.workspace_embedder` adds its disk cache
+by text hash).  ``torch_threads=1`` suits a serving process.  ``decide_batch`` runs the
+same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import itertools
 import math
 import os
@@ -177,8 +185,9 @@ class ServingConfig:
     #: go to the review queue.
     review_risks: tuple[str, ...] = ("high",)
     review_confidence: float = 0.7
-    #: Start embedding a new episode's query when the episode starts (a background thread),
-    #: so that its first RL-Boost does not wait for the sentence model.
+    #: Embed a new episode's query on a background thread after its first decision (when
+    #: that decision did not need it), so that its later RL-Boosts do not wait for the
+    #: sentence model.
     prefetch_intent: bool = True
     #: torch intra-op threads for the policy (``torch.set_num_threads``, process-wide); None
     #: leaves torch's default.  1 suits a serving process: the policy runs on a few rows,
@@ -375,32 +384,72 @@ def alert_rules() -> str:
 
 
 # =========================================================================== request features
+#: Feature keys up to this length have their hash slot remembered (longer ones are free
+#: text that rarely comes back; the bound keeps the memo's memory small).
+SLOT_MEMO_KEY_CHARS = 160
+
+
+def _slot(key: str, buckets: int) -> tuple[int, float]:
+    """Hash bucket and ±1 sign of a feature key (:func:`core.state.hash_slots`): a served
+    step hashes the same few field names again and again, so short keys are remembered."""
+    return _memo_slot(key, buckets) if len(key) <= SLOT_MEMO_KEY_CHARS else _hash_slot(key, buckets)
+
+
+def _hash_slot(key: str, buckets: int) -> tuple[int, float]:
+    from core.state import hash_slots
+
+    bucket, sign = hash_slots([key], buckets)
+    return int(bucket[0]), float(sign[0])
+
+
+_memo_slot = functools.lru_cache(maxsize=16384)(_hash_slot)
+
+
+def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: int, num_buckets: int,
+                 cat_offset: int, cat_buckets: int, numeric: Mapping[str, Sequence[float]]) -> None:
+    """Write one step's ``(key, value)`` features into ``row`` as ``core.state``'s
+    scatter does for a batch (``_Scatter.write``): a number becomes its robust z (clipped
+    to ±Z_CLIP; skipped when the training statistics never saw the key) added at its
+    key's signed hashed slot; any other value adds ±1 at the slot of ``key=value``.
+    For one row of a dozen values plain Python is several times faster than the batched
+    array code, with the same float32 additions in the same order (tested equal to
+    extract_features)."""
+    from core.state import Z_CLIP
+
+    for key, value in items:
+        if isinstance(value, float):
+            ref = numeric.get(key)
+            if ref is None:
+                continue
+            bucket, sign = _slot(key, num_buckets)
+            z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
+            row[num_offset + bucket] += np.float32(sign * z)
+        else:
+            bucket, sign = _slot(f"{key}={value}", cat_buckets)
+            row[cat_offset + bucket] += np.float32(sign)
+
+
 def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:
     """``[CONTEXT_DIM]`` the tool-context row of one tool result, exactly as
     :func:`core.state.extract_features` builds it for a logged step: the tool's key
     result fields (numbers normalised by the training statistics, other values hashed),
     the tool's name slot and the error / not-replayed flags."""
-    from core.state import (
-        _O_CAT, _O_FLAGS, _O_NUM, _O_TOOL, CONTEXT_DIM, CTX_CAT, CTX_NUM, CTX_TOOL, _flatten_result,
-        _hash_slots, _parse_result, _Scatter)
+    from core.state import O_CAT, O_FLAGS, O_NUM, O_TOOL, CONTEXT_DIM, CTX_CAT, CTX_NUM, CTX_TOOL, \
+        flatten_result, parse_result
 
-    # The layout lives in core.state; its helpers are used here so that a served step
-    # and a logged one are featurised by the same code (tested against extract_features).
-    row = np.zeros((1, CONTEXT_DIM), dtype=np.float32)
+    # The layout and the result parser live in core.state, so that a served step and a
+    # logged one are featurised alike (tested against extract_features).
+    row = np.zeros(CONTEXT_DIM, dtype=np.float32)
     leaves: list[tuple[str, Any]] = []
     if result is not None:
-        _flatten_result(_parse_result(result), "", leaves)
+        flatten_result(parse_result(result), "", leaves)
     keep = frozenset(stats.key_fields.get(tool, ()))
-    scatter = _Scatter()
-    for path, value in leaves:
-        if path in keep:
-            scatter.add(0, f"{tool}:{path}", value)
-    scatter.write(row, _O_NUM, CTX_NUM, _O_CAT, CTX_CAT, stats.numeric, False)
-    slot, _ = _hash_slots([f"tool:{tool}"], CTX_TOOL)
-    row[0, _O_TOOL + int(slot[0])] = 1.0
-    row[0, _O_FLAGS + 1] = float(error is not None)
-    row[0, _O_FLAGS + 2] = float(not replayed)
-    return row[0]
+    _scatter_row(row, [(f"{tool}:{path}", value) for path, value in leaves if path in keep],
+                 O_NUM, CTX_NUM, O_CAT, CTX_CAT, stats.numeric)
+    row[O_TOOL + _slot(f"tool:{tool}", CTX_TOOL)[0]] = 1.0
+    row[O_FLAGS + 1] = float(error is not None)
+    row[O_FLAGS + 2] = float(not replayed)
+    return row
 
 
 def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: Mapping[str, Any] | None,
@@ -408,22 +457,23 @@ def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: 
     """``[CONTEXT_DIM]`` the encoder's context input at step ``step_t``: the latest result's
     row (``since`` steps ago; None = no result yet), the step flags and the observation's
     scalar state — as :func:`core.state.extract_features` computes it."""
-    from core.state import _O_FLAGS, _O_OBS_CAT, _O_OBS_NUM, CONTEXT_DIM, OBS_CAT, OBS_NUM, _Scatter
+    from core.state import O_FLAGS, O_OBS_CAT, O_OBS_NUM, CONTEXT_DIM, OBS_CAT, OBS_NUM
 
-    ctx = np.zeros((1, CONTEXT_DIM), dtype=np.float32)
     if result_row is not None:
-        ctx[0] = result_row
-        ctx[0, _O_FLAGS + 0] = 1.0
-    ctx[0, _O_FLAGS + 3] = math.log1p(since if result_row is not None else 0) / math.log1p(12)
-    ctx[0, _O_FLAGS + 4] = math.log1p(step_t) / math.log1p(12)
-    scatter = _Scatter()
+        ctx = result_row.copy()
+        ctx[O_FLAGS + 0] = 1.0
+    else:
+        ctx = np.zeros(CONTEXT_DIM, dtype=np.float32)
+    ctx[O_FLAGS + 3] = math.log1p(since if result_row is not None else 0) / math.log1p(12)
+    ctx[O_FLAGS + 4] = math.log1p(step_t) / math.log1p(12)
+    items = []
     for k, v in (state or {}).items():
         if isinstance(v, (bool, str)):
-            scatter.add(0, f"state:{k}", str(v).lower())
+            items.append((f"state:{k}", str(v).lower()))
         elif isinstance(v, (int, float)):
-            scatter.add(0, f"state:{k}", float(v))
-    scatter.write(ctx, _O_OBS_NUM, OBS_NUM, _O_OBS_CAT, OBS_CAT, stats.numeric, False)
-    return ctx[0]
+            items.append((f"state:{k}", float(v)))
+    _scatter_row(ctx, items, O_OBS_NUM, OBS_NUM, O_OBS_CAT, OBS_CAT, stats.numeric)
+    return ctx
 
 
 def trace_arrays(tokens: Sequence[int], times: Sequence[float], rewards: Sequence[float], now: float
@@ -529,9 +579,9 @@ class PolicyRuntime:
         self.risks = [t.risk for t in cat.tokens]
         self.escalate_id, self.final_id = cat.escalate_id, cat.final_id
         num = bundle.feature_stats.numeric
-        self.ood_keys = sorted(k.removeprefix("state:") for k in num if k.startswith("state:"))
-        self.ood_centre = np.array([num[f"state:{k}"][0] for k in self.ood_keys], dtype=np.float64)
-        self.ood_scale = np.array([num[f"state:{k}"][1] for k in self.ood_keys], dtype=np.float64)
+        #: (state feature, robust centre, robust scale) of every numeric training feature.
+        self.ood_reference = [(k.removeprefix("state:"), float(num[k][0]), float(num[k][1]))
+                              for k in sorted(num) if k.startswith("state:")]
         self.task_types = frozenset(bundle.rde.task_types)
         self.dataset = bundle.manifest.dataset
         self.masks: "CompiledMasks" = bundle.masks
@@ -569,12 +619,12 @@ class PolicyRuntime:
         notes = []
         if task_type is not None and task_type not in self.task_types:
             notes.append(f"task type {task_type!r} never seen in training")
-        if self.ood_keys:
-            x = np.array([_number(state.get(k)) for k in self.ood_keys], dtype=np.float64)
-            z = np.abs(x - self.ood_centre) / self.ood_scale
-            for j in np.flatnonzero(np.nan_to_num(z, nan=0.0) > ood_z):
-                notes.append(f"{self.ood_keys[j]} = {x[j]:g} is {z[j]:.1f} robust SDs from its training "
-                             f"centre {self.ood_centre[j]:g}")
+        # one row: a plain loop beats array calls; a missing or non-numeric value is no evidence
+        for key, centre, scale in self.ood_reference:
+            x = _number(state.get(key))
+            z = abs(x - centre) / scale
+            if z > ood_z:  # False for NaN
+                notes.append(f"{key} = {x:g} is {z:.1f} robust SDs from its training centre {centre:g}")
         return notes
 
     # ------------------------------------------------------------------ actions
@@ -583,9 +633,9 @@ class PolicyRuntime:
         act = self._actions.get(token)
         if act is None:
             # core.audit's own decoder: exported episodes read the same as `--catalog` decoding
-            from core.audit import _token_action
+            from core.audit import token_action
 
-            act = self._actions[token] = _token_action(self.catalog, token)
+            act = self._actions[token] = token_action(self.catalog, token)
         return act
 
 
@@ -615,6 +665,12 @@ class EpisodeState:
     #: The latest tool result (tool, result, error) and the step whose action produced it.
     result: tuple[str, Any, str | None] | None = None
     result_step: int = -1
+    #: The latest result's context row (:func:`result_context`), kept once RL-Boost built
+    #: it: the row only changes when a new result arrives.
+    result_row: np.ndarray | None = None
+    #: ``(query, sentence embedding, rule vector)`` kept once RL-Boost needed them: the
+    #: episode's later requests with the same query never look the embedding up again.
+    intent: tuple[str, np.ndarray, np.ndarray] | None = None
 
     @property
     def prev_token(self) -> int:
@@ -632,17 +688,32 @@ class _Row:
     state: dict[str, Any]
     #: The latest tool result as (tool, result, error), or None before the first one.
     result: tuple[str, Any, str | None] | None
-    trace: tuple[np.ndarray, np.ndarray, np.ndarray]
     #: The step index of this request, and how many steps ago the latest result came.
     step_t: int
     since: int
     ood_notes: list[str]
+    #: The decision time (the trace's Δt is measured to it).
+    now: float
+    #: The result's context row and the query's ``(embedding, rule vector)`` when known:
+    #: taken from the episode, or built by RL-Boost (the episode keeps them at commit).
+    result_row: np.ndarray | None = None
+    intent: tuple[np.ndarray, np.ndarray] | None = None
     decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def context(self, stats: Any) -> np.ndarray:
-        """The encoder's context input (only the policy needs it: computed on RL-Boost)."""
-        row = None if self.result is None else result_context(*self.result, stats)
-        return step_context(row, self.since, self.step_t, self.state, stats)
+        """The encoder's context input (only the policy needs it: computed on RL-Boost;
+        the result's part once per result)."""
+        if self.result is not None and self.result_row is None:
+            self.result_row = result_context(*self.result, stats)
+        return step_context(self.result_row, self.since, self.step_t, self.state, stats)
+
+    def trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The encoder's trace input (RL-Boost only).  While a decision holds the engine's
+        lock the episode's trace lists are only replaced, never changed in place (only
+        report_outcome does that, under the same lock), so this reads them as they were
+        when the request came."""
+        ep = self.episode
+        return trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, self.now)
 
 
 @dataclass
@@ -893,8 +964,6 @@ class DecisionEngine:
             now = self.clock()
             self._expire(now)
             rows = [self._prepare(i, r, now) for i, r in enumerate(parsed)]
-            if self.config.prefetch_intent:
-                self._prefetch_intents([r.request.query for r in rows if r.new_episode])
             groups: dict[int, list[_Row]] = {}
             for row in rows:  # episodes may run on different policy versions
                 groups.setdefault(id(row.episode.runtime), []).append(row)
@@ -902,6 +971,10 @@ class DecisionEngine:
             for group in groups.values():
                 for row, fields in zip(group, self._decide_group(group[0].episode.runtime, group, now, t0)):
                     made[row.index] = fields
+            if self.config.prefetch_intent:
+                # after the decisions, so that a new episode's first request does not share
+                # the CPU with its own embedding when the baseline answered it alone
+                self._prefetch_intents([r.request.query for r in rows if r.new_episode and r.intent is None])
             self.metrics.episodes.set(len(self._episodes))
             per = (time.perf_counter() - t0) / len(rows)
             for _ in rows:
@@ -923,11 +996,11 @@ class DecisionEngine:
                                  "action it could belong to)", field="last_result.tool", record=index)
             result, result_step = (tool, lr.result, lr.error), ep.step_t - 1
         state = dict(req.state)
-        trace = trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, now)
         notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
+        intent = ep.intent[1:] if ep.intent is not None and ep.intent[0] == req.query else None
         return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
-                    trace=trace, step_t=ep.step_t, since=ep.step_t - result_step if result else 0,
-                    ood_notes=notes)
+                    step_t=ep.step_t, since=ep.step_t - result_step if result else 0, ood_notes=notes,
+                    now=now, result_row=ep.result_row if req.last_result is None else None, intent=intent)
 
     def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
                       ) -> list[dict[str, Any]]:
@@ -1041,7 +1114,11 @@ class DecisionEngine:
 
         ep = r.episode
         if r.request.last_result is not None:
-            ep.result, ep.result_step = r.result, r.step_t - 1
+            ep.result, ep.result_step, ep.result_row = r.result, r.step_t - 1, r.result_row
+        elif r.result_row is not None:
+            ep.result_row = r.result_row
+        if r.intent is not None:
+            ep.intent = (r.request.query, *r.intent)
         ep.trace_tokens = (ep.trace_tokens + [token])[-TRACE_LEN:]
         ep.trace_times = (ep.trace_times + [now])[-TRACE_LEN:]
         ep.trace_rewards = (ep.trace_rewards + [0.0])[-TRACE_LEN:]
@@ -1073,64 +1150,105 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ RL-Boost
     def _prefetch_intents(self, queries: Sequence[str]) -> None:
-        """Start embedding the queries that are neither cached nor under way (one job)."""
+        """Start embedding, on the intent thread, the queries that are neither cached nor
+        under way (one job), so that a later RL-Boost finds them ready."""
         with self._intent_lock:
             new = [q for q in dict.fromkeys(queries) if q not in self._intents and q not in self._intent_jobs]
             if not new:
                 return
-            job = self._intent_pool.submit(self._embed, new)
+            job: concurrent.futures.Future = concurrent.futures.Future()
             for q in new:
                 self._intent_jobs[q] = job
+        self._intent_pool.submit(self._run_prefetch, new, job)
+
+    def _run_prefetch(self, queries: list[str], job: concurrent.futures.Future) -> None:
+        """The intent thread's job: embed, unless an RL-Boost took the job over (cancelled
+        it) while it waited in the queue."""
+        if job.set_running_or_notify_cancel():
+            self._embed_into(queries, job)
+
+    def _embed_into(self, queries: list[str], job: concurrent.futures.Future) -> None:
+        """Embed ``queries`` (registered under the running ``job``), cache their intents
+        and resolve ``job`` with them (or with the embedder's error); then drop the
+        registration.  The registration goes after the result, so a query is always
+        cached or under way while its embedding runs: nobody embeds it twice."""
+        try:
+            job.set_result(self._embed(queries))
+        except BaseException as exc:  # handed to whoever waits on the job
+            job.set_exception(exc)
+        finally:
+            with self._intent_lock:
+                for q in queries:
+                    if self._intent_jobs.get(q) is job:
+                        del self._intent_jobs[q]
 
     def _embed(self, queries: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Sentence embedding and rule vector of each query, kept in the cache and returned."""
         from core.state import extract_intent, intent_rule_vector
 
-        try:
-            emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
-            out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
-            with self._intent_lock:
-                for q, value in out.items():
-                    self._intents[q] = value
-                    self._intents.move_to_end(q)
-                while len(self._intents) > INTENT_CACHE_SIZE:
-                    self._intents.popitem(last=False)
-            return out
-        finally:
-            with self._intent_lock:
-                for q in queries:
-                    self._intent_jobs.pop(q, None)
-
-    def _intent(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``(intent_emb [B, 384], intent_rules [B, D])`` of the queries: from the cache,
-        from an embedding under way (waited for), or computed here."""
+        emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
+        out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
         with self._intent_lock:
-            jobs = {self._intent_jobs[q] for q in queries if q not in self._intents and q in self._intent_jobs}
-        for job in jobs:
-            job.result()  # raises what the embedder raised
+            for q, value in out.items():
+                self._intents[q] = value
+                self._intents.move_to_end(q)
+            while len(self._intents) > INTENT_CACHE_SIZE:
+                self._intents.popitem(last=False)
+        return out
+
+    def _intent(self, queries: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{query: (embedding, rule vector)}``: from the cache, from an embedding that is
+        running (waited for), or embedded here — also a prefetch still waiting in the
+        queue behind others, which is taken over (with its other queries) rather than
+        waited for.  What is embedded here is registered like a prefetch, so that nobody
+        else embeds it meanwhile.  Raises what the embedder raised."""
+        own: concurrent.futures.Future = concurrent.futures.Future()
+        own.set_running_or_notify_cancel()  # running from the start: nobody can take it over
         with self._intent_lock:
             got = {q: self._intents[q] for q in queries if q in self._intents}
             for q in got:
                 self._intents.move_to_end(q)
-        missing = [q for q in dict.fromkeys(queries) if q not in got]
+            needed = [q for q in dict.fromkeys(queries) if q not in got]
+            queued = {self._intent_jobs[q] for q in needed if q in self._intent_jobs}
+            taken = {job for job in queued if job.cancel()}
+            mine = [q for q, job in self._intent_jobs.items() if job in taken]
+            mine += [q for q in needed if q not in self._intent_jobs]
+            waits = queued - taken
+            for q in mine:
+                self._intent_jobs[q] = own
+        if mine:
+            self._embed_into(mine, own)
+            waits.add(own)
+        for job in waits:
+            try:
+                got.update(job.result())
+            except concurrent.futures.CancelledError:  # another RL-Boost took it over: ask again
+                pass
+        missing = [q for q in needed if q not in got]
+        return {**got, **self._intent(missing)} if missing else got
+
+    def _intents_of(self, rows: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
+        """``(intent_emb [B, 384], intent_rules [B, D])`` of the rows; a row whose episode
+        has no intent for its query yet gets one (kept by the episode at commit)."""
+        missing = [r for r in rows if r.intent is None]
         if missing:
-            got.update(self._embed(missing))
-        return np.stack([got[q][0] for q in queries]), np.stack([got[q][1] for q in queries])
+            found = self._intent([r.request.query for r in missing])
+            for r in missing:
+                r.intent = found[r.request.query]
+        return np.stack([r.intent[0] for r in rows]), np.stack([r.intent[1] for r in rows])
 
     def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
         """The policy's top-k allowed actions and the critic's reward estimates (worker thread)."""
         import torch
 
         from core.rl_common import MaskedCategorical
-        from core.state import _O_FLAGS
+        from core.state import O_FLAGS
 
         k = min(self.config.top_k, rt.n_actions)
         B = len(rows)
-        emb, rules = self._intent([r.request.query for r in rows])
+        emb, rules = self._intents_of(rows)
         context = np.stack([r.context(rt.bundle.feature_stats) for r in rows])
-        t_act = np.stack([r.trace[0] for r in rows])
-        t_rew = np.stack([r.trace[1] for r in rows])
-        t_dt = np.stack([r.trace[2] for r in rows])
+        t_act, t_rew, t_dt = (np.stack(parts) for parts in zip(*(r.trace() for r in rows)))
         obs = {"intent_emb": torch.from_numpy(emb), "intent_rules": torch.from_numpy(rules),
                "context": torch.from_numpy(context), "trace_action": torch.from_numpy(t_act),
                "trace_reward": torch.from_numpy(t_rew), "trace_dt": torch.from_numpy(t_dt)}
@@ -1146,11 +1264,11 @@ class DecisionEngine:
             rows_idx = np.repeat(np.arange(B), k + 1)
             a = acts.reshape(-1)
             nxt_ctx = context[rows_idx].copy()
-            has = nxt_ctx[:, _O_FLAGS + 0] > 0  # a result exists: it is one step older there
+            has = nxt_ctx[:, O_FLAGS + 0] > 0  # a result exists: it is one step older there
             since = np.array([r.since for r in rows])[rows_idx]
             step = np.array([r.step_t for r in rows])[rows_idx]
-            nxt_ctx[:, _O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
-            nxt_ctx[:, _O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
+            nxt_ctx[:, O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
+            nxt_ctx[:, O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
             nxt = {"intent_emb": torch.from_numpy(emb[rows_idx]), "intent_rules": torch.from_numpy(rules[rows_idx]),
                    "context": torch.from_numpy(nxt_ctx),
                    "trace_action": torch.from_numpy(np.concatenate(

@@ -399,6 +399,12 @@ def _hash_slots(keys: list[str], buckets: int) -> tuple[np.ndarray, np.ndarray]:
     return (h % np.uint64(buckets)).astype(np.int64), np.where((h >> np.uint64(40)) & np.uint64(1), 1.0, -1.0)
 
 
+# Public names of the context-row layout and helpers: core.serving builds a served step's
+# context row with them, exactly as extract_features builds a logged step's.
+O_NUM, O_CAT, O_TOOL, O_OBS_NUM, O_OBS_CAT, O_FLAGS = _O_NUM, _O_CAT, _O_TOOL, _O_OBS_NUM, _O_OBS_CAT, _O_FLAGS
+flatten_result, parse_result, hash_slots = _flatten_result, _parse_result, _hash_slots
+
+
 class _Scatter:
     """Collects ``(row, key, value)`` triples during parsing, then writes them vectorised."""
 

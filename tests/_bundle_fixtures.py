@@ -62,6 +62,14 @@ def hash_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_hash_embedder():
+    """Import this into a test module and every test of it embeds with the hash embedder."""
+    with pytest.MonkeyPatch.context() as mp:
+        hash_embedder(mp)
+        yield
+
+
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     """The shared workspace, run and bundle (built on first use in this process)."""
     if "run" in _CACHE:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _bundle_fixtures import PASSWORDS, hash_embedder, members, reseal, trained, write_zip
+# module_hash_embedder is autouse: every test here embeds with the hash embedder
+from _bundle_fixtures import PASSWORDS, members, module_hash_embedder, reseal, trained, write_zip  # noqa: F401
 from core.bundle import (
     BUNDLE_FILES,
     MANIFEST,
@@ -30,13 +31,6 @@ from core.bundle import (
     safetensors_problem,
     verify_bundle,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _hash_embedder():
-    with pytest.MonkeyPatch.context() as mp:
-        hash_embedder(mp)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -17,20 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from _bundle_fixtures import PASSWORDS, hash_embedder, reseal, trained
+# module_hash_embedder is autouse: every test here embeds with the hash embedder
+from _bundle_fixtures import PASSWORDS, module_hash_embedder, reseal, trained  # noqa: F401
 from core import registry
 from core.bundle import BundleError, load_bundle, verify_bundle
 from core.errors import ConflictError, InputError, PermissionDenied
 from core.policies import load_bundle_for, read_index
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _hash_embedder():
-    with pytest.MonkeyPatch.context() as mp:
-        hash_embedder(mp)
-        yield
 
 
 @pytest.fixture(scope="module")

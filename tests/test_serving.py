@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import yaml
 
-from _bundle_fixtures import hash_embedder, reseal, trained
+# module_hash_embedder is autouse: every test here embeds with the hash embedder
+from _bundle_fixtures import module_hash_embedder, reseal, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, registry, review
 from core.bundle import load_bundle
@@ -41,13 +42,6 @@ from core.store import Workspace
 from core.users import LOCAL_ADMIN
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _hash_embedder():
-    with pytest.MonkeyPatch.context() as mp:
-        hash_embedder(mp)
-        yield
 
 
 @pytest.fixture(scope="module")

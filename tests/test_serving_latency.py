@@ -1,0 +1,215 @@
+"""What keeps decide() fast (core.serving; measured by benchmarks/bench_decide.py), tested for
+not changing what it computes: the sentence embedding stays off the baseline's path and is
+computed once per episode, the tool-result part of the policy's context is built once per
+result, the one-row tree walk agrees with the batched one, and the buffered audit trail
+loses no record, not even through a failed background commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+
+import numpy as np
+import pytest
+
+# module_hash_embedder is autouse: every test here embeds with the hash embedder
+from _bundle_fixtures import module_hash_embedder, trained  # noqa: F401
+from _state_fixtures import HashEmbedder
+from core import audit, serving
+from core.bundle import load_bundle
+from core.serving import DecisionEngine, ServingConfig, result_context, step_context
+from core.store import Workspace
+from test_serving import STATE, _leaf_rde, _request, _tokens, _with_rde
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return load_bundle(trained(tmp_path_factory).bundle)
+
+
+@pytest.fixture()
+def ws(tmp_path):
+    w = Workspace.open(tmp_path / "serving-ws")
+    yield w
+    w.close()
+
+
+class CountingEmbedder(HashEmbedder):
+    """The hash embedder, keeping every text it was asked to embed; a call with a text in
+    ``hold`` waits until ``gate`` is opened, and ``started`` tells that such a call began."""
+
+    def __init__(self, hold: tuple[str, ...] = ()):
+        super().__init__()
+        self.texts: list[str] = []
+        self.hold = frozenset(hold)
+        self.started = threading.Event()
+        self.gate = threading.Event()
+
+    def encode(self, texts):
+        self.texts.extend(texts)
+        if self.hold & set(texts):
+            self.started.set()
+            assert self.gate.wait(10), "the embedding was never released"
+        return super().encode(texts)
+
+
+def _boosting(bundle):
+    """The bundle with a baseline at confidence 0.5: every request runs RL-Boost."""
+    l1, l2 = _tokens(bundle)[0][:2]
+    return _with_rde(bundle, {l1: 0.5, l2: 0.5})
+
+
+def _confident(bundle):
+    """The bundle with a baseline at confidence 1: no in-distribution request runs RL-Boost."""
+    return _with_rde(bundle, {_tokens(bundle)[0][0]: 1.0})
+
+
+# --------------------------------------------------------------------------- the sentence embedding
+def test_an_ongoing_episode_never_embeds_its_query_again(bundle, ws, monkeypatch):
+    monkeypatch.setattr(serving, "INTENT_CACHE_SIZE", 1)  # the engine's own cache forgets at once
+    emb = CountingEmbedder()
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=emb, config=ServingConfig(prefetch_intent=False))
+    a = _request("a")
+    b = {**_request("b"), "query": "Rebalance my portfolio away from the banks"}
+    for _ in range(3):  # interleaved: each query pushes the other out of the engine's cache
+        for req in (a, b):
+            assert engine.decide(req).rl_boost
+    assert emb.texts == [a["query"], b["query"]]
+    # a new query in a running episode is embedded once, then kept in its place
+    c = {**a, "query": "Now sell half of it"}
+    engine.decide(c)
+    engine.decide(c)
+    assert emb.texts == [a["query"], b["query"], c["query"]]
+    engine.close()
+
+
+def test_the_baseline_answers_without_the_embedding(bundle, ws):
+    emb = CountingEmbedder()
+    engine = DecisionEngine(ws, _confident(bundle), embedder=emb, config=ServingConfig(prefetch_intent=False))
+    decisions = [engine.decide(_request(f"e{i}")) for i in range(3)]
+    engine.close()
+    assert not any(d.rl_boost for d in decisions) and emb.texts == []
+
+
+def test_a_new_episode_is_embedded_in_the_background_after_its_first_decision(bundle, ws):
+    emb = CountingEmbedder(hold=(_request()["query"],))   # an embedding that waits to be released
+    engine = DecisionEngine(ws, _confident(bundle), embedder=emb)
+    t0 = time.perf_counter()
+    first = engine.decide(_request("new"))
+    assert time.perf_counter() - t0 < 5      # the decision did not wait for the held embedding
+    assert not first.rl_boost
+    assert emb.started.wait(5) and emb.texts == [_request()["query"]]   # … which started meanwhile
+    emb.gate.set()
+    # an out-of-distribution request runs RL-Boost: it uses the prefetched embedding
+    far = engine.decide(_request("new", state=dict(STATE, volatility=1e6)))
+    assert far.rl_boost and "out_of_distribution" in far.rl_boost_reasons
+    assert emb.texts == [_request()["query"]]
+    engine.close()
+
+
+def test_an_rl_boost_takes_over_a_queued_embedding_instead_of_waiting_behind_others(bundle, ws):
+    stuck, mine = "Explain the Q3 report of CATL", "Cut my BYD position by a third"
+    emb = CountingEmbedder(hold=(stuck,))
+    engine = DecisionEngine(ws, _confident(bundle), embedder=emb)
+    engine.decide({**_request("a"), "query": stuck})      # its prefetch holds the intent thread …
+    assert emb.started.wait(5)
+    engine.decide({**_request("b"), "query": mine})       # … and this one's waits in the queue
+    far = engine.decide({**_request("b", state=dict(STATE, volatility=1e6)), "query": mine})
+    assert far.rl_boost and not far.timed_out and far.rl_candidates   # embedded here, in time
+    emb.gate.set()
+    engine.close()
+    assert sorted(emb.texts) == sorted([stuck, mine])     # the queued job never ran: once each
+
+
+def test_an_embedder_error_reaches_the_request_that_needs_it(bundle, ws):
+    class Failing(HashEmbedder):
+        def encode(self, texts):
+            raise RuntimeError("the sentence model is gone")
+
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=Failing())
+    with pytest.raises(RuntimeError, match="sentence model is gone"):
+        engine.decide(_request("x"))
+    engine.close()
+    assert audit.stats(ws)["records"] == 0   # nothing was served
+
+
+# --------------------------------------------------------------------------- the policy's context
+def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(bundle, ws):
+    stats = bundle.feature_stats
+    numeric = {t: [f for f in fields if f"{t}:{f}" in stats.numeric] for t, fields in stats.key_fields.items()}
+    tool, fields = next((t, f) for t, f in numeric.items() if f)  # fields the context normalises
+    result_a = {path: 1.5 for path in fields}
+    result_b = {path: -3.0 for path in fields}
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=HashEmbedder())
+    rt = engine.runtime
+    seen, forward = [], rt.forward
+
+    def spy(obs):
+        if len(obs["context"]) == 1:  # the current state (the lookahead rows come after)
+            seen.append(obs["context"][0].numpy().copy())
+        return forward(obs)
+
+    rt.forward = spy
+    # (last_result sent with the request, the result in force, steps since it came)
+    plan = [(None, None, 0), (result_a, result_a, 1), (None, result_a, 2), (result_b, result_b, 1),
+            (None, result_b, 2)]
+    for t, (sent, _, _) in enumerate(plan):
+        extra = {} if sent is None else {"last_result": {"tool": tool, "result": sent}}
+        assert engine.decide(_request("ctx", **extra)).rl_boost
+    engine.close()
+    assert len(seen) == len(plan)
+    for t, (_, in_force, since) in enumerate(plan):
+        row = None if in_force is None else result_context(tool, in_force, None, stats)
+        np.testing.assert_array_equal(seen[t], step_context(row, since, t, STATE, stats))
+    assert not np.array_equal(seen[2], seen[4])   # the replaced result shows
+
+
+# --------------------------------------------------------------------------- the RDE tree
+def test_the_one_row_tree_walk_agrees_with_the_batched_walk(bundle):
+    rde = bundle.rde
+    smoke = bundle.smoke
+    X = rde.featurize(smoke["states"], smoke["task_types"], np.zeros(len(smoke["states"]), np.int64),
+                      np.full(len(smoke["states"]), -2))
+    rng = np.random.default_rng(0)
+    # rows mixing the columns of different states reach other leaves too
+    mixed = np.stack([X[rng.integers(len(X), size=X.shape[1]), np.arange(X.shape[1])] for _ in range(200)])
+    rows = np.concatenate([X, mixed])
+    batch = rde.leaves(rows)
+    assert [int(rde.leaves(rows[i:i + 1])[0]) for i in range(len(rows))] == batch.tolist()
+    assert len(set(batch.tolist())) > 3
+    # a tree whose arrays are swapped after a walk (as fit_rde does) is walked anew
+    one_leaf = _leaf_rde(rde, {0: 1.0})
+    assert one_leaf.leaves(rows[:1]).tolist() == [0] != rde.leaves(rows[:1]).tolist()
+    for name in ("children_left", "children_right", "feature", "threshold", "value", "classes"):
+        setattr(one_leaf, name, getattr(rde, name))
+    assert one_leaf.leaves(rows[:1]).tolist() == rde.leaves(rows[:1]).tolist()
+
+
+# --------------------------------------------------------------------------- the audit trail
+def test_buffered_audit_records_survive_background_commits_and_a_failed_one(bundle, ws, monkeypatch):
+    insert, failures = audit._insert_rows, []
+
+    def locked_once(conn, rows):
+        if not failures:
+            failures.append(len(rows))
+            raise sqlite3.OperationalError("database is locked")
+        return insert(conn, rows)
+
+    monkeypatch.setattr(audit, "_insert_rows", locked_once)
+    engine = DecisionEngine(ws, bundle, embedder=HashEmbedder(),
+                            config=ServingConfig(audit_batch_size=4, audit_flush_interval_s=0.02))
+    decisions = []
+    for step in range(5):
+        for e in range(6):
+            extra = {"last_result": {"tool": "get_kline", "result": {"close": 10.0 + step}}} if step else {}
+            decisions.append(engine.decide(_request(f"ep{e}", **extra)))
+        time.sleep(0.05)  # let the background commits run (the first one fails)
+    engine.close()
+    assert failures, "no background commit ran"
+    rows = ws.conn.execute("SELECT decision_id, input_hash, request FROM audit").fetchall()
+    assert sorted(r[0] for r in rows) == sorted(d.decision_id for d in decisions)
+    # the request kept beside each record is the very text its input_hash hashes
+    assert all(hashlib.sha256(req.encode()).hexdigest() == h for _, h, req in rows)
