@@ -81,10 +81,15 @@ class DemoSizes:
     map_points: int
     tune_trials: int
     serve_episodes: int
+    #: width of the policy's hidden layers and PPO passes per batch (the full demo trains
+    #: the default 2×256 network; the test suite's a small one)
+    hidden: int = 256
+    update_epochs: int = 4
 
 
-FULL = DemoSizes(episodes=300, train_steps=40_960, map_points=2000, tune_trials=150, serve_episodes=6)
-SMALL = DemoSizes(episodes=120, train_steps=8192, map_points=500, tune_trials=25, serve_episodes=3)
+FULL = DemoSizes(episodes=1000, train_steps=200_704, map_points=2000, tune_trials=150, serve_episodes=6)
+SMALL = DemoSizes(episodes=120, train_steps=8192, map_points=500, tune_trials=25, serve_episodes=3,
+                  hidden=128, update_epochs=2)
 
 
 @dataclass
@@ -334,14 +339,14 @@ def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], N
 
 # --------------------------------------------------------------------------- 5. training
 def demo_training_config(sizes: DemoSizes, seed: int = 0):
-    """The short run's settings: a small network and quick curriculum unlocks, so the
-    run reaches L3 (high-risk review) within the demo's budget.  ``high_risk_repeat`` 2:
+    """The run's settings: the network and passes of ``sizes`` and quick curriculum
+    unlocks, so the run reaches L3 (high-risk review) within the demo's budget.  ``high_risk_repeat`` 2:
     a high-risk action taken twice in a row goes to review (3 in the seed; a short run
     rarely repeats one that often)."""
     from core.ppo import PPOConfig
 
-    return PPOConfig(total_steps=sizes.train_steps, n_envs=64, rollout_len=16, update_epochs=2,
-                     n_minibatches=2, hidden=128, n_critics=3, bc_epochs=30, eval_every=2,
+    return PPOConfig(total_steps=sizes.train_steps, n_envs=64, rollout_len=16, update_epochs=sizes.update_epochs,
+                     n_minibatches=2, hidden=sizes.hidden, n_critics=3, bc_epochs=30, eval_every=2,
                      l0_min_updates=1, l0_max_updates=2, l2_progress=0.0, l3_progress=0.0,
                      unlock_patience=1, high_risk_repeat=2, max_review_items=20, checkpoint_every=5,
                      train_encoder=False, device="cpu", threads=1, seed=seed).validate()
