@@ -214,6 +214,20 @@ def test_evaluate_on_the_heldout_split_and_a_file(ws, finished, tmp_path):
     assert set(r["logged"]) == {"expert", "noisy", "hacker"}
     assert r["best_logged"]["behaviour"] == max(r["logged"], key=r["logged"].get)
     assert r["margin_over_random"] > 0.5
+    # paired: per behaviour, the policy from that behaviour's own held-out start states
+    from core.runs import open_run
+
+    data = open_run(ws, finished, need_policy=False).data
+    labels = [data.tables.behaviours[i] for i in data.heldout_episodes.tolist()]
+    assert set(r["paired"]) == set(r["logged"])
+    for behaviour, pair in r["paired"].items():
+        assert pair["episodes"] == labels.count(behaviour)
+        assert pair["logged"] == r["logged"][behaviour]
+        assert pair["margin"] == pytest.approx(pair["policy"] - pair["logged"])
+    best = r["paired"][r["best_logged"]["behaviour"]]
+    assert r["beats_best_logged"] == (best["policy"] >= best["logged"])
+    # the episodes of all behaviours together are the whole held-out set, run the same way
+    assert sum(p["episodes"] for p in r["paired"].values()) == r["episodes"]
     # a held-out file of the same tools: other episodes of the sample
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
     held = tmp_path / "held.jsonl"
