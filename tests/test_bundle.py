@@ -43,7 +43,7 @@ def loaded(run) -> LoadedBundle:
     return load_bundle(run.bundle)
 
 
-def _refused(path: Path, *words: str) -> str:
+def assert_refused(path: Path, *words: str) -> str:
     """Assert verify and load both refuse ``path``; returns the reason."""
     report = verify_bundle(path)
     assert not report.ok, "the tampered bundle was accepted"
@@ -135,7 +135,7 @@ def test_flipping_a_byte_of_any_file_is_refused(run, tmp_path, name, position):
     i = {"first": 0, "middle": len(data) // 2, "last": len(data) - 1}[position]
     data[i] ^= 0xFF
     files[name] = bytes(data)
-    reason = _refused(write_zip(tmp_path / "flipped.zip", files))
+    reason = assert_refused(write_zip(tmp_path / "flipped.zip", files))
     assert name in reason or (name == MANIFEST and "manifest" in reason)
 
 
@@ -147,7 +147,7 @@ def test_a_flipped_byte_in_the_compressed_archive_is_refused(run, tmp_path):
     raw[info.header_offset + 30 + len(info.filename) + 64] ^= 0x01
     path = tmp_path / "corrupt.zip"
     path.write_bytes(bytes(raw))
-    _refused(path, "policy.safetensors")
+    assert_refused(path, "policy.safetensors")
 
 
 def test_an_edited_manifest_is_refused_even_when_it_stays_valid_json(run, tmp_path):
@@ -155,19 +155,19 @@ def test_an_edited_manifest_is_refused_even_when_it_stays_valid_json(run, tmp_pa
     manifest = json.loads(files[MANIFEST])
     manifest["evaluation"]["policy"]["return_mean"] = 99.0  # brag, keeping the old digest
     files[MANIFEST] = (json.dumps(manifest, sort_keys=True, indent=2) + "\n").encode()
-    _refused(write_zip(tmp_path / "brag.zip", files), "manifest.json was changed")
+    assert_refused(write_zip(tmp_path / "brag.zip", files), "manifest.json was changed")
 
 
 # --------------------------------------------------------------------------- tampering: files and paths
 def test_an_added_file_is_refused(run, tmp_path):
     files = {**members(run.bundle), "notes.txt": b"harmless?"}
-    _refused(write_zip(tmp_path / "extra.zip", files), "extra file 'notes.txt'")
+    assert_refused(write_zip(tmp_path / "extra.zip", files), "extra file 'notes.txt'")
 
 
 def test_a_missing_file_is_refused(run, tmp_path):
     files = members(run.bundle)
     del files["rde.json"]
-    _refused(write_zip(tmp_path / "missing.zip", files), "missing file 'rde.json'")
+    assert_refused(write_zip(tmp_path / "missing.zip", files), "missing file 'rde.json'")
 
 
 @pytest.mark.parametrize("entry, words", [
@@ -180,13 +180,13 @@ def test_a_missing_file_is_refused(run, tmp_path):
 ])
 def test_paths_escaping_the_bundle_are_refused(run, tmp_path, entry, words):
     files = {**members(run.bundle), entry: b"{}"}
-    _refused(write_zip(tmp_path / "slip.zip", files), *words)
+    assert_refused(write_zip(tmp_path / "slip.zip", files), *words)
 
 
 def test_a_symbolic_link_is_refused(run, tmp_path):
     files = members(run.bundle)
     files["template.yaml"] = b"/etc/passwd"  # a link's target is stored as its content
-    _refused(write_zip(tmp_path / "link.zip", files, symlinks=("template.yaml",)), "symbolic link")
+    assert_refused(write_zip(tmp_path / "link.zip", files, symlinks=("template.yaml",)), "symbolic link")
 
 
 def test_a_promoted_folder_with_a_link_or_subfolder_is_refused(run, tmp_path):
@@ -196,11 +196,11 @@ def test_a_promoted_folder_with_a_link_or_subfolder_is_refused(run, tmp_path):
         (folder / name).write_bytes(data)
     assert verify_bundle(folder).ok
     (folder / "sub").mkdir()
-    _refused(folder, "'sub' is not a plain file")
+    assert_refused(folder, "'sub' is not a plain file")
     (folder / "sub").rmdir()
     os.replace(folder / "rde.json", tmp_path / "rde.json")
     os.symlink(tmp_path / "rde.json", folder / "rde.json")
-    _refused(folder, "symbolic link")
+    assert_refused(folder, "symbolic link")
 
 
 # --------------------------------------------------------------------------- tampering: pickle payloads
@@ -217,7 +217,7 @@ class _Payload:
 def test_a_pickle_file_added_to_the_bundle_is_refused(run, tmp_path):
     sentinel = tmp_path / "pwned"
     files = {**members(run.bundle), "policy.pkl": pickle.dumps(_Payload(sentinel), protocol=4)}
-    _refused(write_zip(tmp_path / "pkl.zip", files), "pickle")
+    assert_refused(write_zip(tmp_path / "pkl.zip", files), "pickle")
     assert not sentinel.exists()
 
 
@@ -228,7 +228,7 @@ def test_a_pickle_in_place_of_a_file_is_refused_even_with_matching_hashes(run, t
     path = reseal(run.bundle, tmp_path / "resealed.zip", files={target: payload})
     report = verify_bundle(path)
     assert [c["check"] for c in report.checks if not c["ok"]] == ["pickle"]
-    _refused(path, f"{target!r} is a pickle")
+    assert_refused(path, f"{target!r} is a pickle")
     assert not sentinel.exists()
 
 
@@ -240,7 +240,7 @@ def test_torch_save_weights_are_refused_even_with_matching_hashes(run, tmp_path,
     buf = io.BytesIO()
     torch.save(loaded.policy.state_dict(), buf)  # a zip of pickles
     path = reseal(run.bundle, tmp_path / "torchsave.zip", files={"policy.safetensors": buf.getvalue()})
-    _refused(path, "zip inside the bundle")
+    assert_refused(path, "zip inside the bundle")
 
 
 # --------------------------------------------------------------------------- contents and smoke run
@@ -251,7 +251,7 @@ def test_weights_that_do_not_fit_the_module_are_refused(run, tmp_path):
     weights = load(members(run.bundle)["policy.safetensors"])
     weights["actor.4.weight"] = torch.zeros(3, 3)
     path = reseal(run.bundle, tmp_path / "shape.zip", files={"policy.safetensors": save(weights)})
-    _refused(path, "policy.safetensors", "actor.4.weight")
+    assert_refused(path, "policy.safetensors", "actor.4.weight")
 
 
 def test_a_policy_with_non_finite_logits_fails_the_smoke_run(run, tmp_path):
@@ -264,13 +264,13 @@ def test_a_policy_with_non_finite_logits_fails_the_smoke_run(run, tmp_path):
     path = reseal(run.bundle, tmp_path / "overflow.zip", files={"policy.safetensors": save(weights)})
     report = verify_bundle(path)
     assert [c["check"] for c in report.checks if not c["ok"]] == ["smoke"]
-    _refused(path, "non-finite logits")
+    assert_refused(path, "non-finite logits")
 
 
 def test_masks_that_do_not_fit_the_catalog_are_refused(run, tmp_path):
     rules = b"version: 1\nrules:\n  - name: ghost\n    kind: risk\n    targets: {tools: [no_such_tool]}\n"
     path = reseal(run.bundle, tmp_path / "masks.zip", files={"masks.yaml": rules})
-    _refused(path, "masks.yaml")
+    assert_refused(path, "masks.yaml")
 
 
 def test_safetensors_header_checker():
