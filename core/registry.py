@@ -509,6 +509,23 @@ def _locked(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _index_change(ws: "Workspace", base: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Under the policies folder's lock: one workspace transaction and a copy of
+    ``index.json`` to edit.  The edited index is written last, inside the transaction; any
+    failure up to the commit puts the old index back."""
+    with _locked(base):
+        old_index = read_index(base)
+        index = json.loads(json.dumps(old_index))
+        try:
+            with ws.transaction() as conn:
+                yield conn, index
+                _write_index(base, index)
+        except BaseException:
+            _write_index(base, old_index)
+            raise
+
+
 def _write_index(root: Path, index: Mapping[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".json.tmp", dir=root)
     try:
@@ -564,35 +581,25 @@ def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
     active in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
     authorize(ws, actor, "promote")
     base = policies_root(root)
-    with _locked(base):
-        old_index = read_index(base)
-        try:
-            with ws.transaction() as conn:
-                events = _events(conn, name)
-                stage, stack = _replay(events)
-                row = _row(conn, name, version)
-                if stage.get(version) != "approved":
-                    raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an "
-                                        "approved version can be promoted (approve it first)")
-                sealed = _install(base, row, _approvals(events, version))
-                index = json.loads(json.dumps(old_index))
-                entry = _index_entry(index, name)
-                previous = stack[-1] if stack else None
-                entry["previous"] = ([previous] if previous else []) + [v for v in entry.get("previous", [])
-                                                                        if v not in (previous, version)]
-                entry["active"] = version
-                entry["versions"][version] = {"manifest_digest": sealed.digest, "promoted_at": _now_iso(),
-                                              "promoted_by": actor.name, "run_id": sealed.run_id,
-                                              "approved_by": [a.by for a in sealed.approvals]}
-                entry["updated_at"] = _now_iso()
-                _event(conn, name, version, "promoted", actor, comment,
-                       {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest})
-                # the index is replaced last, inside the transaction: a failure up to the
-                # commit restores the old one below
-                _write_index(base, index)
-        except BaseException:
-            _write_index(base, old_index)
-            raise
+    with _index_change(ws, base) as (conn, index):
+        events = _events(conn, name)
+        stage, stack = _replay(events)
+        row = _row(conn, name, version)
+        if stage.get(version) != "approved":
+            raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an "
+                                "approved version can be promoted (approve it first)")
+        sealed = _install(base, row, _approvals(events, version))
+        entry = _index_entry(index, name)
+        previous = stack[-1] if stack else None
+        entry["previous"] = ([previous] if previous else []) + [v for v in entry.get("previous", [])
+                                                                if v not in (previous, version)]
+        entry["active"] = version
+        entry["versions"][version] = {"manifest_digest": sealed.digest, "promoted_at": _now_iso(),
+                                      "promoted_by": actor.name, "run_id": sealed.run_id,
+                                      "approved_by": [a.by for a in sealed.approvals]}
+        entry["updated_at"] = _now_iso()
+        _event(conn, name, version, "promoted", actor, comment,
+               {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest})
     return {"name": name, **read_index(base)["policies"][name]}
 
 
@@ -605,41 +612,32 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
     rewritten from the registry's copy when it is missing or damaged there."""
     authorize(ws, actor, "rollback")
     base = policies_root(root)
-    with _locked(base):
-        old_index = read_index(base)
-        try:
-            with ws.transaction() as conn:
-                events = _events(conn, name)
-                _, stack = _replay(events)
-                if len(stack) < 2:
-                    what = f"only {stack[-1]} was ever promoted" if stack else "nothing was promoted"
-                    raise ConflictError(f"{name} has no previous production version to roll back to ({what})")
-                current, previous = stack[-1], stack[-2]
-                row = _row(conn, name, previous)
-                folder = base / name / previous
-                index = json.loads(json.dumps(old_index))
-                entry = _index_entry(index, name)
-                recorded = entry["versions"].get(previous, {})
-                ok = folder.is_dir() and verify_bundle(folder).ok and \
-                    Manifest.model_validate_json((folder / MANIFEST).read_bytes()).digest == \
-                    recorded.get("manifest_digest")
-                if not ok:
-                    sealed = _install(base, row, _approvals(events, previous))
-                    recorded = {**recorded, "manifest_digest": sealed.digest, "reinstalled_at": _now_iso()}
-                entry["versions"][previous] = recorded
-                entry["active"] = previous
-                entry["previous"] = list(reversed(stack[:-2]))
-                entry.setdefault("rolled_back", []).append({"version": current, "at": _now_iso(), "by": actor.name})
-                entry["updated_at"] = _now_iso()
-                _event(conn, name, previous, "rolled_back", actor, comment,
-                       {"from": current, "reinstalled": not ok})
-                _write_index(base, index)
-        except BaseException:
-            _write_index(base, old_index)
-            raise
+    with _index_change(ws, base) as (conn, index):
+        events = _events(conn, name)
+        _, stack = _replay(events)
+        if len(stack) < 2:
+            what = f"only {stack[-1]} was ever promoted" if stack else "nothing was promoted"
+            raise ConflictError(f"{name} has no previous production version to roll back to ({what})")
+        current, previous = stack[-1], stack[-2]
+        row = _row(conn, name, previous)
+        folder = base / name / previous
+        entry = _index_entry(index, name)
+        recorded = entry["versions"].get(previous, {})
+        ok = folder.is_dir() and verify_bundle(folder).ok and \
+            Manifest.model_validate_json((folder / MANIFEST).read_bytes()).digest == \
+            recorded.get("manifest_digest")
+        if not ok:
+            sealed = _install(base, row, _approvals(events, previous))
+            recorded = {**recorded, "manifest_digest": sealed.digest, "reinstalled_at": _now_iso()}
+        entry["versions"][previous] = recorded
+        entry["active"] = previous
+        entry["previous"] = list(reversed(stack[:-2]))
+        entry.setdefault("rolled_back", []).append({"version": current, "at": _now_iso(), "by": actor.name})
+        entry["updated_at"] = _now_iso()
+        _event(conn, name, previous, "rolled_back", actor, comment, {"from": current, "reinstalled": not ok})
     return {"name": name, **read_index(base)["policies"][name]}
 
 
-__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "compare_versions", "get_version",
-           "bundle_bytes", "history", "list_versions", "next_version", "policy_names", "previous_version", "production_version", "promote", "promotion_gate", "register",
-           "rollback"]
+__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "bundle_bytes",
+           "compare_versions", "get_version", "history", "list_versions", "next_version", "policy_names",
+           "previous_version", "production_version", "promote", "promotion_gate", "register", "rollback"]
