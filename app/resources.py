@@ -13,8 +13,25 @@ import streamlit as st
 
 from core.catalog import Catalog, catalog_for_dataset
 from core.episode_views import dataset_version
-from core.store import Workspace, default_workspace_path
+from core.errors import RwbError
+from core.store import Workspace, WorkspaceError, default_workspace_path
 from core.workspace_setup import WorkspaceStatus, init_workspace
+
+#: What a page shows as a message instead of a traceback: the errors core raises for bad
+#: input, missing rights, conflicts and unreadable workspaces.
+USER_ERRORS = (RwbError, WorkspaceError)
+
+
+def flash(key: str, kind: str, text: str) -> None:
+    """Keep a message for the page's next run (a button's callback runs before it)."""
+    st.session_state[key] = (kind, text)
+
+
+def show_flash(key: str) -> None:
+    """Show, once, the message :func:`flash` kept under ``key`` (error, info or success)."""
+    kept = st.session_state.pop(key, None)
+    if kept is not None:
+        {"error": st.error, "info": st.info}.get(kept[0], st.success)(kept[1])
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.users import Actor

@@ -9,10 +9,8 @@ import streamlit as st
 
 from app import resources
 from core import audit
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 
 st.title("Audit")
 st.caption("One append-only record per decision the engine served: the input's hash, the baseline's "

@@ -6,10 +6,8 @@ import streamlit as st
 
 from app import resources
 from core import runs
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}
 
 st.title("Diagnostics")

@@ -15,10 +15,8 @@ from core.episode_views import (
     list_episodes,
     show_episode,
 )
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 
 st.title("Episodes")
 st.caption("Recorded agent runs: import a log file, browse its episodes, and read one step by step — "

@@ -9,12 +9,10 @@ import streamlit as st
 from app import resources
 from core import registry
 from core.bundle import export_bundle, exported_bundle_bytes, list_bundles
-from core.errors import RwbError
 from core.policies import policies_root, read_index
 from core.runs import list_runs
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 FLASH = "policies_flash"
 
 st.title("Policies")
@@ -36,9 +34,9 @@ def _run_action(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     try:
         fn(*args, **kwargs)
     except USER_ERRORS as exc:
-        st.session_state[FLASH] = ("error", f"{label}: {exc}")
+        resources.flash(FLASH, "error", f"{label}: {exc}")
     else:
-        st.session_state[FLASH] = ("success", f"{label}: done")
+        resources.flash(FLASH, "success", f"{label}: done")
 
 
 if actor is None:
@@ -46,9 +44,7 @@ if actor is None:
             "Everything here can still be read.")
 else:
     st.caption(f"Acting as **{actor.name}** ({actor.role}).")
-flash = st.session_state.pop(FLASH, None)
-if flash is not None:
-    (st.error if flash[0] == "error" else st.success)(flash[1])
+resources.show_flash(FLASH)
 
 registry_tab, runs_tab, compare_tab, history_tab = st.tabs(["Registry", "Runs & bundles", "Compare", "History"])
 

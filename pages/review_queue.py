@@ -8,10 +8,8 @@ import streamlit as st
 
 from app import resources
 from core import review
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 FLASH = "review_flash"
 CURRENT = "review_item_id"
 
@@ -31,23 +29,23 @@ def _act(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     try:
         result = fn(*args, **kwargs)
     except USER_ERRORS as exc:
-        st.session_state[FLASH] = ("error", f"{label}: {exc}")
+        resources.flash(FLASH, "error", f"{label}: {exc}")
         return
     resources.refresh_review_queue()
     if fn is review.claim:
         if result is None:
-            st.session_state[FLASH] = ("info", "Nothing to claim: the queue has no open items.")
+            resources.flash(FLASH, "info", "Nothing to claim: the queue has no open items.")
             return
         st.session_state[CURRENT] = result["id"]
-        st.session_state[FLASH] = ("success", f"Claimed item #{result['id']}.")
+        resources.flash(FLASH, "success", f"Claimed item #{result['id']}.")
     elif fn is review.decide:
         st.session_state.pop(CURRENT, None)
         outcome = ("labelled as reasonable exploration (training data)" if result["decision"] == "approve"
                    else "now a mask rule")
-        st.session_state[FLASH] = ("success", f"Item #{result['id']} {result['decision']}d: {outcome}.")
+        resources.flash(FLASH, "success", f"Item #{result['id']} {result['decision']}d: {outcome}.")
     else:
         st.session_state.pop(CURRENT, None)
-        st.session_state[FLASH] = ("success", f"Item #{result['id']} is back in the queue.")
+        resources.flash(FLASH, "success", f"Item #{result['id']} is back in the queue.")
 
 
 if actor is None:
@@ -58,9 +56,7 @@ elif not can_review:
             "can still be read.")
 else:
     st.caption(f"Acting as **{actor.name}** ({actor.role}).")
-flash = st.session_state.pop(FLASH, None)
-if flash is not None:
-    {"error": st.error, "info": st.info}.get(flash[0], st.success)(flash[1])
+resources.show_flash(FLASH)
 
 # --------------------------------------------------------------------------- statistics
 stats = resources.review_queue_stats()

@@ -5,13 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
-from core.errors import RwbError
 from core.rewards import views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
-from core.store import WorkspaceError
 from core.users import current_user
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 
 st.title("Reward Pyramid")
 st.caption("Pick a reward template and a dataset, move the weights, change component parameters and "

@@ -5,10 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 
 st.title("State Explorer")
 st.caption("Where the agent's states lie: a t-SNE map of the encoded states (each point is one step), "

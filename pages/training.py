@@ -6,10 +6,8 @@ import streamlit as st
 
 from app import resources
 from core import runs
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 FLASH = "train_flash"
 #: Seconds between refreshes of the live curves while a shown run is running.
 REFRESH_S = 2.0
@@ -21,9 +19,7 @@ st.caption("Train a masked PPO policy against a reward template on a dataset: th
 
 ws = resources.workspace()
 actor = resources.acting_user()
-flash = st.session_state.pop(FLASH, None)
-if flash is not None:
-    (st.error if flash[0] == "error" else st.success)(flash[1])
+resources.show_flash(FLASH)
 
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 
@@ -72,9 +68,9 @@ with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
             try:
                 started = runs.launch_run(ws, actor, template=template, dataset=dataset, config=settings)
             except USER_ERRORS as exc:
-                st.session_state[FLASH] = ("error", f"Could not launch: {exc}")
+                resources.flash(FLASH, "error", f"Could not launch: {exc}")
             else:
-                st.session_state[FLASH] = ("success", f"Launched {started['run_id']} (process {started['pid']}).")
+                resources.flash(FLASH, "success", f"Launched {started['run_id']} (process {started['pid']}).")
                 st.session_state["train_show"] = started["run_id"]
             st.rerun()
 

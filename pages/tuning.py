@@ -6,10 +6,8 @@ import streamlit as st
 
 from app import resources
 from core import tuning
-from core.errors import RwbError
-from core.store import WorkspaceError
 
-USER_ERRORS = (RwbError, WorkspaceError)
+USER_ERRORS = resources.USER_ERRORS
 FLASH = "tune_flash"
 #: Seconds between refreshes of a running study.
 REFRESH_S = 2.0
@@ -21,9 +19,7 @@ st.caption("Let Optuna search the pyramid's weights so that its returns rank suc
 
 ws = resources.workspace()
 actor = resources.acting_user()
-flash = st.session_state.pop(FLASH, None)
-if flash is not None:
-    (st.error if flash[0] == "error" else st.success)(flash[1])
+resources.show_flash(FLASH)
 
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 studies_tab, start_tab, prefs_tab = st.tabs(["Studies", "Start a study", "Preference labels"])
@@ -70,9 +66,9 @@ with start_tab:
                                                trials=int(trials), study=study_name.strip() or None,
                                                bounds=bounds, fixed=fixed)
             except USER_ERRORS as exc:
-                st.session_state[FLASH] = ("error", f"Could not start: {exc}")
+                resources.flash(FLASH, "error", f"Could not start: {exc}")
             else:
-                st.session_state[FLASH] = ("success", f"Started study {started['study']} "
+                resources.flash(FLASH, "success", f"Started study {started['study']} "
                                                       f"(worker process {started['pid']}).")
                 st.session_state["tune_show"] = started["study"]
             st.rerun()
