@@ -56,31 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core import audit  # noqa: E402
+from core.embed import HashEmbedder  # noqa: E402
 from core.serving import DecisionEngine, ServingConfig  # noqa: E402
 from core.store import Workspace  # noqa: E402
 from core.users import LOCAL_ADMIN  # noqa: E402
 
 TARGET_MS = 2.0
-
-
-class HashEmbedder:
-    """Deterministic stand-in for the sentence model (``--hash-embedder``), with the
-    ``stats`` counters of :class:`core.embed.Embedder` (the reward components read them)."""
-
-    def __init__(self) -> None:
-        self.stats = {"hits": 0, "encoded": 0}
-
-    def encode(self, texts):
-        import hashlib
-
-        out = np.zeros((len(texts), 384), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in str(t).lower().split():
-                seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
-                out[i] += np.random.default_rng(seed).standard_normal(384).astype(np.float32)
-            out[i] /= max(float(np.linalg.norm(out[i])), 1e-12)
-        self.stats["encoded"] += len(texts)
-        return out
 
 
 class TimedEmbedder:

@@ -46,6 +46,28 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+class HashEmbedder:
+    """A deterministic stand-in for the sentence model (unit tests, ``--hash-embedder`` in
+    the benchmarks, a served test policy trained with it): texts that share words get
+    correlated unit vectors.  Same ``encode`` and ``stats`` as :class:`Embedder`; no model,
+    no cache."""
+
+    dim = 384
+
+    def __init__(self) -> None:
+        self.stats = {"hits": 0, "encoded": 0}
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in str(t).lower().split():
+                seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
+                out[i] += np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+            out[i] /= max(float(np.linalg.norm(out[i])), 1e-12)
+        self.stats["encoded"] += len(texts)
+        return out
+
+
 class Embedder:
     """Batch encoder with a persistent cache.  ``encode`` returns L2-normalised float32 rows.
 

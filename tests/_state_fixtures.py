@@ -7,10 +7,9 @@ some episodes and latencies on all steps, one failed call and one invalid call.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
+from core.embed import HashEmbedder  # noqa: F401 (the tests import it from here)
 from core.episodes import Action, Episode, Outcome, Step, Task, ToolSchema
 
 TOOLS = [
@@ -84,25 +83,6 @@ def make_episodes(n: int = 60, seed: int = 0) -> list[Episode]:
                            outcome=Outcome(resolved=bool(rng.random() < 0.7), final_reward=float(rng.uniform())),
                            behaviour=["expert", "noisy"][i % 2]))
     return out
-
-
-class HashEmbedder:
-    """A deterministic stand-in for the sentence embedder (no model load in unit tests):
-    texts that share words get correlated unit vectors."""
-
-    def __init__(self) -> None:
-        self.stats = {"hits": 0, "encoded": 0}
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), 384), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in str(t).lower().split():
-                seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
-                out[i] += np.random.default_rng(seed).standard_normal(384).astype(np.float32)
-            n = np.linalg.norm(out[i])
-            out[i] = out[i] / n if n > 0 else out[i]
-        self.stats["encoded"] += len(texts)
-        return out
 
 
 def dataset_workspace(path, episodes=None, name: str = "fx"):

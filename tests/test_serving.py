@@ -452,25 +452,15 @@ def test_a_new_promoted_version_is_served_from_the_next_episode_start(run, promo
 
 
 PRODUCTION = textwrap.dedent("""
-    import hashlib, json, sys
-    import numpy as np
+    import json, sys
+    from core.embed import HashEmbedder  # the sentence model the tiny test policy was trained with
     from core.serving import load
     from core.store import Workspace
     from core import audit
 
-    class Embedder:  # the sentence model the tiny test policy was trained with
-        def encode(self, texts):
-            out = np.zeros((len(texts), 384), dtype=np.float32)
-            for i, t in enumerate(texts):
-                for w in str(t).lower().split():
-                    seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
-                    out[i] += np.random.default_rng(seed).standard_normal(384).astype(np.float32)
-                out[i] /= max(float(np.linalg.norm(out[i])), 1e-12)
-            return out
-
     ws = Workspace.open()
     requests = [json.loads(line) for line in sys.stdin]
-    with load("svc", ws=ws, embedder=Embedder()) as engine:
+    with load("svc", ws=ws, embedder=HashEmbedder()) as engine:
         decisions = [engine.decide(r) for r in requests]
     print(json.dumps({"decisions": [[d.policy_version, d.final_action] for d in decisions],
                       "records": audit.stats(ws)["records"],
