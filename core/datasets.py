@@ -306,8 +306,8 @@ def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
     """Generate episodes straight into an rwb JSONL file (what ``rwb datasets generate``
     does); memory stays bounded by one chunk.  The bytes equal ``write_jsonl(generate(...))``.
 
-    ``behaviours`` keeps only the episodes of those behaviours among the ``n_episodes``
-    generated — e.g. ``("noisy", "hacker")``: the logs of an imperfect agent, with no expert
+    ``behaviours`` (names, or one comma-separated string) keeps only the episodes of those
+    behaviours among the ``n_episodes`` generated — e.g. ``("noisy", "hacker")``: the logs of an imperfect agent, with no expert
     demonstration to imitate.  Returns the :func:`summarize` figures (of what was written)
     plus the output path, size and sha256."""
     _check_domain(domain)
@@ -341,6 +341,8 @@ def _check_behaviours(domain: str, behaviours: Sequence[str] | None) -> set[str]
     """The behaviours to keep (None: all); unknown names are refused, naming the known ones."""
     if behaviours is None:
         return None
+    if isinstance(behaviours, str):     # "noisy,hacker", as the command line writes it
+        behaviours = behaviours.split(",")
     known = _MODULES[domain].BEHAVIOURS
     wanted = [b.strip() for b in behaviours if b.strip()]
     unknown = sorted(set(wanted) - set(known))

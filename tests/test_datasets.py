@@ -436,6 +436,9 @@ def test_cli_generate_prints_one_json_summary(tmp_path, capsys):
     assert rwb(["datasets", "generate", "--domain", "crypto", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "unknown domain" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+    same = datasets.generate_file("finance", 40, 5, tmp_path / "same.jsonl", behaviours="noisy, hacker")
+    assert (tmp_path / "same.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()
+    assert same["behaviours"] == part["behaviours"]
     assert rwb(["datasets", "generate", "--domain", "finance", "--episodes", "0", "--out", str(out)]) == 2
     assert "positive integer" in capsys.readouterr().err
     assert rwb(["datasets", "generate", "--domain", "finance", "--out", str(tmp_path)]) == 2  # a folder
@@ -488,6 +491,9 @@ def test_behaviours_keeps_only_the_named_ones(tmp_path):
     with pytest.raises(InputError, match="unknown finance behaviours pro: choose among expert, noisy, hacker"):
         datasets.generate_file("finance", 5, 5, tmp_path / "x.jsonl", behaviours=["pro"])
     assert not (tmp_path / "x.jsonl").exists()
+    same = datasets.generate_file("finance", 40, 5, tmp_path / "same.jsonl", behaviours="noisy, hacker")
+    assert (tmp_path / "same.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()
+    assert same["behaviours"] == part["behaviours"]
     assert rwb(["datasets", "generate", "--domain", "finance", "-n", "40", "--seed", "5", "--behaviours",
                 "noisy,hacker", "--out", str(tmp_path / "cli.jsonl"), "--json"]) == 0
     assert (tmp_path / "cli.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()

@@ -26,7 +26,7 @@ def generate(
     """Write N generated episodes of a domain (with its tool schemas) as rwb JSONL."""
     from core.datasets import generate_file
 
-    keep = behaviours.split(",") if behaviours else None
+    keep = behaviours or None
     if as_json:
         print_json(generate_file(domain, episodes, seed, out, behaviours=keep))
         return
