@@ -436,9 +436,6 @@ def test_cli_generate_prints_one_json_summary(tmp_path, capsys):
     assert rwb(["datasets", "generate", "--domain", "crypto", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "unknown domain" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
-    same = datasets.generate_file("finance", 40, 5, tmp_path / "same.jsonl", behaviours="noisy, hacker")
-    assert (tmp_path / "same.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()
-    assert same["behaviours"] == part["behaviours"]
     assert rwb(["datasets", "generate", "--domain", "finance", "--episodes", "0", "--out", str(out)]) == 2
     assert "positive integer" in capsys.readouterr().err
     assert rwb(["datasets", "generate", "--domain", "finance", "--out", str(tmp_path)]) == 2  # a folder
