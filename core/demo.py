@@ -340,15 +340,16 @@ def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], N
 # --------------------------------------------------------------------------- 5. training
 def demo_training_config(sizes: DemoSizes, seed: int = 0):
     """The run's settings: the network and passes of ``sizes`` and quick curriculum
-    unlocks, so the run reaches L3 (high-risk review) within the demo's budget.  ``high_risk_repeat`` 2:
-    a high-risk action taken twice in a row goes to review (3 in the seed; a short run
-    rarely repeats one that often)."""
+    unlocks, so the run reaches L3 (high-risk review) within the demo's budget.  ``high_risk_repeat`` 1:
+    every high-risk action taken at L3 goes to review (the seed: 3 in a row).  A short run
+    almost never repeats one now that repeats are charged (``duplicate_calls``), so with 2
+    or 3 the demo would often have nothing to review."""
     from core.ppo import PPOConfig
 
     return PPOConfig(total_steps=sizes.train_steps, n_envs=64, rollout_len=16, update_epochs=sizes.update_epochs,
                      n_minibatches=2, hidden=sizes.hidden, n_critics=3, bc_epochs=30, eval_every=2,
                      l0_min_updates=1, l0_max_updates=2, l2_progress=0.0, l3_progress=0.0,
-                     unlock_patience=1, high_risk_repeat=2, max_review_items=20, checkpoint_every=5,
+                     unlock_patience=1, high_risk_repeat=1, max_review_items=20, checkpoint_every=5,
                      train_encoder=False, device="cpu", threads=1, seed=seed).validate()
 
 

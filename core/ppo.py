@@ -751,8 +751,8 @@ def _review_requests(data: TrainingData, flags: torch.Tensor, actions: torch.Ten
             state[name] = v
         comps = dict(zip(tb.component_names, components[t, b].cpu().tolist()))
         out.append(ReviewRequest(
-            origin="training", reason=f"curriculum L3: the policy took the high-risk action {token.label} "
-                                      f"{repeat} times in a row",
+            origin="training", reason=(f"curriculum L3: the policy took the high-risk action {token.label} "
+                                       + (f"{repeat} times in a row" if repeat > 1 else "while exploring")),
             state=state, token_id=token.id, token_name=token.name, action_label=token.label, tool=token.tool,
             risk=token.risk, reward_components=comps, task_type=tb.task_types[e], dataset=data.dataset,
             confidence=float(probs[t, b]), run_id=run_id, episode_id=tb.episode_ids[e],

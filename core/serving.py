@@ -411,22 +411,30 @@ def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: 
     scatter does for a batch (``_Scatter.write``): a number becomes its robust z (clipped
     to ±Z_CLIP; skipped when the training statistics never saw the key) added at its
     key's signed hashed slot; any other value adds ±1 at the slot of ``key=value``.
-    For one row of a dozen values plain Python is several times faster than the batched
-    array code, with the same float32 additions in the same order (tested equal to
-    extract_features)."""
-    from core.state import Z_CLIP
+    Every number is written a second time on a log scale (``core.state.LOG_SUFFIX``),
+    after all the plain ones, as the batch does.  For one row of a dozen values plain
+    Python is several times faster than the batched array code, with the same float32
+    additions in the same order (tested equal to extract_features)."""
+    from core.state import LOG_SUFFIX, Z_CLIP
 
+    def add_number(key: str, value: float) -> None:
+        ref = numeric.get(key)
+        if ref is None:
+            return
+        bucket, sign = _slot(key, num_buckets)
+        z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
+        row[num_offset + bucket] += np.float32(sign * z)
+
+    numbers = []
     for key, value in items:
         if isinstance(value, float):
-            ref = numeric.get(key)
-            if ref is None:
-                continue
-            bucket, sign = _slot(key, num_buckets)
-            z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
-            row[num_offset + bucket] += np.float32(sign * z)
+            add_number(key, value)
+            numbers.append((key, value))
         else:
             bucket, sign = _slot(f"{key}={value}", cat_buckets)
             row[cat_offset + bucket] += np.float32(sign)
+    for key, value in numbers:
+        add_number(key + LOG_SUFFIX, math.copysign(math.log1p(abs(value)), value))
 
 
 def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:

@@ -8,9 +8,10 @@ When it acts:
 * **follow the log** — the action is the one logged at the pointer: the step's pyramid
   reward is earned and the pointer moves to the next logged step;
 * **counterfactual** — another action: a recorded step where that action was taken in a
-  similar state (same task type, same k-means state cluster) is drawn uniformly; its
-  reward and components are earned and the environment continues from that step's
-  successor in its own episode;
+  similar state (same task type, same k-means state cluster) is drawn uniformly — among
+  the steps reached the way the environment came (the same last ``history_match``
+  actions, then fewer) when there are any; its reward and components are earned and the
+  environment continues from that step's successor in its own episode;
 * **off-support** — no recorded step took that action in a similar state: the step
   reward is ``off_support_penalty`` (no component credit) and the pointer advances along
   the environment's own log.  The share of such steps is reported.
@@ -23,9 +24,10 @@ was never answered, so ``R_final`` is ``unanswered_outcome`` (default: the worst
 outcome) — and when an off-support step runs past the end of the environment's own log.
 
 Penalties that depend on the episode's own history (``duplicate_calls``: a call repeated
-within the episode) are recomputed from the environment's own actions whenever it leaves
-the log — a counterfactual repeat is a repeat, whatever the drawn step's episode did —
-and kept as recorded while it follows the log (so a followed log earns its own return).
+within the episode) are recomputed from the environment's own actions once it has left
+its own log — a counterfactual repeat is a repeat, whatever the drawn step's episode did,
+also when the environment then follows that episode's log — and kept as recorded while
+it follows its own log from the start (so a followed log earns its own return).
 
 Rewards (template ``a, b, γ``): the pyramid's per-step total ``r`` (gating applied) of the
 step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final/γ^t`` on the
@@ -96,6 +98,12 @@ class SimConfig:
     #: policy could pad every episode to the cap with positively rewarded calls and never
     #: be charged for leaving the user without an answer.
     unanswered_outcome: float | None = None
+    #: Counterfactual draws prefer recorded steps whose last ``history_match`` logged
+    #: actions are the environment's own last actions (then one fewer, …, then any step of
+    #: the bucket).  A state is more alike when the way into it is: without this, a draw
+    #: lands as often in an episode that slipped just before (a failed call, a wrong tool)
+    #: as in one that took the same path, and inherits its later outcome.
+    history_match: int = 2
     #: Seed of the clustering (the environments have their own seed).
     seed: int = 0
 
@@ -107,6 +115,9 @@ class SimConfig:
         if int(self.min_cluster_steps) < 1:
             raise InputError(f"min_cluster_steps must be at least 1, not {self.min_cluster_steps}",
                              field="min_cluster_steps")
+        if not 0 <= int(self.history_match) <= TRACE_LEN:
+            raise InputError(f"history_match must lie in 0..{TRACE_LEN}, not {self.history_match}",
+                             field="history_match")
         if not np.isfinite(self.off_support_penalty):
             raise InputError("off_support_penalty must be a finite number", field="off_support_penalty")
         if self.unanswered_outcome is not None and not np.isfinite(self.unanswered_outcome):
@@ -134,6 +145,9 @@ class SimTables:
     template's return), ``task_code``, ``intent_emb``, ``intent_rules``.
     Counterfactual table (CSR over bucket ``(task_code·K + cluster)·A + token``):
     ``bucket_offsets [T·K·A + 1]`` and ``bucket_steps`` (recorded steps, sorted by bucket).
+    History-matched draws, for k = 1 … ``config.history_match``: ``history_keys_k`` (the
+    bucket and the log's last k action tokens as one sorted key, :func:`history_key`) and
+    ``history_steps_k`` (the recorded steps in that order).
     """
 
     n_actions: int
@@ -238,6 +252,26 @@ def _as_rules(masks: MaskRules | str | Path | None) -> MaskRules:
     raise InputError(f"masks must be mask rules or a YAML file, not {type(masks).__name__}", field="masks")
 
 
+def history_key(bucket: torch.Tensor, trace: torch.Tensor, k: int, n_actions: int) -> torch.Tensor:
+    """One int64 key of a counterfactual bucket and the last ``k`` actions of a trace
+    (newest first; PAD_TOKEN where there was none, -1 an invalid call)."""
+    key = bucket.long()
+    for j in range(k):
+        key = key * (n_actions + 3) + (trace[:, j].long() - PAD_TOKEN)
+    return key
+
+
+def _history_tables(step_bucket: np.ndarray, trace_action: np.ndarray, k: int, n_actions: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``(sorted keys, steps)`` of the recorded steps with a valid action, by
+    :func:`history_key` of their bucket and their log's last ``k`` actions."""
+    steps = np.flatnonzero(step_bucket >= 0)
+    keys = history_key(torch.as_tensor(step_bucket[steps]), torch.as_tensor(trace_action[steps]), k,
+                       n_actions).numpy()
+    order = np.argsort(keys, kind="stable")
+    return keys[order], steps[order]
+
+
 def state_clusters(raw: RawStateFeatures, task_code: np.ndarray, n_clusters: int, seed: int = 0,
                    min_cluster_steps: int = 1) -> np.ndarray:
     """``[N]`` k-means cluster of every recorded step's state, within its task type.
@@ -317,9 +351,24 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     terminal_token = np.zeros(A, dtype=bool)
     terminal_token[catalog.final_id] = True
     # Own-history penalties (duplicate_calls): column, weight × per, cap; the tool-call tokens.
+    from core.rewards.template import build_component
+
     history = [(c, spec.weight * float(spec.params_with_defaults()["per"]), int(spec.params_with_defaults()["cap"]))
                for c, spec in enumerate(template.step_components) if spec.component == "duplicate_calls"]
     call_token = np.array([tok.kind == "tool_call" for tok in catalog.tokens], dtype=bool)
+    # Which earlier own actions count as a repeat of each token, per such component: a
+    # class per token (its tool, when the component matches whole tools, else the token
+    # itself), offset per component into one flat counter row of H·(tools + A) cells.
+    tool_names = sorted({tok.tool for tok in catalog.tokens if tok.tool})
+    tool_index = {t: i for i, t in enumerate(tool_names)}
+    n_class = len(tool_names) + A
+    history_class = np.zeros((len(history), A), dtype=np.int64)
+    for h, (c, _, _) in enumerate(history):
+        comp = build_component(template.step_components[c])
+        whole = dict(zip(tool_names, comp.by_tool(tool_names)))
+        history_class[h] = [h * n_class + (tool_index[tok.tool] if tok.tool and whole[tok.tool]
+                                           else len(tool_names) + a)
+                            for a, tok in enumerate(catalog.tokens)]
     finals = np.asarray(result.final, dtype=np.float64)
     finals = finals[np.isfinite(finals)]
     unanswered = (float(config.unanswered_outcome) if config.unanswered_outcome is not None
@@ -348,8 +397,12 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
         "history_cols": t(np.array([h[0] for h in history], dtype=np.int64), torch.int64),
         "history_coef": t(np.array([h[1] for h in history], dtype=np.float64), torch.float64),
         "history_cap": t(np.array([h[2] for h in history], dtype=np.int64), torch.int64),
+        "history_class": t(history_class, torch.int64),
         "unanswered": t(np.array(unanswered, dtype=np.float64), torch.float64),
     }
+    for k in range(1, int(config.history_match) + 1):
+        keys, steps = _history_tables(step_bucket, raw.trace_action, k, A)
+        tensors[f"history_keys_{k}"], tensors[f"history_steps_{k}"] = t(keys, torch.int64), t(steps, torch.int64)
     return SimTables(
         n_actions=A, n_components=len(template.step_components),
         component_names=[c.name for c in template.step_components], catalog=catalog, mask_rules=rules,
@@ -448,14 +501,34 @@ def support_table(tables: SimTables, episodes: torch.Tensor | None = None) -> tu
     (all when None): an environment trained on some episodes draws outcomes only from them."""
     if episodes is None:
         return tables.bucket_offsets, tables.bucket_steps
-    keep = torch.zeros(tables.n_episodes, dtype=torch.bool, device=tables.device)
-    keep[episodes.to(tables.device).long()] = True
+    keep = _episode_keep(tables, episodes)
     steps = tables.bucket_steps
     steps = steps[keep[tables.step_episode[steps]]]           # order (by bucket) is kept
     n_buckets = tables.bucket_offsets.shape[0] - 1
     offsets = torch.searchsorted(tables.step_bucket[steps],
                                  torch.arange(n_buckets + 1, device=tables.device))
     return offsets, steps
+
+
+def history_support(tables: SimTables, episodes: torch.Tensor | None = None
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The history-matched draw tables ``[(sorted keys, steps)]`` for k = 1, 2, …,
+    restricted like :func:`support_table`."""
+    out = []
+    keep = None if episodes is None else _episode_keep(tables, episodes)
+    for k in range(1, int(tables.config.history_match) + 1):
+        keys, steps = tables.tensors[f"history_keys_{k}"], tables.tensors[f"history_steps_{k}"]
+        if keep is not None:
+            sel = keep[tables.step_episode[steps]]            # the key order is kept
+            keys, steps = keys[sel], steps[sel]
+        out.append((keys, steps))
+    return out
+
+
+def _episode_keep(tables: SimTables, episodes: torch.Tensor) -> torch.Tensor:
+    keep = torch.zeros(tables.n_episodes, dtype=torch.bool, device=tables.device)
+    keep[episodes.to(tables.device).long()] = True
+    return keep
 
 
 class BatchedSim:
@@ -501,6 +574,9 @@ class BatchedSim:
         else:
             support = self._episode_index(support_episodes)
         self.bucket_offsets, self.bucket_steps = support_table(tb, support)
+        self.history_tables = history_support(tb, support)
+        #: Look up only the rows that need it (CPU) or every row, sync-free (accelerators).
+        self.subset_rows = self.device.type == "cpu"
 
         rules = _merge_rules(tb.mask_rules, extra_mask_rules)
         self.compiled_masks = tb.compiled_masks if rules is tb.mask_rules else rules.compile(tb.catalog)
@@ -521,12 +597,17 @@ class BatchedSim:
         self._unanswered = tb.unanswered.reshape(())
         self._history_cols, self._history_coef = tb.history_cols, tb.history_coef
         self._history_cap = tb.history_cap
+        # [A, H] flat counter cell of each token per own-history component
+        self._history_class = tb.history_class.t().contiguous()
+        n_cells = int(tb.history_class.max()) + 1 if tb.history_class.numel() else 0
 
         dev = self.device
         # Environment state.
         self.pointer = torch.zeros(B, dtype=torch.int64, device=dev)        # recorded step the env stands on
         self.episode = torch.zeros(B, dtype=torch.int64, device=dev)        # start episode (intent, task type)
         self.t = torch.zeros(B, dtype=torch.int64, device=dev)              # steps taken in this episode
+        # Still on the log of the start episode, every action so far the logged one?
+        self.on_own_log = torch.ones(B, dtype=torch.bool, device=dev)
         # Own action counts (business limits read them); they never exceed the step cap,
         # so a byte per entry keeps the [B, A] table small.
         # (uint8 on the CPU, where bandwidth is short; int32 on accelerators, whose
@@ -534,6 +615,8 @@ class BatchedSim:
         small = self.device.type == "cpu" and int(self.config.step_cap) <= 255
         count_dtype = torch.uint8 if small else torch.int32
         self.counts = torch.zeros((B, self.n_actions), dtype=count_dtype, device=dev)
+        # the same own actions counted per repeat class of the own-history components
+        self.history_counts = torch.zeros((B, n_cells), dtype=count_dtype, device=dev)
         # The request's features change only when an episode starts: per-env buffers,
         # rewritten row-wise at a reset instead of gathered every step.
         self.intent_emb = torch.zeros((B, tb.intent_emb.shape[1]), dtype=torch.float32, device=dev)
@@ -577,6 +660,7 @@ class BatchedSim:
         self.episode = torch.where(rows, start, self.episode)
         self.pointer = torch.where(rows, tb.ep_start[start], self.pointer)
         self.t = torch.where(rows, 0, self.t)
+        self.on_own_log = self.on_own_log | rows
         self.trace_action.masked_fill_(r1, PAD_TOKEN)
         self.trace_reward.masked_fill_(r1, 0.0)
         self.trace_elapsed.masked_fill_(r1, 0.0)
@@ -587,11 +671,13 @@ class BatchedSim:
             idx = rows.nonzero().squeeze(1)
             ep = start.index_select(0, idx)
             self.counts.index_fill_(0, idx, 0)
+            self.history_counts.index_fill_(0, idx, 0)
             self.intent_emb.index_copy_(0, idx, tb.intent_emb.index_select(0, ep))
             self.intent_rules.index_copy_(0, idx, tb.intent_rules.index_select(0, ep))
         else:
             # On an accelerator full-width writes avoid a host synchronisation.
             self.counts.masked_fill_(r1, 0)
+            self.history_counts.masked_fill_(r1, 0)
             self.intent_emb = torch.where(r1, tb.intent_emb.index_select(0, start), self.intent_emb)
             self.intent_rules = torch.where(r1, tb.intent_rules.index_select(0, start), self.intent_rules)
 
@@ -646,6 +732,31 @@ class BatchedSim:
         self._started = True
         return self._observe(), self.mask
 
+    def _history_draw(self, drawn: torch.Tensor, bucket: torch.Tensor, draw: torch.Tensor,
+                      counterfactual: torch.Tensor) -> torch.Tensor:
+        """The counterfactual picks again, among the bucket's steps reached the way each
+        environment came (its own last k actions; the longest match wins, none keeps
+        ``drawn``).  On the CPU only the counterfactual rows are looked up (a host-side
+        index is free there); on an accelerator every row, to avoid a synchronisation."""
+        rows = counterfactual.nonzero().squeeze(1) if self.subset_rows else None
+        if rows is not None:
+            if not rows.numel():
+                return drawn
+            bucket, draw, trace = bucket.index_select(0, rows), draw.index_select(0, rows), \
+                self.trace_action.index_select(0, rows)
+            picked = drawn.index_select(0, rows)
+        else:
+            trace, picked = self.trace_action, drawn
+        for k, (keys, steps) in enumerate(self.history_tables, start=1):
+            if not keys.shape[0]:
+                continue
+            key = history_key(bucket, trace, k, self.n_actions)
+            lo = torch.searchsorted(keys, key)
+            n = torch.searchsorted(keys, key, right=True) - lo
+            pick = (lo + draw % n.clamp_min(1)).clamp_max(keys.shape[0] - 1)
+            picked = torch.where(n > 0, steps.index_select(0, pick), picked)
+        return picked if rows is None else drawn.index_copy(0, rows, picked)
+
     def logged_actions(self) -> torch.Tensor:
         """Long[B]: the token logged at each environment's current recorded step (-1 = INVALID)."""
         return self.tables.token.index_select(0, self.pointer)
@@ -689,6 +800,8 @@ class BatchedSim:
             drawn = self.bucket_steps.index_select(0, pick)
         else:
             drawn = ptr
+        if self.history_tables:
+            drawn = self._history_draw(drawn, bucket, draw[:, 0], ~followed & (support > 0))
         recorded = followed | (support > 0)
         off_support = ~recorded
         # followed: the own step; counterfactual: the drawn one; off-support: the own log's
@@ -699,11 +812,16 @@ class BatchedSim:
         comps = tb.components.index_select(0, used) * recorded[:, None]
         if self._history_cols.numel():
             # Own-history penalties: off the log, what this environment's own calls earn.
-            seen = self.counts.gather(1, token[:, None]).long()                    # [B, 1] earlier own calls
+            cells = self._history_class.index_select(0, token)                    # [B, H]
+            seen = self.history_counts.gather(1, cells).long()                     # earlier own repeats
             own = (-self._history_coef * torch.minimum(seen, self._history_cap).double()
                    * tb.call_token.index_select(0, token)[:, None])                 # [B, H]
             was = comps.index_select(1, self._history_cols).double()
-            adjust = torch.where((~followed & ~replay_invalid)[:, None], own - was, torch.zeros_like(own))
+            # the recorded value holds only while the environment is still on its own log
+            # from the start: after any departure its history is its own, even where it
+            # then follows another episode's log (whose earlier calls it never made)
+            recompute = ~(followed & self.on_own_log) & ~replay_invalid
+            adjust = torch.where(recompute[:, None], own - was, torch.zeros_like(own))
             r64 = r64 + adjust.sum(1)
             comps.index_add_(1, self._history_cols, adjust.float())
 
@@ -734,6 +852,10 @@ class BatchedSim:
         cell = self._arange * self.n_actions + token
         flat = self.counts.view(-1)
         flat.scatter_(0, cell, flat.gather(0, cell) + (~replay_invalid).to(flat.dtype))
+        if self._history_cols.numel():
+            # distinct cells per row (one per component), so no atomics are needed either
+            self.history_counts.scatter_add_(1, cells, (~replay_invalid)[:, None].to(self.history_counts.dtype)
+                                             .expand_as(cells).contiguous())
         dt = dt.float()[:, None]
         self.trace_action = torch.cat([actions[:, None], self.trace_action[:, :-1]], dim=1)
         self.trace_reward = torch.cat([r32[:, None], self.trace_reward[:, :-1]], dim=1)
@@ -742,6 +864,7 @@ class BatchedSim:
         start_episode = self.episode
         length = torch.where(done, t_next, 0)
         self.t = t_next
+        self.on_own_log = self.on_own_log & followed
         # Past the end of a log there is no next state: the environment stays on its last
         # step (until it is reset); a truncated one shows the state it would have gone on from.
         self.pointer = torch.where(end_of_log, used, used + 1)
@@ -921,4 +1044,5 @@ class RecordedEpisodeEnv(gymnasium.Env):
 
 __all__ = ["BatchedSim", "OBS_KEYS", "RecordedEpisodeEnv", "SimConfig", "SimStep", "SimTables",
            "build_sim_tables", "build_sim_tables_from", "flatten_obs", "logged_returns", "obs_dim",
-           "random_masked_actions", "split_episodes", "state_clusters", "support_table"]
+           "random_masked_actions", "split_episodes", "state_clusters", "support_table", "history_key",
+           "history_support"]

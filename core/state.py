@@ -60,7 +60,7 @@ from core.errors import InputError
 
 #: Bump when the raw feature layout or its meaning changes: cached artifacts of
 #: another version are recomputed.
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 #: Steps of history in the trace encoder (S000: the last 3 steps).
 TRACE_LEN = 3
 #: Token id the catalog gives an invalid call, and the one used for "no step here".
@@ -119,7 +119,30 @@ TARGETS: dict[str, tuple[str, ...]] = {
 }
 TARGET_KINDS: tuple[str, ...] = (*TARGETS, "other")
 #: Buckets for the hashed target string (symbol or target word).
-TARGET_BUCKETS = 16
+TARGET_BUCKETS = 64
+
+#: Share of a holding said in words ("sell three quarters of my position"), read like a
+#: percentage.  Each phrase must be followed by "of" in English, so "half-year" or "all
+#: day" are not shares.
+FRACTION_WORDS: dict[str, float] = {
+    "a quarter of": 0.25, "one quarter of": 0.25, "a fourth of": 0.25,
+    "a third of": 1 / 3, "one third of": 1 / 3, "half of": 0.5, "a half of": 0.5, "one half of": 0.5,
+    "two thirds of": 2 / 3, "three quarters of": 0.75, "three fourths of": 0.75,
+    "all of": 1.0, "the whole of": 1.0,
+    "四分之一": 0.25, "三分之一": 1 / 3, "一半": 0.5, "三分之二": 2 / 3, "四分之三": 0.75, "全部": 1.0,
+}
+_FRACTION_TABLE: dict[str, tuple[str, ...]] = {
+    str(v): tuple(w for w, x in FRACTION_WORDS.items() if x == v) for v in set(FRACTION_WORDS.values())}
+#: Reporting periods a request names ("Q3 2024 results", "the half-year report").
+PERIODS: dict[str, tuple[str, ...]] = {
+    "q1": ("q1", "first-quarter", "first quarter", "1q", "一季度", "一季报"),
+    "q2": ("q2", "second-quarter", "second quarter", "half-year", "half year", "interim", "2q",
+           "二季度", "中报", "半年报"),
+    "q3": ("q3", "third-quarter", "third quarter", "3q", "三季度", "三季报"),
+    "q4": ("q4", "fourth-quarter", "fourth quarter", "4q", "四季度"),
+    "annual": ("annual", "full-year", "full year", "fiscal year", "年报", "全年"),
+}
+PERIOD_CLASSES: tuple[str, ...] = (*PERIODS, "none")
 
 _SYMBOL_RE = re.compile(r"(?<![\d.])(\d{6}|0\d{4})(?!\d)(?!\.\d)|\$([A-Za-z]{1,5})\b|\b([A-Z]{2,5})(?:\.[A-Z]{1,2})?\b")
 _PCT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:%|percent|pct)")
@@ -130,7 +153,7 @@ _NOT_SYMBOLS = frozenset({"I", "A", "AN", "THE", "AND", "OR", "ASAP", "USD", "EU
                           "FX", "OK", "PLEASE", "NOW", "Q1", "Q2", "Q3", "Q4", "YTD", "CEO", "PNL", "P&L"})
 
 #: Layout of the rule part of the intent features (one row per episode).
-INTENT_RULE_DIM = len(VERB_CLASSES) + 2 + len(TARGET_KINDS) + TARGET_BUCKETS + 4 + 2
+INTENT_RULE_DIM = len(VERB_CLASSES) + 2 + len(TARGET_KINDS) + TARGET_BUCKETS + 5 + len(PERIOD_CLASSES) + 2
 
 
 @dataclass(frozen=True)
@@ -141,8 +164,9 @@ class IntentRules:
     urgency: str          # none | low | medium | high
     target_kind: str
     target: str | None    # the symbol or target word, when one was found
-    percent: float | None
+    percent: float | None  # a share as a fraction: "20%" and "a fifth of" alike
     amount: float | None
+    period: str = "none"   # reporting period named in the request (PERIOD_CLASSES)
 
     @property
     def urgency_score(self) -> float:
@@ -202,6 +226,11 @@ def extract_intent(query: str) -> IntentRules:
     if symbol and target_kind is None:
         target_kind = "stock"
     pct = _PCT_RE.search(low)
+    percent = float(pct.group(1)) / 100 if pct else None
+    if percent is None:
+        share, _ = _first_match(low, _FRACTION_TABLE)
+        percent = float(share) if share is not None else None
+    period, _ = _first_match(low, PERIODS)
     money = _MONEY_RE.search(text)
     amount = None
     if money:
@@ -216,8 +245,8 @@ def extract_intent(query: str) -> IntentRules:
         elif amount is not None and scale in ("m", "million"):
             amount *= 1e6
     return IntentRules(verb=verb or "other", urgency=urgency, target_kind=target_kind or "other",
-                       target=symbol or target_word, percent=float(pct.group(1)) / 100 if pct else None,
-                       amount=amount)
+                       target=symbol or target_word, percent=percent, amount=amount,
+                       period=period or "none")
 
 
 def _stable_hash(text: str) -> int:
@@ -229,8 +258,8 @@ def intent_rule_vector(rules: IntentRules, query: str) -> np.ndarray:
     """The fixed-size numeric form of :class:`IntentRules` (``INTENT_RULE_DIM`` floats).
 
     Layout: verb one-hot | urgency score, high flag | target-kind one-hot | hashed
-    target | percent flag, percent, amount flag, log-amount | query length (chars,
-    words) — the length lets a truncated query show up on the state map."""
+    target | percent flag, percent, log-percent, amount flag, log-amount | period one-hot | query
+    length (chars, words) — the length lets a truncated query show up on the state map."""
     v = np.zeros(INTENT_RULE_DIM, dtype=np.float32)
     o = 0
     v[o + VERB_CLASSES.index(rules.verb)] = 1.0
@@ -244,10 +273,15 @@ def intent_rule_vector(rules: IntentRules, query: str) -> np.ndarray:
         v[o + _stable_hash("target:" + rules.target.lower()) % TARGET_BUCKETS] = 1.0
     o += TARGET_BUCKETS
     if rules.percent is not None:
+        # the log too: a share of a holding is then a sum with the holding's log-scale
+        # feature (LOG_SUFFIX), which the networks fit far more easily than a product
         v[o], v[o + 1] = 1.0, min(rules.percent, 1.0)
+        v[o + 2] = max(math.log(max(min(rules.percent, 1.0), 1e-4)), -Z_CLIP) / Z_CLIP + 1.0
     if rules.amount is not None:
-        v[o + 2], v[o + 3] = 1.0, min(math.log10(1.0 + rules.amount) / 9.0, 1.0)
-    o += 4
+        v[o + 3], v[o + 4] = 1.0, min(math.log10(1.0 + rules.amount) / 9.0, 1.0)
+    o += 5
+    v[o + PERIOD_CLASSES.index(rules.period)] = 1.0
+    o += len(PERIOD_CLASSES)
     v[o] = math.log1p(len(query)) / math.log1p(2000)
     v[o + 1] = min(len(query.split()) / 100.0, 1.0)
     return v
@@ -256,11 +290,14 @@ def intent_rule_vector(rules: IntentRules, query: str) -> np.ndarray:
 #: Index of the urgency score inside the intent rule vector (the gates read it).
 URGENCY_INDEX = len(VERB_CLASSES)
 URGENCY_HIGH_INDEX = URGENCY_INDEX + 1
+#: Index of the percent flag and of the first period slot inside the intent rule vector.
+PERCENT_INDEX = URGENCY_INDEX + 2 + len(TARGET_KINDS) + TARGET_BUCKETS
+PERIOD_INDEX = PERCENT_INDEX + 5
 
 # --------------------------------------------------------------------------- tool context
 #: Hash buckets of the tool-result fields (numeric, categorical), of the result's tool
 #: name, and of the observation's scalar state (numeric, categorical).
-CTX_NUM, CTX_CAT, CTX_TOOL, OBS_NUM, OBS_CAT = 64, 64, 16, 16, 16
+CTX_NUM, CTX_CAT, CTX_TOOL, OBS_NUM, OBS_CAT = 128, 64, 16, 64, 16
 CTX_FLAGS = ("has_result", "result_error", "result_not_replayed", "steps_since_result", "step_t")
 CONTEXT_DIM = CTX_NUM + CTX_CAT + CTX_TOOL + OBS_NUM + OBS_CAT + len(CTX_FLAGS)
 _O_NUM = 0
@@ -271,6 +308,16 @@ _O_OBS_CAT = _O_OBS_NUM + OBS_NUM
 _O_FLAGS = _O_OBS_CAT + OBS_CAT
 #: A normalised number is clipped to ±Z_CLIP robust standard deviations.
 Z_CLIP = 5.0
+#: Every number also enters on a log scale, ``sign(x)·log1p(|x|)`` under the key
+#: ``<key>#log``: prices, share counts and amounts span orders of magnitude, where a
+#: linear z clipped at ±Z_CLIP cannot tell 25 from 45, and products (a share of a
+#: holding) become sums.
+LOG_SUFFIX = "#log"
+
+
+def signed_log(x: Any) -> Any:
+    """``sign(x)·log1p(|x|)`` of a number or an array."""
+    return np.sign(x) * np.log1p(np.abs(x))
 #: Strings longer than this (or with more words) are free text, not a categorical value.
 MAX_CATEGORY_CHARS, MAX_CATEGORY_WORDS = 48, 6
 #: A result field is a key field when it is present in at least this share of the
@@ -429,6 +476,10 @@ class _Scatter:
         num_keys = [k for k, n in zip(self.keys, is_num) if n]
         if num_keys:
             vals = np.array([v for v, n in zip(self.values, is_num) if n], dtype=np.float64)
+            # each number twice: as it is, then on a log scale (LOG_SUFFIX)
+            num_rows = np.concatenate([rows[is_num], rows[is_num]])
+            num_keys = num_keys + [k + LOG_SUFFIX for k in num_keys]
+            vals = np.concatenate([vals, signed_log(vals)])
             uniq, inv = np.unique(np.asarray(num_keys, dtype=object), return_inverse=True)
             if learn:
                 order = np.argsort(inv, kind="stable")
@@ -442,7 +493,7 @@ class _Scatter:
             keep = known[inv]
             z = np.clip((vals - centre[inv]) / scale[inv], -Z_CLIP, Z_CLIP)
             bucket, sign = _hash_slots(list(uniq), num_buckets)
-            np.add.at(out, (rows[is_num][keep], num_offset + bucket[inv][keep]),
+            np.add.at(out, (num_rows[keep], num_offset + bucket[inv][keep]),
                       (sign[inv] * z)[keep].astype(np.float32))
         cat_pairs = [f"{k}={v}" for k, v, n in zip(self.keys, self.values, is_num) if not n]
         if cat_pairs:
@@ -870,8 +921,8 @@ class StateEncoder(nn.Module):
 
     ==================  ===================  ==========================================
     ``intent_emb``      float [B, 384]       sentence embedding of the request
-    ``intent_rules``    float [B, 48]        verb / urgency / target (:func:`intent_rule_vector`)
-    ``context``         float [B, 181]       key fields of the latest tool result + state
+    ``intent_rules``    float [B, 54]        verb / urgency / target (:func:`intent_rule_vector`)
+    ``context``         float [B, 293]       key fields of the latest tool result + state
     ``trace_action``    long  [B, 3]         tokens of steps t-1..t-3 (-1 INVALID, -2 none)
     ``trace_reward``    float [B, 3]         their rewards (0 where there is no step)
     ``trace_dt``        float [B, 3]         log1p(seconds from that step to this one)

@@ -125,6 +125,7 @@ VARIANTS = [
     ("step_cost", {}), ("step_cost", {"per": 0.7, "kinds": ["tool_call", "reply"]}),
     ("repeated_failures", {}), ("repeated_failures", {"match": "tool", "cap": 2, "count_invalid": False}),
     ("duplicate_calls", {}), ("duplicate_calls", {"per": 1.0, "cap": 1}),
+    ("duplicate_calls", {"match": "tool", "exempt": ["order"], "cap": 2}),
     ("resolved_bonus", {}), ("sentiment_bonus", {"per": 0.7, "missing_value": -0.1}),
     ("length_penalty", {}), ("length_penalty", {"count": "tool_calls", "free": 2}),
     ("terminal_outcome", {}), ("terminal_outcome", {"field": "business_metric", "low": 0.2}),
@@ -295,6 +296,17 @@ def test_duplicate_calls_hand_computed():
                           call(5, "order", {"symbol": "A"})]))
     assert run("duplicate_calls", f).tolist() == pytest.approx([0, 0, -0.5, -1.0, -1.5, 0])
     assert run("duplicate_calls", f, per=1.0, cap=1).tolist() == pytest.approx([0, 0, -1, -1, -1, 0])
+    # match: tool — any earlier quote counts, other arguments too
+    assert run("duplicate_calls", f, match="tool").tolist() == pytest.approx([0, -0.5, -1.0, -1.5, -1.5, 0])
+
+
+def test_duplicate_calls_by_tool_exempts_trade_legs():
+    f = frame_of(episode([call(0, "quote", {"symbol": "A"}), call(1, "order", {"side": "sell"}),
+                          call(2, "order", {"side": "buy"}), call(3, "quote", {"symbol": "B"}),
+                          call(4, "order", {"side": "buy"})]))
+    got = run("duplicate_calls", f, match="tool", exempt=["order"]).tolist()
+    # the second leg of a trade is free; the same order again is still a repeat
+    assert got == pytest.approx([0, 0, 0, -0.5, -0.5])
 
 
 @pytest.mark.parametrize("name,params,message", [

@@ -81,12 +81,17 @@ class ReferenceSim:
         self.unanswered = float(g("unanswered").reshape(()))
         self.is_call = g("call_token")
         self.history = list(zip(g("history_cols").tolist(), g("history_coef").tolist(), g("history_cap").tolist()))
+        self.history_class = g("history_class")
         self.starts = list(range(tables.n_episodes)) if starts is None else list(starts)
         self.buckets: dict[tuple, list[int]] = {}
+        # history-matched draws: the bucket plus the log's last k actions (newest first)
+        log_trace, self.match = tables.raw.trace_action, tables.config.history_match
         for j in range(len(self.token)):
             if self.token[j] >= 0:
                 key = (self.task[self.step_ep[j]], self.cluster[j], self.token[j])
                 self.buckets.setdefault(key, []).append(j)
+                for k in range(1, self.match + 1):
+                    self.buckets.setdefault((*key, tuple(int(x) for x in log_trace[j, :k])), []).append(j)
         # every recorded step's scalar state, read straight from the episodes
         self.states = []
         for ep in episodes:
@@ -103,6 +108,7 @@ class ReferenceSim:
 
     def new_episode(self, b: int, ep: int) -> None:
         self.ep[b], self.ptr[b], self.t[b] = ep, int(self.ep_start[ep]), 0
+        self.own_log[b] = True
         self.counts[b] = 0
         self.trace[b] = [(PAD_TOKEN, 0.0, np.float32(0.0))] * TRACE_LEN
         self.disc_sum[b], self.disc[b] = 0.0, 1.0
@@ -110,6 +116,7 @@ class ReferenceSim:
     def reset(self, start_episodes=None):
         r = self.draw()
         self.ep, self.ptr, self.t = [0] * self.B, [0] * self.B, [0] * self.B
+        self.own_log = [True] * self.B
         self.counts = np.zeros((self.B, self.A), np.int64)
         self.trace = [None] * self.B
         self.disc_sum, self.disc = [0.0] * self.B, [1.0] * self.B
@@ -147,11 +154,20 @@ class ReferenceSim:
             a, p = int(actions[b]), self.ptr[b]
             violation = a >= 0 and not self.mask[b, a]
             followed = a == self.token[p]
-            members = self.buckets.get((self.task[self.step_ep[p]], self.cluster[p], a), [])
+            key = (self.task[self.step_ep[p]], self.cluster[p], a)
+            members = self.buckets.get(key, [])
+            # the longest history of the environment's own last actions that a member shares
+            own = [x for x, _, _ in self.trace[b]]
+            for k in range(self.match, 0, -1):
+                matched = self.buckets.get((*key, tuple(own[:k])), [])
+                if matched:
+                    break
+            else:
+                matched = members
             if followed:
                 used, recorded = p, True
             elif members:
-                used, recorded = members[r[b, 0] % len(members)], True
+                used, recorded = matched[r[b, 0] % len(matched)], True
             else:
                 used, recorded = p, False
             r_step = float(self.r64[used]) if recorded else cfg.off_support_penalty
@@ -164,9 +180,10 @@ class ReferenceSim:
             final = (float(self.final[e_used]) if terminated and recorded
                      else self.unanswered if truncated else 0.0)
             comps = self.comps[used].astype(np.float64) if recorded else np.zeros(self.comps.shape[1])
-            if not followed and a >= 0:
-                for col, coef, cap in self.history:   # the environment's own repeats
-                    own = -coef * min(int(self.counts[b, a]), cap) if self.is_call[a] else 0.0
+            if not (followed and self.own_log[b]) and a >= 0:
+                for h, (col, coef, cap) in enumerate(self.history):   # the environment's own repeats
+                    same = self.history_class[h] == self.history_class[h, a]   # tokens that repeat a
+                    own = -coef * min(int(self.counts[b, same].sum()), cap) if self.is_call[a] else 0.0
                     r_step += own - comps[col]
                     comps[col] = own
             self.disc_sum[b] += self.disc[b] * r_step
@@ -191,6 +208,7 @@ class ReferenceSim:
                              zip([(a, np.float32(r_step))] + [(x, y) for x, y, _ in old[:-1]], elapsed)]
             self.disc[b] *= tb.gamma
             self.t[b] += 1
+            self.own_log[b] = self.own_log[b] and followed
             self.ptr[b] = used if end_of_log else used + 1
             if done:
                 self.new_episode(b, self.starts[r[b, 1] % len(self.starts)])
@@ -370,33 +388,72 @@ def test_counterfactual_draws_only_from_its_bucket(tables):
 
 
 def test_counterfactual_draw_is_uniform_over_the_bucket(tables):
-    """All envs at one state take one non-logged action: the picks cover its bucket evenly."""
+    """All envs at one start state take one non-logged action: the picks cover, evenly, the
+    bucket's steps reached the same way (first steps of their episodes: an empty trace),
+    or the whole bucket when it has none."""
     offsets, steps = np_(tables.bucket_offsets), np_(tables.bucket_steps)
-    token = np_(tables.token)
+    token, step_t = np_(tables.token), np_(tables.step_t)
     base = np_(tables.bucket(tables.task_code[tables.step_episode], tables.cluster,
                              torch.zeros_like(tables.cluster)))
     starts = np_(tables.ep_start)
+
+    def expected(k: int) -> list[int]:
+        members = steps[offsets[k]:offsets[k + 1]]
+        first = members[step_t[members] == 0]
+        return (first if len(first) else members).tolist()
+
     choice = None
     for e, p in enumerate(starts):
-        sizes = offsets[base[p] + 1: base[p] + tables.n_actions + 1] - offsets[base[p]: base[p] + tables.n_actions]
-        for a in np.flatnonzero(sizes >= 3):
-            if a != token[p]:
-                choice = (e, int(a), int(sizes[a]))
+        for a in range(tables.n_actions):
+            if a != token[p] and len(expected(base[p] + a)) >= 3:
+                choice = (e, a, expected(base[p] + a))
                 break
         if choice:
             break
     assert choice is not None, "the fixture data should have a start state with a shared bucket"
-    e, a, size = choice
+    e, a, members = choice
+    size = len(members)
     B = 300 * size
     sim = BatchedSim(tables, B, seed=9)
     sim.reset(start_episodes=torch.full((B,), e))
     out = sim.step(torch.full((B,), a))
     picks = Counter(np_(out.info["source_step"]).tolist())
-    k = base[starts[e]] + a
-    assert set(picks) == set(steps[offsets[k]:offsets[k + 1]].tolist())
+    assert set(picks) == set(members)
     counts = np.array(list(picks.values()))
     chi2 = (((counts - B / size) ** 2) / (B / size)).sum()
     assert chi2 < 30.0 + 3 * size   # far beyond the 0.999 quantile for these sizes
+
+
+def test_counterfactual_draws_prefer_the_same_way_in(tables):
+    """A draw lands on a recorded step whose logged last actions are the environment's own
+    (the longest match up to ``history_match``) whenever its bucket has one."""
+    assert tables.config.history_match == 2
+    B = 512
+    sim = BatchedSim(tables, B, seed=4)
+    _, mask = sim.reset()
+    gen = torch.Generator().manual_seed(1)
+    log_trace = tables.raw.trace_action
+    task = np_(tables.task_code)[np_(tables.step_episode)]
+    cluster, token = np_(tables.cluster), np_(tables.token)
+    groups: dict[tuple, list[int]] = {}
+    for j in np.flatnonzero(token >= 0):
+        for k in (1, 2):
+            groups.setdefault((task[j], cluster[j], token[j], tuple(log_trace[j, :k])), []).append(j)
+    matched = 0
+    for _ in range(12):
+        ptr, own = np_(sim.pointer), np_(sim.trace_action)
+        actions = random_masked_actions(mask, gen)
+        out = sim.step(actions)
+        a, src = np_(actions), np_(out.info["source_step"])
+        cf = np.flatnonzero(~np_(out.info["followed_log"]) & ~np_(out.info["off_support"]))
+        for b in cf:
+            for k in (2, 1):
+                if (task[ptr[b]], cluster[ptr[b]], a[b], tuple(own[b, :k])) in groups:
+                    assert tuple(log_trace[src[b], :k]) == tuple(own[b, :k])
+                    matched += 1
+                    break
+        mask = out.mask
+    assert matched > 0
 
 
 def test_training_split_keeps_starts_and_support_inside(tables):
@@ -413,6 +470,10 @@ def test_training_split_keeps_starts_and_support_inside(tables):
     gen = torch.Generator().manual_seed(1)
     step_ep = np_(tables.step_episode)
     allowed = set(train.tolist())
+    assert len(sim.history_tables) == tables.config.history_match
+    for keys, steps in sim.history_tables:        # history-matched draws: restricted too, still sorted
+        assert {int(step_ep[s]) for s in np_(steps)} <= allowed
+        assert (np.diff(np_(keys)) >= 0).all()
     for _ in range(15):
         out = sim.step(random_masked_actions(mask, gen))
         mask = out.mask
@@ -633,3 +694,50 @@ def test_a_counterfactual_repeat_pays_the_duplicate_penalty(tables):
                 assert values == pytest.approx([0.0, -1.0, -2.0])      # finance_risk: per 1.0, weight 1
                 return
     pytest.fail("no start state allowed the same call three times off the log")
+
+
+def test_a_counterfactual_call_of_the_same_tool_is_a_repeat(tables):
+    """finance_risk matches whole tools (``match: tool``): another preset of a tool called
+    before is a repeat too, while the legs of a trade (``exempt``) repeat only as the same call."""
+    col = tables.component_names.index("duplicate_calls")
+    tokens = tables.catalog.tokens
+    by_tool: dict[str, list[int]] = {}
+    for t in tokens:
+        if t.kind == "tool_call":
+            by_tool.setdefault(t.tool, []).append(t.id)
+    classes = np_(tables.history_class)[0]
+    assert len({classes[a] for a in by_tool["place_order"]}) == len(by_tool["place_order"])   # exempt
+    for tool, ids in by_tool.items():
+        if tool not in ("place_order", "margin_trade"):
+            assert len({classes[a] for a in ids}) == 1
+    pairs = [(a, b) for ids in by_tool.values() for a in ids for b in ids
+             if a != b and tokens[a].tool not in ("place_order", "margin_trade")]
+    for start in range(tables.n_episodes):
+        for a, b in pairs:
+            sim = BatchedSim(tables, 1, seed=0)
+            _, mask = sim.reset(start_episodes=[start])
+            if not bool(mask[0, a]) or int(sim.logged_actions()[0]) == a:
+                continue
+            out = sim.step(torch.tensor([a]))
+            if bool(out.terminated[0] | out.truncated[0]) or not bool(out.mask[0, b]) \
+                    or int(sim.logged_actions()[0]) == b:
+                continue
+            second = sim.step(torch.tensor([b]))
+            assert float(out.info["components"][0, col]) == 0.0
+            assert float(second.info["components"][0, col]) == pytest.approx(-1.0)
+            return
+    pytest.fail("no start state allowed two presets of one tool off the log")
+
+
+def test_history_draws_are_the_same_row_subset_or_full_width(tables):
+    """The CPU looks up only counterfactual rows, an accelerator every row: same picks."""
+    sims = [BatchedSim(tables, 256, seed=6) for _ in range(2)]
+    sims[1].subset_rows = False
+    masks = [s.reset()[1] for s in sims]
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        actions = random_masked_actions(masks[0], gen)
+        outs = [s.step(actions) for s in sims]
+        assert torch.equal(outs[0].info["source_step"], outs[1].info["source_step"])
+        assert torch.equal(outs[0].reward, outs[1].reward)
+        masks = [o.mask for o in outs]

@@ -63,6 +63,29 @@ def test_extract_intent(query, verb, urgency, target_kind, target):
 
 def test_intent_amounts():
     assert extract_intent("trim 12.5% of the book").percent == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize("query, share, period", [
+    ("Urgent: sell three quarters of my Moutai position right now.", 0.75, "none"),
+    ("Please urgently trim a quarter of my Ping An stake", 0.25, "none"),
+    ("dump half of the position", 0.5, "none"),
+    ("Quickly offload all of my 600519 shares", 1.0, "none"),
+    ("卖出一半的茅台", 0.5, "none"),
+    ("sell 40% of it, and not half of it", 0.4, "none"),            # a number wins over words
+    ("What do the half-year 2024 numbers say about BYD?", None, "q2"),  # "half-year" is a period
+    ("Analyse the first quarter of 2023 for 600036", None, "q1"),    # no share in "quarter of"
+    ("Give me a view on Q3 2024 and the annual report", None, "q3"),  # the first period named
+    ("Is the A/H premium wide?", None, "none"),
+])
+def test_extract_intent_share_words_and_period(query, share, period):
+    r = extract_intent(query)
+    assert r.percent == (pytest.approx(share) if share is not None else None)
+    assert r.period == period
+    v = st_mod.intent_rule_vector(r, query)
+    assert v.shape == (INTENT_RULE_DIM,)
+    assert v[st_mod.PERCENT_INDEX] == float(share is not None)
+    assert v[st_mod.PERIOD_INDEX + st_mod.PERIOD_CLASSES.index(period)] == 1.0
+    assert v[st_mod.PERIOD_INDEX:st_mod.PERIOD_INDEX + len(st_mod.PERIOD_CLASSES)].sum() == 1.0
     assert extract_intent("invest $2.5m in bonds").amount == pytest.approx(2.5e6)
     assert extract_intent("buy 3000 yuan of 600036").amount == pytest.approx(3000)
 
@@ -88,9 +111,7 @@ def _naive_context(episodes, catalog, stats) -> np.ndarray:
                         continue
                     key = f"{tool}:{path}"
                     if isinstance(value, float):
-                        c, s = stats.numeric[key]
-                        b, sign = st_mod._hash_slots([key], st_mod.CTX_NUM)
-                        row[st_mod._O_NUM + b[0]] += sign[0] * min(max((value - c) / s, -5), 5)
+                        _naive_number(row, st_mod._O_NUM, st_mod.CTX_NUM, stats, key, value)
                     else:
                         b, sign = st_mod._hash_slots([f"{key}={value}"], st_mod.CTX_CAT)
                         row[st_mod._O_CAT + b[0]] += sign[0]
@@ -106,11 +127,17 @@ def _naive_context(episodes, catalog, stats) -> np.ndarray:
                     b, sign = st_mod._hash_slots([f"{key}={v.lower()}"], st_mod.OBS_CAT)
                     row[st_mod._O_OBS_CAT + b[0]] += sign[0]
                 else:
-                    c, s = stats.numeric[key]
-                    b, sign = st_mod._hash_slots([key], st_mod.OBS_NUM)
-                    row[st_mod._O_OBS_NUM + b[0]] += sign[0] * min(max((v - c) / s, -5), 5)
+                    _naive_number(row, st_mod._O_OBS_NUM, st_mod.OBS_NUM, stats, key, float(v))
             out.append(row)
     return np.array(out)
+
+
+def _naive_number(row, offset, buckets, stats, key, value) -> None:
+    """A number's robust z at its key's slot, and its log-scale twin at ``key#log``'s."""
+    for k, x in ((key, value), (key + "#log", math.copysign(math.log1p(abs(value)), value))):
+        c, s = stats.numeric[k]
+        b, sign = st_mod._hash_slots([k], buckets)
+        row[offset + b[0]] += sign[0] * min(max((x - c) / s, -5), 5)
 
 
 def _naive_stats(episodes):
@@ -121,6 +148,7 @@ def _naive_stats(episodes):
             for k, v in s.observation["state"].items():
                 if not isinstance(v, str):
                     values.setdefault(f"state:{k}", []).append(float(v))
+                    values.setdefault(f"state:{k}#log", []).append(math.copysign(math.log1p(abs(v)), v))
     return {k: (float(np.median(v)), float(np.subtract(*np.percentile(v, [75, 25]))) / 1.349)
             for k, v in values.items()}
 

@@ -659,7 +659,7 @@ class RepeatedFailures(Component):
 
 @register
 class DuplicateCalls(Component):
-    """Duplicate calls: a tool call identical to an earlier one of the episode (same tool and arguments) costs ``per`` for each earlier copy (up to ``cap``), so padding an episode with repeats does not pay."""
+    """Duplicate calls: a tool call that repeats an earlier one of the episode costs ``per`` for each earlier copy (up to ``cap``), so padding an episode with repeats does not pay. ``match: call`` counts identical calls (same tool and arguments); ``match: tool`` any earlier call of the same tool, except for the tools in ``exempt`` (e.g. the two legs of a trade), which count identical calls only."""
 
     name = "duplicate_calls"
     level = "penalty"
@@ -667,13 +667,25 @@ class DuplicateCalls(Component):
     #: history when it leaves the log (core.sim): a counterfactual repeat is a repeat.
     history = "own_calls"
 
-    def __init__(self, *, per: float = 0.5, cap: int = 3):
+    def __init__(self, *, per: float = 0.5, cap: int = 3, match: Literal["call", "tool"] = "call",
+                 exempt: list[str] | tuple[str, ...] = ()):
         _check(per >= 0 and cap >= 1, "need per ≥ 0 and cap ≥ 1")
-        self.per, self.cap = float(per), int(cap)
+        _check(match in ("call", "tool"), "match must be call or tool")
+        _check(isinstance(exempt, (list, tuple)) and all(isinstance(x, str) for x in exempt),
+               "exempt must be a list of tool names")
+        self.per, self.cap, self.match, self.exempt = float(per), int(cap), match, tuple(exempt)
+
+    def by_tool(self, tool_names: list[str]) -> np.ndarray:
+        """Bool per tool of ``tool_names``: its repeats count whatever the arguments."""
+        return np.array([self.match == "tool" and t not in self.exempt for t in tool_names], dtype=bool)
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
         rows = np.flatnonzero(frame.kind == TOOL_CALL)
-        return repeat_penalty(frame, rows, frame.call_key[rows], self.per, self.cap)  # identical calls before
+        tool = frame.tool[rows].astype(np.int64)
+        whole = self.by_tool(frame.tool_names)[tool] if len(frame.tool_names) else np.zeros(len(rows), bool)
+        # one key space: a tool code, or (after all tool codes) an identical-call code
+        key = np.where(whole, tool, len(frame.tool_names) + frame.call_key[rows].astype(np.int64))
+        return repeat_penalty(frame, rows, key, self.per, self.cap)  # repeats before
 
 
 # =========================================================================== episode terms

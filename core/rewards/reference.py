@@ -225,7 +225,8 @@ def duplicate_calls(frame: StepsFrame, c: DuplicateCalls) -> np.ndarray:
     for s in _steps(frame):
         if s["kind"] != "tool_call":
             continue
-        key = (s["episode"], s["call"])
+        whole = c.match == "tool" and s["tool"] not in c.exempt
+        key = (s["episode"], "tool", s["tool"]) if whole else (s["episode"], "call", s["call"])
         out[s["i"]] = -c.per * min(seen[key], c.cap) + 0.0
         seen[key] += 1
     return out
