@@ -77,6 +77,14 @@ CHECKPOINT_VERSION = 1
 
 
 # =========================================================================== config
+#: The state encoder a run trains unless its ``encoder`` setting says otherwise: equal
+#: weights for intent, tool context and trace (the gated fusion is ``{"gating": "on"}``).
+#: Measured on 3,000 generated finance episodes, 1M steps, two seeds each: held-out
+#: return on the expert's requests +0.022 / +0.028 over the logged expert with gating off,
+#: −0.013 / −0.020 with gating on (the gates fit the training requests, not new ones).
+TRAINING_ENCODER_DEFAULTS: dict[str, Any] = {"gating": "off"}
+
+
 @dataclass
 class PPOConfig:
     """Everything a training run is configured by (stored with the run)."""
@@ -160,7 +168,8 @@ class PPOConfig:
     """PPO trains the state encoder too; False (default) keeps it as behaviour cloning left it
     (seeded without a curriculum): the update then runs on stored states, 3-5× faster on a CPU"""
     encoder: dict[str, Any] = field(default_factory=dict)
-    """state-encoder settings (core.state.StateEncoderConfig), e.g. {"gating": "off"}"""
+    """state-encoder settings (core.state.StateEncoderConfig) over TRAINING_ENCODER_DEFAULTS,
+    e.g. {"gating": "on"} for the gated fusion"""
     sim: dict[str, Any] = field(default_factory=dict)
     """simulator settings (core.sim.SimConfig): step_cap, off_support_penalty, n_clusters"""
     checkpoint_every: int = 10
@@ -208,7 +217,7 @@ class PPOConfig:
         return self
 
     def encoder_config(self) -> StateEncoderConfig:
-        return StateEncoderConfig.from_dict({"seed": self.seed, **self.encoder})
+        return StateEncoderConfig.from_dict({"seed": self.seed, **TRAINING_ENCODER_DEFAULTS, **self.encoder})
 
     def sim_config(self) -> Any:
         from core.sim import SimConfig

@@ -47,8 +47,10 @@ with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
                 s1, s2, s3 = st.columns(3)
                 n_envs = s1.number_input("Parallel environments", min_value=1, max_value=65_536, value=128,
                                          key="train_n_envs")
-                gating = s2.radio("Encoder gating", ["on", "off"], horizontal=True, key="train_gating",
-                                  help="off: intent, tool context and trace get equal weights (the ablation).")
+                gating = s2.radio("Encoder gating", ["on", "off"], index=1, horizontal=True, key="train_gating",
+                                  help="off (default): intent, tool context and trace get equal weights; on: "
+                                       "state-dependent gates (it generalised worse to new requests on the "
+                                       "finance data).")
                 adaptive = s3.radio("KL penalty β", ["adaptive", "fixed"], horizontal=True, key="train_adaptive",
                                     help="adaptive: β ×1.5 when KL > 1.5·target, ×0.5 when KL < 0.5·target.")
                 s4, s5, s6 = st.columns(3)

@@ -63,6 +63,8 @@ def test_config_round_trip_and_validation():
         ppo.PPOConfig.from_dict({"nope": 1})
     with pytest.raises(Exception, match="minibatches"):
         tiny(n_envs=3, rollout_len=3, n_minibatches=2).validate()
+    assert tiny().encoder_config().gating == "off"              # the trainer's default (measured)
+    assert tiny(encoder={"gating": "on"}).encoder_config().gating == "on"
     with pytest.raises(Exception, match="gating"):
         tiny(encoder={"gating": "sideways"}).validate()
     assert ppo.resolve_device("cpu") == "cpu"
@@ -221,7 +223,8 @@ def test_warm_start_imitates_the_best_logged_behaviour(data):
     expert_tokens = {int(tb.token[s]) for s in range(tb.n_steps)
                      if tb.behaviours[int(tb.step_episode[s])] == bc["behaviour"]}
     assert labels <= expert_tokens
-    agent = ppo.Agent(tb.n_actions, tiny().encoder_config(), hidden=64, n_critics=2)
+    agent = ppo.Agent(tb.n_actions, tiny(encoder={"dim": 64, "gating": "on"}).encoder_config(), hidden=64,
+                      n_critics=2)
     before = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=0, bc_min_steps=0), torch.Generator().manual_seed(0))
     after = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=25), torch.Generator().manual_seed(0))
     # (the gates' floor keeps the request in view: without it the clone was right ~50% of the time)

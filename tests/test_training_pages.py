@@ -110,7 +110,8 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
     at.selectbox(key="train_template").set_value("finance_risk@0")
     at.number_input(key="train_steps").set_value(5000)
     at.radio(key="train_device").set_value("cpu")
-    at.radio(key="train_gating").set_value("off")
+    assert at.radio(key="train_gating").value == "off"        # the trainer's default
+    at.radio(key="train_gating").set_value("on")
     at.radio(key="train_adaptive").set_value("fixed")
     next(b for b in at.button if b.label == "Launch").click()
     at.run()
@@ -119,7 +120,7 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
     c = calls[0]
     assert c["dataset"] == "finance" and c["template"] == "finance_risk@0"
     assert c["config"]["total_steps"] == 5000 and c["config"]["device"] == "cpu"
-    assert c["config"]["encoder"] == {"gating": "off"} and c["config"]["adaptive_kl"] is False
+    assert c["config"]["encoder"] == {"gating": "on"} and c["config"]["adaptive_kl"] is False
     assert any("Launched run-" in s.value for s in at.success)
     # the new run is shown (its "process" never existed: interrupted)
     new_id = at.selectbox(key="train_run").value
