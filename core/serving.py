@@ -415,7 +415,7 @@ def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: 
     after all the plain ones, as the batch does.  For one row of a dozen values plain
     Python is several times faster than the batched array code, with the same float32
     additions in the same order (tested equal to extract_features)."""
-    from core.state import LOG_SUFFIX, Z_CLIP
+    from core.state import LOG_SUFFIX, Z_CLIP, signed_log
 
     def add_number(key: str, value: float) -> None:
         ref = numeric.get(key)
@@ -434,7 +434,7 @@ def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: 
             bucket, sign = _slot(f"{key}={value}", cat_buckets)
             row[cat_offset + bucket] += np.float32(sign)
     for key, value in numbers:
-        add_number(key + LOG_SUFFIX, math.copysign(math.log1p(abs(value)), value))
+        add_number(key + LOG_SUFFIX, signed_log(value))
 
 
 def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:

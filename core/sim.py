@@ -340,6 +340,11 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     valid = token >= 0
     step_bucket = np.where(valid, (task_code[step_episode] * K + cluster) * A + np.maximum(token, 0), -1)
     n_buckets = len(task_names) * K * A
+    # history keys pack the bucket and k trace tokens into one int64 (history_key)
+    if n_buckets * (A + 3) ** int(config.history_match) >= 2 ** 63:
+        raise InputError(f"history_match {config.history_match} is too long for {len(task_names)} task types × "
+                         f"{K} clusters × {A} actions (the draw keys would overflow 64 bits); lower it",
+                         field="history_match")
     order = np.argsort(np.where(valid, step_bucket, n_buckets), kind="stable")
     order = order[: int(valid.sum())]
     bucket_offsets = np.searchsorted(step_bucket[order], np.arange(n_buckets + 1)).astype(np.int64)

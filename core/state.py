@@ -316,7 +316,10 @@ LOG_SUFFIX = "#log"
 
 
 def signed_log(x: Any) -> Any:
-    """``sign(x)·log1p(|x|)`` of a number or an array."""
+    """``sign(x)·log1p(|x|)`` of an array, or of one float (plain ``math``: serving calls
+    it per value; both give the same float64)."""
+    if isinstance(x, float):
+        return math.copysign(math.log1p(abs(x)), x)
     return np.sign(x) * np.log1p(np.abs(x))
 #: Strings longer than this (or with more words) are free text, not a categorical value.
 MAX_CATEGORY_CHARS, MAX_CATEGORY_WORDS = 48, 6

@@ -741,3 +741,12 @@ def test_history_draws_are_the_same_row_subset_or_full_width(tables):
         assert torch.equal(outs[0].info["source_step"], outs[1].info["source_step"])
         assert torch.equal(outs[0].reward, outs[1].reward)
         masks = [o.mask for o in outs]
+
+
+def test_a_history_key_that_would_overflow_is_refused(data):
+    """history_match packs the bucket and k trace tokens into one int64: too many for it is
+    a clear error, not wrapped keys that draw from the wrong steps."""
+    episodes, tools = data
+    with pytest.raises(InputError, match="history_match .* overflow 64 bits"):
+        build_sim_tables_from(episodes[:10], tools, "finance_risk",
+                              config=SimConfig(n_clusters=2 ** 40, history_match=3), embedder=HashEmbedder())

@@ -204,32 +204,32 @@ def step_cost(frame: StepsFrame, c: StepCost) -> np.ndarray:
     return np.array([-c.per + 0.0 if s["kind"] in c.kinds else 0.0 for s in _steps(frame)], dtype=np.float64)
 
 
-def repeated_failures(frame: StepsFrame, c: RepeatedFailures) -> np.ndarray:
-    out = np.zeros(frame.n_steps)
-    failures: dict[tuple, int] = defaultdict(int)
-    for s in _steps(frame):
-        if s["kind"] != "tool_call":
-            continue
-        failed = s["error"] or (c.count_invalid and not (s["known"] and s["args_ok"]))
-        if not failed:
-            continue
-        key = (s["episode"], s["call"] if c.match == "call" else s["tool"])
-        out[s["i"]] = -c.per * min(failures[key], c.cap) + 0.0
-        failures[key] += 1
-    return out
-
-
-def duplicate_calls(frame: StepsFrame, c: DuplicateCalls) -> np.ndarray:
+def _repeats(frame: StepsFrame, per: float, cap: int, key_of) -> np.ndarray:
+    """−per × (earlier tool calls of the episode with the same key, at most cap); a call
+    whose ``key_of`` is None is neither charged nor counted."""
     out = np.zeros(frame.n_steps)
     seen: dict[tuple, int] = defaultdict(int)
     for s in _steps(frame):
-        if s["kind"] != "tool_call":
+        key = key_of(s) if s["kind"] == "tool_call" else None
+        if key is None:
             continue
-        whole = c.match == "tool" and s["tool"] not in c.exempt
-        key = (s["episode"], "tool", s["tool"]) if whole else (s["episode"], "call", s["call"])
-        out[s["i"]] = -c.per * min(seen[key], c.cap) + 0.0
-        seen[key] += 1
+        out[s["i"]] = -per * min(seen[(s["episode"], *key)], cap) + 0.0
+        seen[(s["episode"], *key)] += 1
     return out
+
+
+def repeated_failures(frame: StepsFrame, c: RepeatedFailures) -> np.ndarray:
+    def key_of(s):
+        failed = s["error"] or (c.count_invalid and not (s["known"] and s["args_ok"]))
+        return (s["call"] if c.match == "call" else s["tool"],) if failed else None
+    return _repeats(frame, c.per, c.cap, key_of)
+
+
+def duplicate_calls(frame: StepsFrame, c: DuplicateCalls) -> np.ndarray:
+    def key_of(s):
+        whole = c.match == "tool" and s["tool"] not in c.exempt
+        return ("tool", s["tool"]) if whole else ("call", s["call"])
+    return _repeats(frame, c.per, c.cap, key_of)
 
 
 def _episode_values(frame: StepsFrame, fn) -> np.ndarray:
