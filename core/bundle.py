@@ -1102,15 +1102,22 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     train_idx = data.train_episodes.cpu().tolist()
     held_idx = data.heldout_episodes.cpu().tolist()
 
-    # The RDE baseline: a tree on the expert's training episodes, scored on its held-out ones.
-    experts = [i for i in train_idx if tables.behaviours[i] == "expert"]
-    if not experts:
-        raise InputError(f"run {run_id}'s training episodes have no expert behaviour to fit the RDE "
-                         "baseline on (Episode.behaviour == 'expert')", field="behaviour")
-    rde = fit_rde([episodes[i] for i in experts], tables.catalog,
-                  trained_on={"behaviour": "expert", "episodes": len(experts), "split": "train"})
-    held_experts = [episodes[i] for i in held_idx if tables.behaviours[i] == "expert"]
-    rde_eval = rde_accuracy(rde, held_experts, tables.catalog)
+    # The RDE baseline: a tree on the logged expert's training episodes — or, when the logs
+    # hold no expert (an imperfect agent's logs), on those of the behaviour whose training
+    # episodes earned the most — scored on that behaviour's held-out ones.
+    from core.sim import logged_returns
+
+    label = [tables.behaviours[i] or "unknown" for i in range(tables.n_episodes)]
+    mentor = "expert" if any(label[i] == "expert" for i in train_idx) else None
+    if mentor is None and train_idx:
+        earned = logged_returns(tables, train_idx)
+        mentor = max(earned, key=lambda b: earned[b])
+    if mentor is None:
+        raise InputError(f"run {run_id} has no training episodes to fit the RDE baseline on", field="run")
+    mentors = [i for i in train_idx if label[i] == mentor]
+    rde = fit_rde([episodes[i] for i in mentors], tables.catalog,
+                  trained_on={"behaviour": mentor, "episodes": len(mentors), "split": "train"})
+    rde_eval = rde_accuracy(rde, [episodes[i] for i in held_idx if label[i] == mentor], tables.catalog)
 
     evaluation = {**report, **heldout_identity(tables, data.heldout_episodes, run),
                   "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),

@@ -514,19 +514,20 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
     ids = [data.tables.episode_ids[i] for i in data.heldout_episodes.cpu().tolist()[:sizes.serve_episodes]]
     chosen = ws.load_episodes(ctx["dataset"], episode_ids=ids)
     sources: Counter[str] = Counter()
-    served = 0
+    served = deferred = 0
     with load(ctx["policy"], ws=ws, root=ctx["policies"]) as engine:
         for ep in chosen:
             for request in requests_from_episode(ep):
                 decision = engine.decide(request)
                 sources[decision.source] += 1
+                deferred += decision.intent_pending
                 served += 1
         version = engine.policy_version
         engine.flush()
     after = audit.stats(ws)["records"]
     last = audit.tail(ws, 1)
     figures = {"policy_version": version, "episodes": len(chosen), "decisions": served,
-               "by_source": dict(sources), "audit_records_written": after - before,
+               "by_source": dict(sources), "rl_boost_deferred": deferred, "audit_records_written": after - before,
                "last_audit_record": {k: last[0].get(k) for k in ("timestamp", "rde_action", "final_action")}
                if last else None}
     if after - before != served:

@@ -255,7 +255,7 @@ def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[d
             "return (policy)": pol.get("return_mean"), "success (policy)": pol.get("success_rate"),
             "return (expert log)": ev.get("expert_return"), "return (random in mask)": rnd.get("return_mean"),
             "off-support rate": pol.get("off_support_rate"), "mask violations": pol.get("mask_violations"),
-            "RDE accuracy (held-out expert)": (ev.get("rde_heldout_expert") or {}).get("accuracy"),
+            "RDE accuracy (held-out, its behaviour)": (ev.get("rde_heldout_expert") or {}).get("accuracy"),
             **{f"return (log: {b})": r for b, r in sorted((ev.get("logged") or {}).items())},
         })
     return rows

@@ -69,7 +69,9 @@ What a decision does
    beats the baseline action's by more than ``adopt_margin`` (0.1) and the mask allows
    it (when the tree had no allowed action, the candidate is adopted as the only
    proposal).  Candidate generation runs on a worker thread under ``time_budget_ms``
-   (300 ms); over budget, the baseline decides alone.  ``force_rde_override`` never
+   (300 ms); over budget, the baseline decides alone — as it does, at once, when the
+   query's sentence embedding is not ready yet (``intent_pending``, see Latency below;
+   ``wait_for_intent`` waits instead).  ``force_rde_override`` never
    serves the policy's pick (candidates are still computed and audited: a shadow mode
    for grey releases); when arbitration would have adopted it that counts as an
    *override*.  Without a proposal to serve (the tree has no allowed action and the
@@ -108,11 +110,12 @@ value the encoder also sees for steps that do not exist.
 Latency: the baseline path is array code on one row (masks, tree) plus an in-memory
 audit append; the policy runs only on RL-Boost, as a TorchScript trace of the bundle's
 module checked against it at load (:func:`_compile_policy`), on a context row whose
-tool-result part is built once per result.  The sentence embedding is never on the
-baseline's path: a query is embedded when an RL-Boost first needs it (then that request
-waits for it: the one cost of serving a new query) or, after a new episode's first
-decision, on a background thread (``prefetch_intent``), so that its later requests find
-it ready; the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
+tool-result part is built once per result.  The sentence embedding is never on a
+request's path: a query is embedded on a background thread after the first request
+that has it (``prefetch_intent``) or whose RL-Boost needed it; until it is ready an
+RL-Boost on it is deferred and the baseline decides alone (``intent_pending``; with
+``wait_for_intent`` the request waits for it instead, as one whose tree has no allowed
+action always does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
 queries' (an embedder such as :func:`core.embed.workspace_embedder` adds its disk cache
 by text hash).  ``torch_threads=1`` suits a serving process.  ``decide_batch`` runs the
 same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
@@ -189,6 +192,13 @@ class ServingConfig:
     #: that decision did not need it), so that its later RL-Boosts do not wait for the
     #: sentence model.
     prefetch_intent: bool = True
+    #: An RL-Boost whose query has no sentence embedding yet (a new query, its embedding
+    #: not done): False — the baseline decides alone at once (``intent_pending``) while the
+    #: query is embedded in the background for the episode's next requests, which keeps
+    #: the sentence model (≈ 5–20 ms on a CPU) off every request's path; True — the
+    #: request waits for the embedding within ``time_budget_ms``.  A request whose tree has
+    #: no allowed action always waits: the policy is then its only proposal.
+    wait_for_intent: bool = False
     #: torch intra-op threads for the policy (``torch.set_num_threads``, process-wide); None
     #: leaves torch's default.  1 suits a serving process: the policy runs on a few rows,
     #: where more threads only add synchronisation.
@@ -322,6 +332,9 @@ class Decision:
     adopted: bool
     overridden: bool
     timed_out: bool
+    #: RL-Boost was due but deferred: the query's embedding was not ready (see
+    #: ``ServingConfig.wait_for_intent``); the baseline decided alone.
+    intent_pending: bool
     ood: bool
     ood_notes: tuple[str, ...]
     review_item: int | None
@@ -355,6 +368,12 @@ class ServingMetrics:
                                  ["policy_version"], registry=r)
         self.timeouts = Counter("rwb_rl_boost_timeouts", "RL-Boost runs over the time budget "
                                 "(the baseline decided alone).", ["policy_version"], registry=r)
+        self.deferred = Counter("rwb_rl_boost_deferred", "RL-Boosts deferred because the query's "
+                                "sentence embedding was not ready (the baseline decided alone).",
+                                ["policy_version"], registry=r)
+        self.embed_failures = Counter("rwb_intent_embedding_failures", "Sentence-embedding calls that "
+                                      "failed (their queries are retried by their next RL-Boost).",
+                                      registry=r)
         self.overrides = Counter("rwb_rde_overrides", "Decisions where force_rde_override kept the "
                                  "baseline although arbitration would have adopted the policy.",
                                  ["policy_version"], registry=r)
@@ -706,6 +725,8 @@ class _Row:
     #: taken from the episode, or built by RL-Boost (the episode keeps them at commit).
     result_row: np.ndarray | None = None
     intent: tuple[np.ndarray, np.ndarray] | None = None
+    #: RL-Boost was due but deferred: the query's embedding is not ready.
+    intent_pending: bool = False
     decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def context(self, stats: Any) -> np.ndarray:
@@ -751,10 +772,12 @@ class Verdict:
 
 def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | None,
               candidates: Sequence[Candidate], allowed: np.ndarray, config: ServingConfig, *,
-              boosted: bool, timed_out: bool) -> Verdict:
+              boosted: bool, timed_out: bool, intent_pending: bool = False,
+              intent_error: str | None = None) -> Verdict:
     """Choose between the baseline's action ``rde`` (-1: the tree has none allowed) and the
-    policy's ``candidates`` (most probable first; empty when RL-Boost did not run or ran
-    out of time).
+    policy's ``candidates`` (most probable first; empty when RL-Boost did not run, ran
+    out of time, or was deferred because the query's embedding was not ready:
+    ``intent_pending``).
 
     The policy's pick is adopted when the mask allows it and its reward estimate beats the
     baseline action's by more than ``adopt_margin`` — or when there is no baseline action.
@@ -779,6 +802,12 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
         elif timed_out:
             why = (f"candidate generation exceeded its {config.time_budget_ms:g} ms budget: the baseline "
                    f"{names[rde]} decided alone")
+        elif intent_pending and intent_error:
+            why = (f"RL-Boost deferred: the sentence model failed on this query ({intent_error}; retried in "
+                   f"the background); the baseline {names[rde]} decided alone")
+        elif intent_pending:
+            why = (f"RL-Boost deferred: the query's sentence embedding is still being computed (ready for "
+                   f"the episode's next request); the baseline {names[rde]} decided alone")
         elif pick is None:
             why = f"the policy proposed no allowed action: baseline {names[rde]}"
         else:
@@ -850,6 +879,8 @@ class DecisionEngine:
         self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         #: Embeddings under way (query -> the job computing it), and the lock of both maps.
         self._intent_jobs: dict[str, concurrent.futures.Future] = {}
+        #: The latest embedding failure per query (until it embeds), named by deferrals.
+        self._intent_errors: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._intent_lock = threading.Lock()
         self._lock = threading.RLock()
         # One worker: candidate generation runs beside the request so its budget can be
@@ -979,10 +1010,13 @@ class DecisionEngine:
             for group in groups.values():
                 for row, fields in zip(group, self._decide_group(group[0].episode.runtime, group, now, t0)):
                     made[row.index] = fields
-            if self.config.prefetch_intent:
-                # after the decisions, so that a new episode's first request does not share
-                # the CPU with its own embedding when the baseline answered it alone
-                self._prefetch_intents([r.request.query for r in rows if r.new_episode and r.intent is None])
+            # After the decisions, so that a request does not share the CPU with its own
+            # query's embedding when the baseline answered it alone: the deferred RL-Boosts'
+            # queries, and (prefetch_intent) every new episode's.
+            wanted = [r.request.query for r in rows if r.intent is None
+                      and (r.intent_pending or (self.config.prefetch_intent and r.new_episode))]
+            if wanted:
+                self._prefetch_intents(wanted)
             self.metrics.episodes.set(len(self._episodes))
             per = (time.perf_counter() - t0) / len(rows)
             for _ in rows:
@@ -1038,6 +1072,10 @@ class DecisionEngine:
             if r.ood_notes:
                 reasons[b].append("out_of_distribution")
         boost_rows = [b for b in range(B) if reasons[b]]
+        if boost_rows and not cfg.wait_for_intent:
+            for b in boost_rows:  # the tree has an action: it answers while the query is embedded
+                rows[b].intent_pending = bool(rde_tok[b] >= 0) and not self._intent_ready(rows[b])
+            boost_rows = [b for b in boost_rows if not rows[b].intent_pending]
         boost: _Boost | None = None
         timed_out = False
         if boost_rows:
@@ -1062,7 +1100,9 @@ class DecisionEngine:
                 rde_est = None if math.isnan(boost.rde_est[j]) else float(boost.rde_est[j])
                 state_value = float(boost.state_value[j])
             verdict = arbitrate(rt, int(rde_tok[b]), float(rde_conf[b]), rde_est, cands, mask[b], cfg,
-                                boosted=bool(reasons[b]), timed_out=timed_out and j is not None)
+                                boosted=bool(reasons[b]), timed_out=timed_out and j is not None,
+                                intent_pending=r.intent_pending,
+                                intent_error=self._intent_errors.get(r.request.query) if r.intent_pending else None)
             components: tuple[dict[str, Any], ...] = ()
             value = cands[0].reward_est if verdict.adopted else rde_est if verdict.source == "rde" else None
             if state_value is not None and value is not None:
@@ -1100,6 +1140,8 @@ class DecisionEngine:
                 m.adoptions.labels(v).inc()
             if o["timed_out"]:
                 m.timeouts.labels(v).inc()
+            if r.intent_pending:
+                m.deferred.labels(v).inc()
             if o["overridden"]:
                 m.overrides.labels(v).inc()
             if b in items:
@@ -1112,7 +1154,8 @@ class DecisionEngine:
                 rde_action=rde if rde >= 0 else None, rde_confidence=float(rde_conf[b]),
                 rl_boost=bool(reasons[b]), rl_boost_reasons=tuple(reasons[b]), rl_candidates=tuple(o["cands"]),
                 rde_reward_est=o["rde_est"], adopted=o["adopted"], overridden=o["overridden"],
-                timed_out=o["timed_out"], ood=bool(r.ood_notes), ood_notes=tuple(r.ood_notes),
+                timed_out=o["timed_out"], intent_pending=r.intent_pending, ood=bool(r.ood_notes),
+                ood_notes=tuple(r.ood_notes),
                 review_item=items.get(b), reward_components=o["components"], explanation=o["why"]))
         return decisions
 
@@ -1157,6 +1200,16 @@ class DecisionEngine:
                   "rl_candidates": [c.audit() for c in o["cands"]]})
 
     # ------------------------------------------------------------------ RL-Boost
+    def _intent_ready(self, row: _Row) -> bool:
+        """Whether ``row``'s query has its intent at hand (the episode's, or the engine's
+        cache, which then fills ``row.intent``) — never waits."""
+        if row.intent is None:
+            with self._intent_lock:
+                row.intent = self._intents.get(row.request.query)
+                if row.intent is not None:
+                    self._intents.move_to_end(row.request.query)
+        return row.intent is not None
+
     def _prefetch_intents(self, queries: Sequence[str]) -> None:
         """Start embedding, on the intent thread, the queries that are neither cached nor
         under way (one job), so that a later RL-Boost finds them ready."""
@@ -1182,7 +1235,14 @@ class DecisionEngine:
         cached or under way while its embedding runs: nobody embeds it twice."""
         try:
             job.set_result(self._embed(queries))
-        except BaseException as exc:  # handed to whoever waits on the job
+        except BaseException as exc:  # handed to whoever waits on the job, and remembered
+            self.metrics.embed_failures.inc()
+            with self._intent_lock:
+                for q in queries:
+                    self._intent_errors[q] = f"{type(exc).__name__}: {exc}"
+                    self._intent_errors.move_to_end(q)
+                while len(self._intent_errors) > INTENT_CACHE_SIZE:
+                    self._intent_errors.popitem(last=False)
             job.set_exception(exc)
         finally:
             with self._intent_lock:
@@ -1200,6 +1260,7 @@ class DecisionEngine:
             for q, value in out.items():
                 self._intents[q] = value
                 self._intents.move_to_end(q)
+                self._intent_errors.pop(q, None)
             while len(self._intents) > INTENT_CACHE_SIZE:
                 self._intents.popitem(last=False)
         return out
@@ -1400,8 +1461,11 @@ def serve_requests(ws: "Workspace", policy: str | Path, requests: Sequence[Mappi
                    ) -> tuple[list[Decision], str]:
     """Serve ``requests`` in order with a fresh engine for ``policy`` (name or bundle path),
     commit their audit records, and return the decisions and the engine's metrics text
-    (what ``rwb serve decide`` and ``rwb serve metrics`` print)."""
+    (what ``rwb serve decide`` and ``rwb serve metrics`` print).  The default ``config``
+    waits for query embeddings (``wait_for_intent``): a one-shot run has no later request
+    that a background embedding would serve."""
     parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
+    config = config or ServingConfig(wait_for_intent=True)
     with load(policy, ws=ws, root=root, config=config) as engine:
         decisions = [engine.decide(r) for r in parsed]
         engine.flush()

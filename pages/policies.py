@@ -18,8 +18,8 @@ FLASH = "policies_flash"
 st.title("Policies")
 st.caption("A trained run becomes a bundle (weights, catalog, masks, template, evaluation); a candidate "
            "is approved by an approver who neither trained nor exported it and only when it beats "
-           "production (or the logged expert) on held-out episodes; promotion ships it inside the "
-           "`core` package that production imports.")
+           "production (or the best logged behaviour: the expert, when the logs have one) on held-out "
+           "episodes; promotion ships it inside the `core` package that production imports.")
 
 ws = resources.workspace()
 actor = resources.acting_user()

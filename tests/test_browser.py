@@ -2,7 +2,9 @@
 
 The app runs as a subprocess (``rwb --workspace WS app --port FREE --headless``) on
 127.0.0.1 with a temp workspace in multi-user mode (admin ada, analyst ana, reviewer rae,
-approver bob) that holds a small finance dataset and one finished training run whose L3
+approver bob) that holds the recorded logs of an imperfect agent (800 generated finance
+episodes of the ``noisy`` behaviour: detours, skipped checks, odd arguments) and one
+finished training run on them (the demo's settings, 200k steps: about two minutes) whose L3
 curriculum queued high-risk actions for review.  In the browser:
 
 1. ana signs in, uploads a log file through the file chooser and sees it imported;
@@ -10,8 +12,8 @@ curriculum queued high-risk actions for review.  In the browser:
 3. on the Training page she launches a short run and its curves appear;
 4. on the Policies page she exports the finished run as a bundle and registers it;
 5. rae claims a review item and approves it;
-6. bob checks the promotion gate and approves (four-eyes: not ana); the gate passes → he
-   promotes it, it refuses → the refusal is on the page and nothing is promoted;
+6. bob checks the promotion gate — the run beats the logged agent on its held-out requests
+   — approves (four-eyes: not ana) and promotes it into the policies folder;
 7. a production-style ``rwb serve decide`` serves a decision with the promoted policy, and
    the Audit page shows its record.
 
@@ -43,7 +45,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 PASSWORDS = {"ada": "ada-browser-pass", "ana": "ana-browser-pass", "rae": "rae-browser-pass",
              "bob": "bob-browser-pass"}
 ROLES = {"ada": "admin", "ana": "analyst", "rae": "reviewer", "bob": "approver"}
-DATASET = "finance-demo"
+DATASET = "finance-agent"
+#: The fixture's logs: the ``noisy`` episodes among this many generated (about 40%: 800).
+GENERATED = 2000
+#: The fixture run's environment steps: enough for the policy to beat the logged agent on
+#: held-out requests (+0.18 and +0.05 mean return on two seeds, where 131k steps on 600
+#: episodes fell 0.14 short).
+FIXTURE_STEPS = 200_704
 #: Generous per-wait ceiling (a busy 2-core CI machine); the waits end as soon as the text shows.
 WAIT_MS = 120_000
 
@@ -60,10 +68,12 @@ def _free_port() -> int:
 
 
 def build_workspace(base: Path) -> dict:
-    """Users, a small finance dataset (components pre-scored, as an earlier visit would
-    have left them), a finished run with review items, a tuning study, and a file to upload."""
+    """Users, an imperfect agent's finance logs (components pre-scored, as an earlier visit
+    would have left them), a finished run with review items, a tuning study, and a file to upload."""
+    import dataclasses
+
     from core import datasets, rewards
-    from core.demo import SMALL, demo_training_config
+    from core.demo import FULL, demo_training_config
     from core.importers import import_file
     from core.runs import train
     from core.store import Workspace
@@ -71,7 +81,7 @@ def build_workspace(base: Path) -> dict:
     from core.users import LOCAL_ADMIN, Actor, add_user
 
     ws = Workspace.open(base / "ws")
-    data = datasets.generate_file("finance", SMALL.episodes, 2024, base / f"{DATASET}.jsonl")
+    data = datasets.generate_file("finance", GENERATED, 2024, base / f"{DATASET}.jsonl", behaviours="noisy")
     import_file(ws, data["out"], dataset=DATASET)
     add_user(ws, LOCAL_ADMIN, "ada", "admin", password=PASSWORDS["ada"])
     for name in ("ana", "rae", "bob"):
@@ -79,7 +89,7 @@ def build_workspace(base: Path) -> dict:
     for template in ("ecommerce_returns", "finance_risk"):
         rewards.score(ws, template, dataset=DATASET)
     run = train(ws, Actor("ana", "analyst"), template="finance_risk", dataset=DATASET,
-                config=demo_training_config(SMALL))
+                config=dataclasses.replace(demo_training_config(FULL), total_steps=FIXTURE_STEPS))
     study = tune(ws, Actor("ana", "analyst"), "finance_risk", dataset=DATASET, trials=20,
                  study="browser-weights").study
     n_items = ws.conn.execute("SELECT COUNT(*) FROM review_items").fetchone()[0]
@@ -251,6 +261,7 @@ def _sign_in(pg, name: str) -> None:
 
 
 # --------------------------------------------------------------------------- the path
+@pytest.mark.timeout(1200)  # the fixture's two-minute training run counts against the test
 def test_main_path_in_a_real_browser(page, workspace):
     t0 = time.perf_counter()
     pg = page
@@ -329,37 +340,31 @@ def test_main_path_in_a_real_browser(page, workspace):
     _see(pg, re.compile(r"Item #\d+ approved"))
     _shot(pg, "06_review_queue")
 
-    # 6. bob (approver) checks the promotion gate and approves: the gate decides whether the
-    # candidate (the fixture's short run) beats the logged expert on held-out requests.  It
-    # passes → approve and promote; it refuses → the refusal is shown and nothing is promoted.
+    # 6. Four-eyes: ana trained and exported the candidate, so the approver is bob.  He checks
+    # the promotion gate (the run against the logged agent on the held-out requests), approves
+    # and promotes; the promoted version lands in the policies folder's index.
     _sign_in(pg, "bob")
     _open(pg, "Policies")
+    assert _metric(pg, "Production") == "—"
     _main(pg).get_by_role("button", name="Check the promotion gate").click()
     _see(pg, re.compile(r"finance_risk@\S+ (beats|does not beat) "))
-    passed = "does not beat" not in _main(pg).inner_text()
-    _main(pg).get_by_label("Why you approve").fill("beats the logged expert on held-out requests")
+    gate = _main(pg).get_by_text(re.compile(r"finance_risk@\S+ (beats|does not beat) ")).first.inner_text()
+    assert " beats logged noisy behaviour" in gate, gate
+    _main(pg).get_by_label("Why you approve").fill("beats the logged agent on held-out requests")
     _main(pg).get_by_label("Why you approve").press("Tab")
     _main(pg).get_by_role("button", name="Approve", exact=True).click()
-    policy = "finance_risk"
-    if passed:
-        _see(pg, re.compile(r"approve finance_risk \S+: done"))
-        _main(pg).get_by_role("button", name="Promote", exact=True).click()
-        _see(pg, re.compile(r"promote finance_risk \S+: done"))
-        assert _metric(pg, "Production") != "—"
-        index = json.loads((workspace["policies"] / "index.json").read_text())
-        assert index["policies"]["finance_risk"]["active"] == _metric(pg, "Production")
-    else:
-        refusal = _main(pg).locator('[data-testid="stAlertContentError"]').filter(has_text="promotion gate")
-        refusal.first.wait_for(state="visible", timeout=WAIT_MS)
-        assert "does not beat" in refusal.first.inner_text()
-        assert _metric(pg, "Production") == "—" and _metric(pg, "Approved") == "—"
-        assert not (workspace["policies"] / "index.json").exists()
-        # not promoted: production-style serving of the verified bundle file itself
-        policy = str(max((workspace["root"] / "artifacts").rglob("*.zip"), key=lambda p: p.stat().st_mtime))
-    _shot(pg, "07_policies_gate")
+    _see(pg, re.compile(r"approve finance_risk \S+: done"))
+    _main(pg).get_by_role("button", name="Promote", exact=True).click()
+    _see(pg, re.compile(r"promote finance_risk \S+: done"))
+    production = _metric(pg, "Production")
+    assert production != "—"
+    index = json.loads((workspace["policies"] / "index.json").read_text())
+    assert index["policies"]["finance_risk"]["active"] == production
+    _shot(pg, "07_policies_promoted")
 
-    # 7. A production-style process serves a decision (the promoted policy, else the bundle);
-    # the Audit page shows it.
+    # 7. A production-style process serves a decision with the promoted policy (by name, from
+    # the policies folder); the Audit page shows its record.
+    policy = "finance_risk"
     request = {"episode_id": "browser-1", "query": "Urgently reduce my 600519 position",
                "task_type": "urgent_reduce", "state": {"hour": 10.5, "volatility": 0.3}}
     served = subprocess.run([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace["root"]),

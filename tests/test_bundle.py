@@ -92,6 +92,39 @@ def test_export_writes_a_bundle_a_person_can_open(run):
     assert 0.0 <= ev["rde_heldout_expert"]["accuracy"] <= 1.0
 
 
+def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_path):
+    """An imperfect agent's logs (no expert label): the RDE tree imitates the behaviour whose
+    training episodes earned the most, and the bundle verifies."""
+    from _bundle_fixtures import tiny_config
+    from core import datasets
+    from core.bundle import export_bundle
+    from core.importers import import_file
+    from core.runs import train
+    from core.store import Workspace
+    from core.users import LOCAL_ADMIN
+
+    data = datasets.generate_file("finance", 90, 5, tmp_path / "agent.jsonl", behaviours="noisy,hacker")
+    ws = Workspace.open(tmp_path / "ws")
+    import_file(ws, data["out"], dataset="agent")
+    run_id = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="agent", config=tiny_config())["run_id"]
+    from core.runs import open_run
+    from core.sim import logged_returns
+
+    d = open_run(ws, run_id, need_policy=False).data
+    earned = logged_returns(d.tables, d.train_episodes)
+    assert set(earned) == {"noisy", "hacker"}
+    best = max(earned, key=lambda b: earned[b])
+    path = export_bundle(ws, LOCAL_ADMIN, run_id, tmp_path / "agent.zip")
+    ws.close()
+    manifest = json.loads(members(path)[MANIFEST])
+    n_best = sum(d.tables.behaviours[i] == best for i in d.train_episodes.tolist())
+    fit = manifest["rde"]["trained_on"]
+    assert (fit["behaviour"], fit["episodes"], fit["split"]) == (best, n_best, "train")
+    assert manifest["evaluation"]["expert_return"] is None
+    assert manifest["evaluation"]["rde_heldout_expert"]["decisions"] > 0
+    assert verify_bundle(path).ok
+
+
 def test_verify_accepts_the_exported_bundle(run):
     report = verify_bundle(run.bundle)
     assert report.ok, report.reason

@@ -72,6 +72,9 @@ class Clock:
 
 
 def _engine(ws, bundle, *, clock=time.monotonic, **config) -> DecisionEngine:
+    """An engine whose RL-Boosts wait for their query's embedding (the arbitration under
+    test sees the policy on every boosted request; deferral has its own tests)."""
+    config.setdefault("wait_for_intent", True)
     return DecisionEngine(ws, bundle, config=ServingConfig(**config), embedder=HashEmbedder(), clock=clock)
 
 

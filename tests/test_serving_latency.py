@@ -22,7 +22,7 @@ from core import audit, serving
 from core.bundle import load_bundle
 from core.serving import DecisionEngine, ServingConfig, result_context, step_context
 from core.store import Workspace
-from test_serving import STATE, _leaf_rde, _request, _tokens, _with_rde
+from test_serving import LATE, STATE, _leaf_rde, _request, _tokens, _with_rde
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,8 @@ def _confident(bundle):
 def test_an_ongoing_episode_never_embeds_its_query_again(bundle, ws, monkeypatch):
     monkeypatch.setattr(serving, "INTENT_CACHE_SIZE", 1)  # the engine's own cache forgets at once
     emb = CountingEmbedder()
-    engine = DecisionEngine(ws, _boosting(bundle), embedder=emb, config=ServingConfig(prefetch_intent=False))
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=emb,
+                            config=ServingConfig(prefetch_intent=False, wait_for_intent=True))
     a = _request("a")
     b = {**_request("b"), "query": "Rebalance my portfolio away from the banks"}
     for _ in range(3):  # interleaved: each query pushes the other out of the engine's cache
@@ -113,7 +114,7 @@ def test_a_new_episode_is_embedded_in_the_background_after_its_first_decision(bu
 def test_an_rl_boost_takes_over_a_queued_embedding_instead_of_waiting_behind_others(bundle, ws):
     stuck, mine = "Explain the Q3 report of CATL", "Cut my BYD position by a third"
     emb = CountingEmbedder(hold=(stuck,))
-    engine = DecisionEngine(ws, _confident(bundle), embedder=emb)
+    engine = DecisionEngine(ws, _confident(bundle), embedder=emb, config=ServingConfig(wait_for_intent=True))
     engine.decide({**_request("a"), "query": stuck})      # its prefetch holds the intent thread …
     assert emb.started.wait(5)
     engine.decide({**_request("b"), "query": mine})       # … and this one's waits in the queue
@@ -124,16 +125,73 @@ def test_an_rl_boost_takes_over_a_queued_embedding_instead_of_waiting_behind_oth
     assert sorted(emb.texts) == sorted([stuck, mine])     # the queued job never ran: once each
 
 
-def test_an_embedder_error_reaches_the_request_that_needs_it(bundle, ws):
-    class Failing(HashEmbedder):
-        def encode(self, texts):
-            raise RuntimeError("the sentence model is gone")
+class Failing(HashEmbedder):
+    def encode(self, texts):
+        raise RuntimeError("the sentence model is gone")
 
-    engine = DecisionEngine(ws, _boosting(bundle), embedder=Failing())
+
+def test_an_embedder_error_reaches_the_request_that_waits_for_it(bundle, ws):
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=Failing(), config=ServingConfig(wait_for_intent=True))
     with pytest.raises(RuntimeError, match="sentence model is gone"):
         engine.decide(_request("x"))
     engine.close()
     assert audit.stats(ws)["records"] == 0   # nothing was served
+
+
+def test_a_background_embedder_error_is_counted_and_named_while_the_baseline_serves(bundle, ws):
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=Failing())
+    first = engine.decide(_request("x"))      # deferred; the background embedding fails
+    assert first.intent_pending and first.source == "rde"
+    deadline = time.monotonic() + 10
+    while "rwb_intent_embedding_failures_total 1.0" not in engine.metrics_text():
+        assert time.monotonic() < deadline, "the failed background embedding was never counted"
+        time.sleep(0.01)
+    again = engine.decide(_request("x"))     # still served, and the failure is named
+    assert again.intent_pending and again.source == "rde"
+    assert "sentence model is gone" in again.explanation
+    engine.close()
+    assert audit.stats(ws)["records"] == 2
+
+
+def _wait_embedded(engine, query: str) -> None:
+    deadline = time.monotonic() + 10
+    while query not in engine._intents:
+        assert time.monotonic() < deadline, "the background embedding never finished"
+        time.sleep(0.005)
+
+
+def test_an_rl_boost_on_a_query_not_embedded_yet_is_deferred_not_waited_for(bundle, ws):
+    query = _request()["query"]
+    emb = CountingEmbedder(hold=(query,))     # the embedding waits until released
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=emb, config=ServingConfig(prefetch_intent=False))
+    t0 = time.perf_counter()
+    first = engine.decide(_request("d"))
+    assert time.perf_counter() - t0 < 5       # it did not wait for the held embedding
+    assert first.rl_boost and first.intent_pending and first.source == "rde" and not first.rl_candidates
+    assert "deferred" in first.explanation and not first.timed_out
+    assert emb.started.wait(5)                # … which the deferral started (no prefetch here)
+    also = engine.decide(_request("d2"))      # same query, still under way: deferred, not embedded twice
+    assert also.intent_pending
+    emb.gate.set()
+    _wait_embedded(engine, query)
+    second = engine.decide(_request("d"))
+    assert second.rl_boost and not second.intent_pending and second.rl_candidates
+    engine.close()
+    assert emb.texts == [query]
+    assert "rwb_rl_boost_deferred_total" in engine.metrics_text()
+    deferred = [line for line in engine.metrics_text().splitlines()
+                if line.startswith("rwb_rl_boost_deferred_total{")]
+    assert deferred and float(deferred[0].rsplit(" ", 1)[1]) == 2.0
+
+
+def test_a_request_whose_tree_has_no_allowed_action_waits_for_the_policy(bundle, ws):
+    _, _, blocked = _tokens(bundle)
+    emb = CountingEmbedder()
+    engine = DecisionEngine(ws, _with_rde(bundle, {blocked: 1.0}), embedder=emb)
+    d = engine.decide(_request("none", state=LATE))
+    engine.close()
+    assert d.rl_boost_reasons == ("no_rde_action",) and not d.intent_pending and d.rl_candidates
+    assert d.source == "policy" and emb.texts == [_request()["query"]]
 
 
 # --------------------------------------------------------------------------- the policy's context
@@ -143,7 +201,7 @@ def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(
     tool, fields = next((t, f) for t, f in numeric.items() if f)  # fields the context normalises
     result_a = {path: 1.5 for path in fields}
     result_b = {path: -3.0 for path in fields}
-    engine = DecisionEngine(ws, _boosting(bundle), embedder=HashEmbedder())
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=HashEmbedder(), config=ServingConfig(wait_for_intent=True))
     rt = engine.runtime
     seen, forward = [], rt.forward
 

@@ -39,10 +39,13 @@ def _requests(request: str) -> list[dict]:
     return read_requests(request, file="--request")
 
 
-def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[float]):
+def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[float], defer: bool = False):
+    """The engine's settings.  A one-shot command has no later request that a background
+    embedding would serve, so its RL-Boosts wait for their query's embedding unless
+    ``defer`` (the long-running service's default, ServingConfig.wait_for_intent)."""
     from core.serving import ServingConfig
 
-    options: dict = {"force_rde_override": force_rde}
+    options: dict = {"force_rde_override": force_rde, "wait_for_intent": not defer}
     if confidence is not None:
         options["confidence_threshold"] = confidence
     if budget_ms is not None:
@@ -59,13 +62,17 @@ def decide(
     force_rde: bool = typer.Option(False, "--force-rde", help="force_rde_override: always serve the baseline."),
     budget_ms: Optional[float] = typer.Option(
         None, "--budget-ms", help="Time budget of candidate generation (default 300 ms)."),
+    defer: bool = typer.Option(
+        False, "--defer-unembedded",
+        help="Defer an RL-Boost whose query is not embedded yet, as a running service does (the baseline "
+             "answers at once), instead of waiting for the sentence model."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Serve the request(s) and print each decision (its audit record is written)."""
     from core.serving import serve_requests
 
     decisions, _ = serve_requests(open_workspace(), policy, _requests(request),
-                                  config=_config(confidence, force_rde, budget_ms))
+                                  config=_config(confidence, force_rde, budget_ms, defer))
     if as_json:
         print_json({"decisions": [d.to_dict() for d in decisions]})
         return
@@ -97,5 +104,6 @@ def metrics(
     if policy is None:
         raise InputError("give --policy (and --request to serve some requests first), or --alert-rules",
                          field="policy")
-    _, text = serve_requests(open_workspace(), policy, _requests(request) if request else [])
+    _, text = serve_requests(open_workspace(), policy, _requests(request) if request else [],
+                             config=_config(None, False, None))
     typer.echo(text, nl=False)
