@@ -115,6 +115,11 @@ class Embedder:
         os.replace(tmp_index, self.cache_dir / "index.json")
 
     # ------------------------------------------------------------------ encoding
+    def warm_up(self) -> None:
+        """Load the model and run it once (nothing is cached or counted), so that the first
+        real ``encode`` pays neither the load nor the first-call set-up."""
+        _load_model().encode(["warm up"], convert_to_numpy=True, show_progress_bar=False)
+
     def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
         """Embeddings for ``texts`` (duplicates and cached texts are never re-encoded)."""
         texts = ["" if t is None else str(t) for t in texts]

@@ -69,7 +69,9 @@ What a decision does
    beats the baseline action's by more than ``adopt_margin`` (0.1) and the mask allows
    it (when the tree had no allowed action, the candidate is adopted as the only
    proposal).  Candidate generation runs on a worker thread under ``time_budget_ms``
-   (300 ms); over budget, the baseline decides alone — as it does, at once, when the
+   (300 ms) — on the calling thread once the policy's recent runs all took under a tenth
+   of the budget and nothing has to be waited for (``INLINE_WINDOW``, ``INLINE_SHARE``);
+   over budget, the baseline decides alone — as it does, at once, when the
    query's sentence embedding is not ready yet (``intent_pending``, see Latency below;
    ``wait_for_intent`` waits instead).  ``force_rde_override`` never
    serves the policy's pick (candidates are still computed and audited: a shadow mode
@@ -161,6 +163,11 @@ LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
 INTENT_CACHE_SIZE = 4096
 #: Served decisions remembered for report_outcome (most recent first out).
 OUTCOME_MEMORY = 100_000
+#: RL-Boost runs on the calling thread (no hand-off to the worker) when each of the policy's
+#: last ``INLINE_WINDOW`` runs took less than ``INLINE_SHARE`` of the time budget and the
+#: rows' query embeddings are at hand: then it cannot overrun the budget but by a stall.
+INLINE_WINDOW = 16
+INLINE_SHARE = 0.1
 #: No previous action (the first step), as the RDE tree and the encoder's trace read it.
 NO_PREVIOUS = -2
 
@@ -886,9 +893,15 @@ class DecisionEngine:
         # One worker: candidate generation runs beside the request so its budget can be
         # enforced; a run that overruns finishes in the background and is ignored.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-rl-boost")
+        #: Wall ms of the policy's latest runs (embedding waits excluded): whether it may run inline.
+        self._boost_ms: collections.deque[float] = collections.deque(maxlen=INLINE_WINDOW)
         # The sentence embedding of a new episode's query is started when the episode starts,
         # beside the decision, so that a later RL-Boost finds it ready.
         self._intent_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-intent")
+        # Load the sentence model there now, so the first new queries are not deferred while it loads.
+        warm_up = getattr(self.embedder, "warm_up", None)
+        if callable(warm_up):
+            self._intent_pool.submit(warm_up)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -1079,13 +1092,21 @@ class DecisionEngine:
         boost: _Boost | None = None
         timed_out = False
         if boost_rows:
-            future = self._pool.submit(self._propose, rt, [rows[b] for b in boost_rows], mask[boost_rows],
-                                       rde_tok[boost_rows])
-            remaining = cfg.time_budget_ms / 1000.0 - (time.perf_counter() - t0)
-            try:
-                boost = future.result(timeout=max(remaining, 0.0))
-            except concurrent.futures.TimeoutError:
-                timed_out = True
+            sub, budget_s = [rows[b] for b in boost_rows], cfg.time_budget_ms / 1000.0
+            recent = list(self._boost_ms)
+            if (len(recent) == INLINE_WINDOW and max(recent) < INLINE_SHARE * cfg.time_budget_ms
+                    and all(r.intent is not None for r in sub)):
+                # fast and nothing to wait for: here, sparing two thread wake-ups; a run that
+                # stalled past the budget anyway is discarded like one that timed out
+                boost = self._propose(rt, sub, mask[boost_rows], rde_tok[boost_rows])
+                if time.perf_counter() - t0 > budget_s:
+                    boost, timed_out = None, True
+            else:
+                future = self._pool.submit(self._propose, rt, sub, mask[boost_rows], rde_tok[boost_rows])
+                try:
+                    boost = future.result(timeout=max(budget_s - (time.perf_counter() - t0), 0.0))
+                except concurrent.futures.TimeoutError:
+                    timed_out = True
         where = {b: j for j, b in enumerate(boost_rows)}
 
         # ---------------------------------------------------------------- arbitration
@@ -1316,6 +1337,7 @@ class DecisionEngine:
         k = min(self.config.top_k, rt.n_actions)
         B = len(rows)
         emb, rules = self._intents_of(rows)
+        t0 = time.perf_counter()
         context = np.stack([r.context(rt.bundle.feature_stats) for r in rows])
         t_act, t_rew, t_dt = (np.stack(parts) for parts in zip(*(r.trace() for r in rows)))
         obs = {"intent_emb": torch.from_numpy(emb), "intent_rules": torch.from_numpy(rules),
@@ -1348,6 +1370,7 @@ class DecisionEngine:
                        [np.zeros((len(a), 1), np.float32), t_dt[rows_idx, :-1]], axis=1))}
             est = rt.forward(nxt)[1].mean(-1).reshape(B, k + 1).numpy().astype(np.float64)
         est = np.where(acts >= 0, est, np.nan)
+        self._boost_ms.append((time.perf_counter() - t0) * 1000.0)
         return _Boost(top=top, prob=p.astype(np.float64), est=est[:, :k], rde_est=est[:, k],
                       state_value=values.mean(-1).numpy().astype(np.float64))
 
@@ -1386,6 +1409,16 @@ class DecisionEngine:
     def flush(self) -> int:
         """Commit every audit record written so far (returns how many this call committed)."""
         return self.audit.flush()
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait until the background embedding work queued so far — the sentence model's
+        warm-up at start, query embeddings under way — is done (a service's readiness
+        probe); False when ``timeout`` seconds passed first."""
+        try:
+            self._intent_pool.submit(lambda: None).result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
 
     def close(self) -> None:
         """Commit the remaining audit records and stop the worker."""

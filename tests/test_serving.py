@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ import yaml
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import module_hash_embedder, reseal, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
-from core import audit, registry, review
+from core import audit, registry, review, serving
 from core.bundle import load_bundle
 from core.errors import InputError
 from core.serving import (
@@ -292,6 +293,27 @@ def test_candidates_over_the_time_budget_leave_the_baseline_alone(bundle, ws):
     assert _metric(engine, "rwb_rl_boost_timeouts_total", policy_version=engine.policy_version) == 1
     engine.close()
     assert audit.tail(ws, 1)[0]["rl_candidates"] == []
+
+
+def test_a_fast_policy_runs_inline_and_a_stall_past_the_budget_is_discarded(bundle, ws, monkeypatch):
+    l1, l2 = _tokens(bundle)[0][:2]
+    policy = SlowPolicy(bundle.policy, 0.0)
+    engine = _engine(ws, dataclasses.replace(_with_rde(bundle, {l1: 0.55, l2: 0.45}), policy=policy),
+                     time_budget_ms=100)
+    threads = []
+    forward = engine.runtime.forward
+    engine.runtime.forward = lambda obs: threads.append(threading.current_thread()) or forward(obs)
+    for t in range(serving.INLINE_WINDOW + 1):   # the first runs go to the worker and are timed
+        d = engine.decide(_request("fast"))
+        assert d.rl_candidates and not d.timed_out
+    assert threads[0] is not threading.main_thread() and threads[-1] is threading.main_thread()
+    policy.delay = 0.2                               # a stall inline: waited for, then discarded
+    d = engine.decide(_request("fast"))
+    assert (d.final_action, d.source, d.timed_out, d.rl_candidates) == (l1, "rde", True, ())
+    t0 = time.perf_counter()                          # … and the next run goes back to the worker
+    d = engine.decide(_request("fast"))
+    assert time.perf_counter() - t0 < 0.19 and d.timed_out
+    engine.close()
 
 
 # --------------------------------------------------------------------------- episodes

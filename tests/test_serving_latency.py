@@ -154,10 +154,8 @@ def test_a_background_embedder_error_is_counted_and_named_while_the_baseline_ser
 
 
 def _wait_embedded(engine, query: str) -> None:
-    deadline = time.monotonic() + 10
-    while query not in engine._intents:
-        assert time.monotonic() < deadline, "the background embedding never finished"
-        time.sleep(0.005)
+    assert engine.ready(timeout=10), "the background embedding never finished"
+    assert query in engine._intents
 
 
 def test_an_rl_boost_on_a_query_not_embedded_yet_is_deferred_not_waited_for(bundle, ws):
@@ -271,3 +269,29 @@ def test_buffered_audit_records_survive_background_commits_and_a_failed_one(bund
     assert sorted(r[0] for r in rows) == sorted(d.decision_id for d in decisions)
     # the request kept beside each record is the very text its input_hash hashes
     assert all(hashlib.sha256(req.encode()).hexdigest() == h for _, h, req in rows)
+
+
+def test_the_engine_warms_the_sentence_model_up_at_start(bundle, ws):
+    class Warming(CountingEmbedder):
+        def warm_up(self):
+            self.started.set()
+            assert self.gate.wait(10)
+
+    emb = Warming()
+    engine = DecisionEngine(ws, _confident(bundle), embedder=emb)
+    assert emb.started.wait(5)                      # started by the constructor, in the background
+    assert not engine.ready(timeout=0.05)           # … and the readiness probe tells it is still loading
+    assert not engine.decide(_request("w")).rl_boost   # decisions are served meanwhile
+    emb.gate.set()
+    assert engine.ready(timeout=10)
+    engine.close()
+    assert emb.texts == [_request()["query"]]       # the warm-up embedded nothing; the prefetch did
+
+
+def test_the_sentence_models_warm_up_embeds_and_caches_nothing(tmp_path):
+    from core.embed import Embedder
+
+    emb = Embedder(cache_dir=tmp_path / "cache")
+    emb.warm_up()
+    assert emb.stats == {"hits": 0, "encoded": 0} and not (tmp_path / "cache" / "index.json").exists()
+    assert emb.encode(["warm up"]).shape == (1, 384) and emb.stats["encoded"] == 1
