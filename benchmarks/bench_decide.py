@@ -2,6 +2,7 @@
 
     python benchmarks/bench_decide.py [--bundle FILE.zip] [--episodes 100] [--rate 10] [--max-gap 1.0]
                                       [--batch 64] [--hash-embedder] [--torch-threads 1]
+                                      [--switch-interval-ms 0.5]
                                       [--workspace DIR] [--json]
 
 Without ``--bundle`` it builds one the way the workbench does: the finance sample imported
@@ -17,6 +18,9 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    time.  Requests are reported apart: an ongoing episode's (its query embedded already),
    a new episode's first request answered without the embedding, requests that had to
    wait for a new query's embedding (RL-Boost on a query nobody embedded yet), and the mix.
+   The default engine defers an RL-Boost whose query is not embedded yet (the baseline
+   answers; ``ServingConfig.wait_for_intent``); a second engine that waits for the
+   embeddings replays the same episodes for comparison.
 2. **Where the time goes**: the same episodes one request after the other on a fresh
    engine without prefetching, each stage of decide() timed: episode state, masks (with
    the review-rule check), tree, policy (RL-Boost without its embedding), sentence
@@ -450,7 +454,8 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
         timed = TimedEmbedder(embedder or core.embed.workspace_embedder(ws))
         clock = ReplayClock()
         engine = cls(ws, bundle, embedder=timed, clock=clock,
-                     config=ServingConfig(torch_threads=args.torch_threads, **config))
+                     config=ServingConfig(torch_threads=args.torch_threads,
+                                          switch_interval_ms=args.switch_interval_ms or None, **config))
         made.append(engine)
         return engine, clock, timed
     return make, made
@@ -469,6 +474,9 @@ def parse_args() -> argparse.Namespace:
                         help="A hash embedder instead of the sentence model (training and serving).")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads of the serving process (ServingConfig.torch_threads).")
+    parser.add_argument("--switch-interval-ms", type=float, default=0.5,
+                        help="the interpreter's thread switch interval (ServingConfig.switch_interval_ms; "
+                             "0: Python's default 5 ms).")
     parser.add_argument("--workspace", type=Path, help="Folder for the temporary workspaces (kept).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     return parser.parse_args()

@@ -6,23 +6,29 @@ step needs:
 
  1. **users** — the workspace switches to multi-user mode: an admin, then an analyst
     who imports, designs and trains, a reviewer and an approver;
- 2. **episodes** — generated finance episodes (expert, noisy and reward-hacking
-    behaviours) written as a JSONL file and imported;
+ 2. **episodes** — two generated finance files, imported: a labelled reference set
+    (expert, noisy and reward-hacking behaviours) to design and check the reward on, and
+    the logs of the team's current agent — an imperfect one (the generator's ``noisy``
+    behaviour: detours, skipped checks, odd arguments) — that the policy trains on and
+    must beat;
  3. **reward** — scored with the ``finance_risk`` pyramid, its expectations checked
     (the hacks must rank below their honest twins);
  4. **state map** — the encoded states on a t-SNE map, the fidelity figures
     (silhouette by task type against shuffled labels, kNN agreement) and the action
     entropy;
- 5. **training** — a short masked-PPO run through the curriculum up to L3, where
-    high-risk actions go to the review queue;
+ 5. **training** — a short masked-PPO run on the agent's logs through the curriculum up
+    to L3, where high-risk actions go to the review queue;
  6. **review** — the reviewer claims the queued items and decides them (the first is
     approved as reasonable exploration, the next rejected, which becomes a mask rule);
  7. **tuning** — a brief Optuna study of the pyramid's weights on the outcome
     objective, applied as a new template version;
  8. **bundle** — the run exported as a bundle and verified;
- 9. **registry** — registered, approved by the approver (four-eyes: not the analyst
-    who trained and exported it) and promoted into a policies folder inside the
-    workspace (never the source tree's ``core/policies`` unless asked);
+ 9. **registry** — registered, checked by the promotion gate (on held-out requests the
+    policy must earn more than the agent's own logs did), approved by the approver
+    (four-eyes: not the analyst who trained and exported it) and promoted into a policies
+    folder inside the workspace (never the source tree's ``core/policies`` unless asked);
+    the small test-suite sizes train too briefly to pass the gate: then the refusal is
+    reported and the verified bundle is served;
 10. **serving** — the promoted policy loaded the way production loads it, a few held-out
     episodes replayed through ``decide()``, one audit record per decision.
 
@@ -59,6 +65,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Marks a workspace the demo created, so ``rwb demo --replace`` may delete it again.
 MARKER = "demo.json"
 DEMO_DATASET = "demo-finance"
+#: The current agent's logs: the generator's ``noisy`` behaviour only (an imperfect agent).
+AGENT_DATASET = "demo-agent-logs"
+AGENT_BEHAVIOUR = "noisy"
 DEMO_TEMPLATE = "finance_risk"
 DEMO_POLICY = "finance_risk"
 
@@ -85,11 +94,13 @@ class DemoSizes:
     #: the default 2×256 network; the test suite's a small one)
     hidden: int = 256
     update_epochs: int = 4
+    #: episodes generated for the agent's logs, of which the ``noisy`` ones (about 40%) are kept
+    agent_generated: int = 2000
 
 
-FULL = DemoSizes(episodes=1000, train_steps=200_704, map_points=2000, tune_trials=150, serve_episodes=6)
+FULL = DemoSizes(episodes=400, train_steps=200_704, map_points=2000, tune_trials=150, serve_episodes=6)
 SMALL = DemoSizes(episodes=120, train_steps=8192, map_points=500, tune_trials=25, serve_episodes=3,
-                  hidden=128, update_epochs=2)
+                  hidden=128, update_epochs=2, agent_generated=150)
 
 
 @dataclass
@@ -294,14 +305,23 @@ def _step_episodes(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     from core.importers import import_file
 
     sizes: DemoSizes = ctx["sizes"]
-    out = ws.artifact_dir("demo") / f"finance-{sizes.episodes}.jsonl"
+    folder = ws.artifact_dir("demo")
+    out = folder / f"finance-{sizes.episodes}.jsonl"
     summary = datasets.generate_file("finance", sizes.episodes, ctx["seed"] + 2024, out)
     result = import_file(ws, out, dataset=DEMO_DATASET)
-    ctx["dataset"] = DEMO_DATASET
+    logs = folder / f"agent-logs-{sizes.agent_generated}.jsonl"
+    agent = datasets.generate_file("finance", sizes.agent_generated, ctx["seed"] + 2025, logs,
+                                   behaviours=AGENT_BEHAVIOUR)
+    agent_result = import_file(ws, logs, dataset=AGENT_DATASET)
+    ctx["dataset"], ctx["train_dataset"] = DEMO_DATASET, AGENT_DATASET
     figures = {"file": str(out), "episodes": result.episodes, "steps": result.steps,
                "tool_calls": result.tool_calls, "invalid_tokens": result.invalid_tokens,
-               "behaviours": summary["behaviours"]}
-    return figures, f"Episodes page → dataset {DEMO_DATASET}", []
+               "behaviours": summary["behaviours"],
+               "agent_logs": {"file": str(logs), "episodes": agent_result.episodes, "steps": agent_result.steps,
+                              "behaviours": agent["behaviours"]}}
+    return figures, f"Episodes page → datasets {DEMO_DATASET} (labelled) and {AGENT_DATASET} (the agent's logs)", [
+        f"{DEMO_DATASET}: a labelled reference set to design the reward on; {AGENT_DATASET}: the current "
+        f"agent's logs ({AGENT_BEHAVIOUR} behaviour), which the policy trains on and must beat"]
 
 
 # --------------------------------------------------------------------------- 3. reward
@@ -368,7 +388,7 @@ def _step_training(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
                 f"return {_fmt(m.get('return_mean'))} · KL {_fmt(m.get('kl'))} · "
                 f"review items {m.get('review_items_total', 0)}")
 
-    out = runs.train(ws, _actor(ctx, "ana"), template=DEMO_TEMPLATE, dataset=ctx["dataset"], config=cfg,
+    out = runs.train(ws, _actor(ctx, "ana"), template=DEMO_TEMPLATE, dataset=ctx["train_dataset"], config=cfg,
                      progress=progress)
     ctx["run_id"] = out["run_id"]
     m = out["metrics"] or {}
@@ -462,7 +482,8 @@ def _step_bundle(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
     figures = {"bundle": str(path), "name": m.get("name"), "version": m.get("version"),
                "files": len(m.get("files") or []), "verified": verdict.ok,
                "heldout_return": _r((ev.get("policy") or {}).get("return_mean")),
-               "expert_return": _r(ev.get("expert_return"))}
+               "best_logged": {k: _r(v) if isinstance(v, float) else v
+                               for k, v in (ev.get("best_logged") or {}).items()}}
     return figures, "Policies page → bundles", []
 
 
@@ -502,7 +523,7 @@ def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
 # --------------------------------------------------------------------------- 10. serving
 def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
     from core import audit
-    from core.serving import load
+    from core.serving import ServingConfig, load
 
     sizes: DemoSizes = ctx["sizes"]
     before = audit.stats(ws)["records"]
@@ -512,22 +533,27 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
 
     data = open_run(ws, ctx["run_id"], need_policy=False).data
     ids = [data.tables.episode_ids[i] for i in data.heldout_episodes.cpu().tolist()[:sizes.serve_episodes]]
-    chosen = ws.load_episodes(ctx["dataset"], episode_ids=ids)
+    chosen = ws.load_episodes(ctx["train_dataset"], episode_ids=ids)
     sources: Counter[str] = Counter()
-    served = deferred = 0
-    with load(ctx["policy"], ws=ws, root=ctx["policies"]) as engine:
+    served = boosted = adopted = 0
+    # The replay sends an episode's requests back to back, with none of the time between
+    # them in which a service embeds a new query in the background: its RL-Boosts wait for
+    # the embedding rather than being deferred (ServingConfig.wait_for_intent).
+    with load(ctx["policy"], ws=ws, root=ctx["policies"], config=ServingConfig(wait_for_intent=True)) as engine:
         for ep in chosen:
             for request in requests_from_episode(ep):
                 decision = engine.decide(request)
                 sources[decision.source] += 1
-                deferred += decision.intent_pending
+                boosted += decision.rl_boost
+                adopted += decision.adopted
                 served += 1
         version = engine.policy_version
         engine.flush()
     after = audit.stats(ws)["records"]
     last = audit.tail(ws, 1)
     figures = {"policy_version": version, "episodes": len(chosen), "decisions": served,
-               "by_source": dict(sources), "rl_boost_deferred": deferred, "audit_records_written": after - before,
+               "by_source": dict(sources), "rl_boost": boosted, "adopted": adopted,
+               "audit_records_written": after - before,
                "last_audit_record": {k: last[0].get(k) for k in ("timestamp", "rde_action", "final_action")}
                if last else None}
     if after - before != served:

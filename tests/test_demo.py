@@ -65,8 +65,13 @@ def test_figures_match_the_workspace(demo):
     users = {u["name"]: u["role"] for u in list_users(ws, report_actor(ws, "ada"))}
     assert users == {"ada": "admin", "ana": "analyst", "rae": "reviewer", "bob": "approver"}
 
+    from core.demo import AGENT_BEHAVIOUR, AGENT_DATASET
+
     episodes = _step(report, "episodes")["figures"]
-    assert episodes["episodes"] == sum(d.n_episodes for d in ws.datasets())
+    agent = episodes["agent_logs"]
+    assert episodes["episodes"] + agent["episodes"] == sum(d.n_episodes for d in ws.datasets())
+    assert set(agent["behaviours"]) == {AGENT_BEHAVIOUR} and agent["episodes"] >= 1
+    assert {"expert", "noisy", "hacker"} <= set(episodes["behaviours"])
     assert _step(report, "reward")["figures"]["expectations_passed"].startswith("5 / 5")
 
     fid = _step(report, "state_map")["figures"]
@@ -76,6 +81,7 @@ def test_figures_match_the_workspace(demo):
     training = _step(report, "training")["figures"]
     run = get_run(ws, training["run"])
     assert run["status"] == "finished" and run["created_by"] == "ana"
+    assert run["dataset"] == AGENT_DATASET                       # trained on the agent's own logs
     assert training["mask_violations"] == 0
     assert training["curriculum_level"] == 3
 

@@ -20,6 +20,7 @@ from _bundle_fixtures import module_hash_embedder, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, serving
 from core.bundle import load_bundle
+from core.errors import InputError
 from core.serving import DecisionEngine, ServingConfig, result_context, step_context
 from core.store import Workspace
 from test_serving import LATE, STATE, _leaf_rde, _request, _tokens, _with_rde
@@ -295,3 +296,23 @@ def test_the_sentence_models_warm_up_embeds_and_caches_nothing(tmp_path):
     emb.warm_up()
     assert emb.stats == {"hits": 0, "encoded": 0} and not (tmp_path / "cache" / "index.json").exists()
     assert emb.encode(["warm up"]).shape == (1, 384) and emb.stats["encoded"] == 1
+
+
+def test_serving_settings_for_the_interpreter_and_the_background_thread(bundle, ws):
+    import os
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        engine = DecisionEngine(ws, _confident(bundle), embedder=HashEmbedder(),
+                                config=ServingConfig(switch_interval_ms=0.5))
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        nice = engine._intent_pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        # the background thread runs behind requests (nice is absolute; never raised here)
+        assert nice.result(timeout=10) == max(serving.INTENT_NICE, os.getpriority(os.PRIO_PROCESS, 0))
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0)
+        engine.close()
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(InputError, match="switch_interval_ms"):
+        ServingConfig(switch_interval_ms=0)
