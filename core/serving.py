@@ -119,8 +119,7 @@ RL-Boost on it is deferred and the baseline decides alone (``intent_pending``; w
 ``wait_for_intent`` the request waits for it instead, as one whose tree has no allowed
 action always does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
 queries' (an embedder such as :func:`core.embed.workspace_embedder` adds its disk cache
-by text hash).  ``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process;
-the background embedding thread runs at a lower priority (``INTENT_NICE``).  ``decide_batch`` runs the
+by text hash).  ``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process.  ``decide_batch`` runs the
 same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
 """
 
@@ -170,9 +169,6 @@ OUTCOME_MEMORY = 100_000
 #: rows' query embeddings are at hand: then it cannot overrun the budget but by a stall.
 INLINE_WINDOW = 16
 INLINE_SHARE = 0.1
-#: Scheduling priority (nice) of the engine's background embedding thread where the OS has
-#: per-thread priorities (Linux): a request thread gets the CPU first.
-INTENT_NICE = 15
 #: No previous action (the first step), as the RDE tree and the encoder's trace read it.
 NO_PREVIOUS = -2
 
@@ -841,15 +837,6 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
 
 
 # =========================================================================== the engine
-def _lower_priority() -> None:
-    """Run the calling (background) thread at ``INTENT_NICE`` where threads have their own
-    priority (Linux); elsewhere, or when not allowed, leave it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INTENT_NICE)
-    except (AttributeError, OSError):
-        pass
-
-
 def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
     """Identity of the policies index file (changes when a promotion replaces it)."""
     from core.policies import INDEX, policies_root
@@ -919,8 +906,7 @@ class DecisionEngine:
         self._boost_ms: collections.deque[float] = collections.deque(maxlen=INLINE_WINDOW)
         # The sentence embedding of a new episode's query is started when the episode starts,
         # beside the decision, so that a later RL-Boost finds it ready.
-        self._intent_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-intent",
-                                                                  initializer=_lower_priority)
+        self._intent_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-intent")
         # Load the sentence model there now, so the first new queries are not deferred while it loads.
         warm_up = getattr(self.embedder, "warm_up", None)
         if callable(warm_up):
