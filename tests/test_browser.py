@@ -350,6 +350,8 @@ def test_main_path_in_a_real_browser(page, workspace):
     _see(pg, re.compile(r"finance_risk@\S+ (beats|does not beat) "))
     gate = _main(pg).get_by_text(re.compile(r"finance_risk@\S+ (beats|does not beat) ")).first.inner_text()
     assert " beats logged noisy behaviour" in gate, gate
+    print(f"\npromotion gate: {gate}")
+    _shot(pg, "07_policies_gate")
     _main(pg).get_by_label("Why you approve").fill("beats the logged agent on held-out requests")
     _main(pg).get_by_label("Why you approve").press("Tab")
     _main(pg).get_by_role("button", name="Approve", exact=True).click()
@@ -360,7 +362,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     assert production != "—"
     index = json.loads((workspace["policies"] / "index.json").read_text())
     assert index["policies"]["finance_risk"]["active"] == production
-    _shot(pg, "07_policies_promoted")
+    _shot(pg, "08_policies_promoted")
 
     # 7. A production-style process serves a decision with the promoted policy (by name, from
     # the policies folder); the Audit page shows its record.
@@ -376,7 +378,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     _open(pg, "Audit")
     _see(pg, "browser-1")
     assert int(_metric(pg, "Records").replace(",", "")) >= 1
-    _shot(pg, "08_audit")
+    _shot(pg, "09_audit")
 
     # 8. The other pages, with their data: the state map, the diagnosis of the fixture's run,
     # and the tuning study the fixture ran.
@@ -385,15 +387,15 @@ def test_main_path_in_a_real_browser(page, workspace):
     _fill(pg, "Points on the map", "1000")
     _main(pg).get_by_role("button", name="Map the states").click()
     _see(pg, re.compile(r"Fidelity: task types separate"))
-    _shot(pg, "09_state_explorer")
+    _shot(pg, "10_state_explorer")
     _open(pg, "Diagnostics")
     _select(pg, "Run", workspace["run_id"])
     _main(pg).get_by_role("button", name="Diagnose").click()
     _see(pg, re.compile(r"Overall: "))
-    _shot(pg, "10_diagnostics")
+    _shot(pg, "11_diagnostics")
     _open(pg, "Tuning")
     _see(pg, re.compile(rf"{workspace['study']} · "))
-    _shot(pg, "11_tuning")
+    _shot(pg, "12_tuning")
     errors = _main(pg).locator('[data-testid="stException"]')
     assert errors.count() == 0
     print(f"\nbrowser path: {time.perf_counter() - t0:.0f} s; screenshots in {SCREENS}")
