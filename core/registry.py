@@ -185,6 +185,14 @@ def _approvals(events: list[dict[str, Any]], version: str) -> list[dict[str, Any
              "gate": e["detail"].get("gate")} for e in events if e["event"] == "approved" and e["version"] == version]
 
 
+def _best_logged(ev: Mapping[str, Any]) -> str | None:
+    """``"noisy 1.9980"``: the best logged behaviour of an evaluation and its held-out return."""
+    best = ev.get("best_logged") or {}
+    if best.get("behaviour") is None or best.get("return_mean") is None:
+        return None
+    return f"{best['behaviour']} {best['return_mean']:.4f}"
+
+
 def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     m = row["manifest"]
     ev = m.get("evaluation") or {}
@@ -194,7 +202,7 @@ def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -
         "registered_by": row["registered_by"], "registered_at": row["registered_at"],
         "template": f"{m['template']['name']} v{m['template']['version']}", "dataset": m.get("dataset"),
         "return_mean": (ev.get("policy") or {}).get("return_mean"), "expert_return": ev.get("expert_return"),
-        "heldout_episodes": ev.get("episodes"),
+        "best_logged": _best_logged(ev), "heldout_episodes": ev.get("episodes"),
         "approvals": [{k: a[k] for k in ("by", "at", "comment")} for a in _approvals(events, row["version"])],
         "bundle_path": row["bundle_path"], "bundle_sha256": row["bundle_sha256"],
         "manifest_digest": row["manifest_digest"],

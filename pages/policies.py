@@ -65,7 +65,7 @@ with registry_tab:
         st.caption(f"Installed in `{policies_root()}`: active {installed.get('active') or '—'}, "
                    f"previous {', '.join(installed.get('previous') or []) or '—'}.")
         versions = registry.list_versions(ws, name)
-        st.dataframe([{k: v[k] for k in ("version", "stage", "return_mean", "expert_return", "heldout_episodes",
+        st.dataframe([{k: v[k] for k in ("version", "stage", "return_mean", "best_logged", "heldout_episodes",
                                          "run_id", "created_by", "trained_by", "registered_at")}
                       | {"approved by": ", ".join(a["by"] for a in v["approvals"])} for v in versions],
                      hide_index=True)

@@ -78,7 +78,10 @@ def test_register_verifies_and_records_a_candidate(ws, run, tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(BundleError):
         registry.register(ws, ana, bad)
-    assert [x["version"] for x in registry.list_versions(ws, "reg")] == ["0.1.0"]
+    listed = registry.list_versions(ws, "reg")
+    assert [x["version"] for x in listed] == ["0.1.0"]
+    best = load_bundle(run.bundle).manifest.evaluation["best_logged"]   # shown on the Policies page
+    assert listed[0]["best_logged"] == f"{best['behaviour']} {best['return_mean']:.4f}"
     events = registry.history(ws, "reg")
     assert [(e["event"], e["actor"], e["comment"]) for e in events] == [("registered", "ana", "first export")]
 
