@@ -451,7 +451,7 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
 
     def make(name: str, cls: type = DecisionEngine, **config: Any):
         ws = Workspace.open(work / name)
-        timed = TimedEmbedder(embedder or core.embed.workspace_embedder(ws))
+        timed = TimedEmbedder(embedder or core.embed.workspace_embedder(ws).reader())  # what the engine uses
         clock = ReplayClock()
         engine = cls(ws, bundle, embedder=timed, clock=clock,
                      config=ServingConfig(torch_threads=args.torch_threads,

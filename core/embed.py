@@ -115,6 +115,25 @@ class Embedder:
         os.replace(tmp_index, self.cache_dir / "index.json")
 
     # ------------------------------------------------------------------ encoding
+    def reader(self) -> "CacheReader":
+        """A view of this cache for a long-running caller (the decision engine): it answers
+        from the cache and embeds the rest without storing it — no disk write per new text,
+        no memory growing with the traffic (the caller keeps its own bounded cache)."""
+        return CacheReader(self)
+
+    def _lookup(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        """The cached rows of ``texts`` (zeros elsewhere) and the positions not cached."""
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
+        missing = []
+        with self._lock:
+            for i, t in enumerate(texts):
+                where = self._index.get(text_hash(t))
+                if where is None:
+                    missing.append(i)
+                else:
+                    out[i] = self._shards[where[0]][where[1]]
+        return out, missing
+
     def warm_up(self) -> None:
         """Load the model and run it once (nothing is cached or counted), so that the first
         real ``encode`` pays neither the load nor the first-call set-up."""
@@ -147,6 +166,33 @@ class Embedder:
                 s, r = self._index[h]
                 out[i] = self._shards[s][r]
             return out
+
+
+class CacheReader:
+    """What :meth:`Embedder.reader` returns: same ``encode``/``warm_up``/``stats``; texts
+    not in the embedder's cache are embedded and returned, never stored."""
+
+    dim = DIM
+
+    def __init__(self, embedder: Embedder):
+        self.embedder = embedder
+        self.batch_size = embedder.batch_size
+        self.stats = {"hits": 0, "encoded": 0}
+
+    def warm_up(self) -> None:
+        self.embedder.warm_up()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        texts = ["" if t is None else str(t) for t in texts]
+        out, missing = self.embedder._lookup(texts)
+        self.stats["hits"] += len(texts) - len(missing)
+        if missing:
+            new = _load_model().encode([texts[i] for i in missing], batch_size=self.batch_size,
+                                       convert_to_numpy=True, normalize_embeddings=True,
+                                       show_progress_bar=False).astype(np.float32)
+            out[missing] = new
+            self.stats["encoded"] += len(missing)
+        return out
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -118,9 +118,10 @@ that has it (``prefetch_intent``) or whose RL-Boost needed it; until it is ready
 RL-Boost on it is deferred and the baseline decides alone (``intent_pending``; with
 ``wait_for_intent`` the request waits for it instead, as one whose tree has no allowed
 action always does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
-queries' (an embedder such as :func:`core.embed.workspace_embedder` adds its disk cache
-by text hash).  ``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process.  ``decide_batch`` runs the
-same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
+queries' (the default embedder also answers from the workspace's disk cache by text hash,
+read-only: a long-running engine neither writes per query nor grows with the traffic).
+``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process.  ``decide_batch``
+runs the same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
 """
 
 from __future__ import annotations
@@ -882,7 +883,9 @@ class DecisionEngine:
         if embedder is None:
             import core.embed
 
-            embedder = core.embed.workspace_embedder(ws)
+            # the workspace's cache read-only: the engine keeps its own bounded cache of intents
+            base = core.embed.workspace_embedder(ws)
+            embedder = base.reader() if hasattr(base, "reader") else base
         self.embedder = embedder
         c = self.config
         self.audit = audit_writer or AuditWriter(ws, self.actor, batch_size=c.audit_batch_size,

@@ -311,3 +311,21 @@ def test_the_engine_sets_the_interpreters_switch_interval_when_asked(bundle, ws)
         sys.setswitchinterval(before)
     with pytest.raises(InputError, match="switch_interval_ms"):
         ServingConfig(switch_interval_ms=0)
+
+
+def test_the_engines_embedder_reads_the_workspace_cache_and_stores_nothing(tmp_path):
+    from core.embed import CacheReader, Embedder
+
+    emb = Embedder(cache_dir=tmp_path / "cache")
+    stored = emb.encode(["buy Moutai"])
+    index = (tmp_path / "cache" / "index.json").read_bytes()
+    reader = emb.reader()
+    got = reader.encode(["buy Moutai", "sell Moutai"])
+    assert np.array_equal(got[0], stored[0])                        # from the cache
+    assert np.allclose(got[1], emb.encode(["sell Moutai"])[0], atol=1e-5)   # embedded alike …
+    assert reader.stats == {"hits": 1, "encoded": 1}
+    assert (tmp_path / "cache" / "index.json").read_bytes() != index   # (that encode() stored it)
+    before = (tmp_path / "cache" / "index.json").read_bytes()
+    reader.encode(["hold Moutai"])                                   # … but the reader never stores
+    assert (tmp_path / "cache" / "index.json").read_bytes() == before and len(emb._index) == 2
+    assert isinstance(reader, CacheReader)
