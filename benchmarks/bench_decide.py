@@ -26,8 +26,8 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    the review-rule check), tree, policy (RL-Boost without its embedding), sentence
    embedding, audit write, and the rest (validation, arbitration, metrics, the hand-off to
    the policy's thread).
-3. **A naive reference** (nothing cached in the engine — the embedder's own text-hash cache
-   still answers a query it embedded before —, one synchronous audit commit per decision,
+3. **A naive reference** (nothing cached in the engine — its embedder is the workspace's
+   storing one, whose text-hash cache still answers a query it embedded before —, one synchronous audit commit per decision,
    masks re-compiled every time) replays the episodes one after the other: both engines
    must serve the same actions (decisions where either ran out of its time budget aside).
 4. **decide_batch** throughput: ``--batch`` episodes advance one step per call, first on
@@ -449,9 +449,11 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
 
     made: list[DecisionEngine] = []
 
-    def make(name: str, cls: type = DecisionEngine, **config: Any):
+    def make(name: str, cls: type = DecisionEngine, *, storing: bool = False, **config: Any):
         ws = Workspace.open(work / name)
-        timed = TimedEmbedder(embedder or core.embed.workspace_embedder(ws).reader())  # what the engine uses
+        base = core.embed.workspace_embedder(ws)
+        # the engine's default reads the workspace cache without storing; the naive one stores
+        timed = TimedEmbedder(embedder or (base if storing else base.reader()))
         clock = ReplayClock()
         engine = cls(ws, bundle, embedder=timed, clock=clock,
                      config=ServingConfig(torch_threads=args.torch_threads,
@@ -504,7 +506,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     staged, staged_clock, staged_emb = make("stages-ws", prefetch_intent=False, wait_for_intent=True)
     sequential(staged, staged_clock, warm_up, args.rate)
     stages, seq = stage_breakdown(staged, staged_clock, staged_emb, episodes, args.rate)
-    naive, naive_clock, _ = make("naive-ws", NaiveEngine, audit_synchronous=True, wait_for_intent=True)
+    naive, naive_clock, _ = make("naive-ws", NaiveEngine, storing=True, audit_synchronous=True,
+                                 wait_for_intent=True)
     ref = sequential(naive, naive_clock, episodes, args.rate)
     same, compared = same_actions(real.pop("finals"), ref["finals"])
     cold, cold_clock, _ = make("batch-ws", wait_for_intent=True)
