@@ -42,6 +42,12 @@ def _load_model():
         return _MODEL
 
 
+def _model_encode(texts: Sequence[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
+    """L2-normalised float32 embeddings of ``texts`` straight from the model (no cache)."""
+    return _load_model().encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
+                                normalize_embeddings=True, show_progress_bar=show_progress).astype(np.float32)
+
+
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -121,13 +127,14 @@ class Embedder:
         no memory growing with the traffic (the caller keeps its own bounded cache)."""
         return CacheReader(self)
 
-    def _lookup(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
-        """The cached rows of ``texts`` (zeros elsewhere) and the positions not cached."""
-        out = np.zeros((len(texts), DIM), dtype=np.float32)
+    def _lookup(self, hashes: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        """The cached rows of the texts with these hashes (zeros elsewhere) and the
+        positions not cached.  Entries are only ever added, so no lock is held after."""
+        out = np.zeros((len(hashes), DIM), dtype=np.float32)
         missing = []
         with self._lock:
-            for i, t in enumerate(texts):
-                where = self._index.get(text_hash(t))
+            for i, h in enumerate(hashes):
+                where = self._index.get(h)
                 if where is None:
                     missing.append(i)
                 else:
@@ -137,7 +144,7 @@ class Embedder:
     def warm_up(self) -> None:
         """Load the model and run it once (nothing is cached or counted), so that the first
         real ``encode`` pays neither the load nor the first-call set-up."""
-        _load_model().encode(["warm up"], convert_to_numpy=True, show_progress_bar=False)
+        _model_encode(["warm up"])
 
     def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
         """Embeddings for ``texts`` (duplicates and cached texts are never re-encoded)."""
@@ -150,10 +157,7 @@ class Embedder:
                     missing[h] = t
             self.stats["hits"] += len(texts) - len(missing)
             if missing:
-                model = _load_model()
-                new = model.encode(list(missing.values()), batch_size=self.batch_size,
-                                   convert_to_numpy=True, normalize_embeddings=True,
-                                   show_progress_bar=show_progress).astype(np.float32)
+                new = _model_encode(missing.values(), self.batch_size, show_progress)
                 self.stats["encoded"] += len(missing)
                 self._shards.append(new)
                 shard = len(self._shards) - 1
@@ -161,11 +165,7 @@ class Embedder:
                     self._index[h] = (shard, row)
                 if self.cache_dir:
                     self._save_shard(new)
-            out = np.empty((len(texts), DIM), dtype=np.float32)
-            for i, h in enumerate(hashes):
-                s, r = self._index[h]
-                out[i] = self._shards[s][r]
-            return out
+        return self._lookup(hashes)[0]
 
 
 class CacheReader:
@@ -184,13 +184,10 @@ class CacheReader:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         texts = ["" if t is None else str(t) for t in texts]
-        out, missing = self.embedder._lookup(texts)
+        out, missing = self.embedder._lookup([text_hash(t) for t in texts])
         self.stats["hits"] += len(texts) - len(missing)
         if missing:
-            new = _load_model().encode([texts[i] for i in missing], batch_size=self.batch_size,
-                                       convert_to_numpy=True, normalize_embeddings=True,
-                                       show_progress_bar=False).astype(np.float32)
-            out[missing] = new
+            out[missing] = _model_encode([texts[i] for i in missing], self.batch_size)
             self.stats["encoded"] += len(missing)
         return out
 

@@ -1426,6 +1426,8 @@ class DecisionEngine:
         """Wait until the background embedding work queued so far — the sentence model's
         warm-up at start, query embeddings under way — is done (a service's readiness
         probe); False when ``timeout`` seconds passed first."""
+        if self._closed:
+            raise RwbError("this decision engine is closed")
         try:
             self._intent_pool.submit(lambda: None).result(timeout=timeout)
         except concurrent.futures.TimeoutError:

@@ -329,3 +329,13 @@ def test_the_engines_embedder_reads_the_workspace_cache_and_stores_nothing(tmp_p
     reader.encode(["hold Moutai"])                                   # … but the reader never stores
     assert (tmp_path / "cache" / "index.json").read_bytes() == before and len(emb._index) == 2
     assert isinstance(reader, CacheReader)
+
+
+def test_a_closed_engine_says_so_when_asked_whether_it_is_ready(bundle, ws):
+    from core.errors import RwbError
+
+    engine = DecisionEngine(ws, _confident(bundle), embedder=HashEmbedder())
+    assert engine.ready(timeout=10)
+    engine.close()
+    with pytest.raises(RwbError, match="closed"):
+        engine.ready()
