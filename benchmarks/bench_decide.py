@@ -19,8 +19,10 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    a new episode's first request answered without the embedding, requests that had to
    wait for a new query's embedding (RL-Boost on a query nobody embedded yet), and the mix.
    The default engine defers an RL-Boost whose query is not embedded yet (the baseline
-   answers; ``ServingConfig.wait_for_intent``); a second engine that waits for the
-   embeddings replays the same episodes for comparison.
+   answers; ``ServingConfig.wait_for_intent``) and runs the sentence model in a child
+   process (``ServingConfig.model_process``); the same engine with the model in the
+   serving process, and one that waits for the embeddings, replay the same episodes for
+   comparison.
 2. **Where the time goes**: the same episodes one request after the other on a fresh
    engine without prefetching, each stage of decide() timed: episode state, masks (with
    the review-rule check), tree, policy (RL-Boost without its embedding), sentence
@@ -376,6 +378,11 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
     d = r["deferred"]["n"]
     lines.append(f"the default engine deferred {d} of {n} requests' RL-Boost ({d / n:.1%}: their query's "
                  "embedding was not ready; the baseline answered at once)")
+    t = out.get("replay_model_in_process")
+    if t and t["all"]["p99"] is not None and r["all"]["p99"] is not None:
+        lines.append(f"the sentence model in the serving process instead (model_process=False): mix p99 "
+                     f"{t['all']['p99']:.3f} ms, ongoing p99 {t['ongoing']['p99']:.3f} ms — the child process's "
+                     f"mix p99 is {t['all']['p99'] / r['all']['p99']:.2f}× lower")
     if embed_ms.size and w["all"]["p99"] is not None:
         waited = w["waited_embedding"]["n"]
         lines.append(f"waiting for the embeddings instead (wait_for_intent=True): mix p99 {w['all']['p99']:.3f} ms; "
@@ -394,7 +401,9 @@ def print_replay(out: dict) -> None:
     engine (RL-Boosts on queries not embedded yet deferred) and one that waits for them."""
     print(f"\n1. realistic replay: {out['episodes']} episodes starting {out['rate']:g}/s, recorded gaps "
           f"(≤ {out['max_gap']:g} s) between an episode's requests, {out['embedder']} embedder; decide() wall ms")
-    for key, title in (("replay", "default engine (wait_for_intent=False)"),
+    for key, title in (("replay", "default engine (wait_for_intent=False; the sentence model in a child process)"),
+                       ("replay_model_in_process", "the same with the sentence model in the serving process "
+                                                   "(model_process=False)"),
                        ("replay_waiting", "an engine that waits for embeddings (wait_for_intent=True)")):
         print(f"\n   {title}")
         _print_categories(out[key])
@@ -442,25 +451,37 @@ def print_report(out: dict) -> None:
 
 # =========================================================================== main
 def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
-            ) -> tuple[Callable[..., tuple[DecisionEngine, ReplayClock, TimedEmbedder]], list[DecisionEngine]]:
-    """A factory of fresh engines (own workspace, clock and timed embedder) and the list
-    of engines it made (to close)."""
+            ) -> tuple[Callable[..., tuple[DecisionEngine, ReplayClock, TimedEmbedder]], list[DecisionEngine],
+                       list[Any]]:
+    """A factory of fresh engines (own workspace, clock and timed embedder), the list of
+    engines it made and the list of sentence-model processes they share (to close)."""
     import core.embed
 
     made: list[DecisionEngine] = []
+    processes: list[core.embed.ModelProcess] = []
 
-    def make(name: str, cls: type = DecisionEngine, *, storing: bool = False, **config: Any):
+    def make(name: str, cls: type = DecisionEngine, *, model: str = "process", **config: Any):
+        """``model``: "process" — the engine's default (the workspace cache read-only, the
+        sentence model in a child process, one shared by the engines); "thread" — the same
+        with the model in this process; "storing" — the workspace's storing embedder."""
         ws = Workspace.open(work / name)
         base = core.embed.workspace_embedder(ws)
-        # the engine's default reads the workspace cache without storing; the naive one stores
-        timed = TimedEmbedder(embedder or (base if storing else base.reader()))
+        if embedder is not None:
+            inner = embedder
+        elif model == "process":
+            if not processes:
+                processes.append(core.embed.ModelProcess())
+            inner = core.embed.CacheReader(base, processes[0])
+        else:
+            inner = base if model == "storing" else base.reader()
+        timed = TimedEmbedder(inner)
         clock = ReplayClock()
         engine = cls(ws, bundle, embedder=timed, clock=clock,
-                     config=ServingConfig(torch_threads=args.torch_threads,
+                     config=ServingConfig(torch_threads=args.torch_threads, model_process=model == "process",
                                           switch_interval_ms=args.switch_interval_ms or None, **config))
         made.append(engine)
         return engine, clock, timed
-    return make, made
+    return make, made, processes
 
 
 def parse_args() -> argparse.Namespace:
@@ -491,22 +512,24 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     load_before = os.getloadavg()[0]
     print(f"{bundle.policy_version}: {sum(map(len, episodes))} requests from {len(episodes)} recorded episodes; "
           f"load average {load_before:.1f} on {os.cpu_count()} CPUs", flush=True)
-    make, made = engines(work, bundle, embedder, args)
-    fast, fast_clock, fast_emb = make("serve-ws")
-    sequential(fast, fast_clock, warm_up, args.rate)  # allocates torch buffers
-    fast.ready()                                      # the sentence model loaded, warm-up queries embedded
-    fast_emb.calls.clear()
-    real = replay(fast, fast_clock, fast_emb, episodes, args.rate, args.max_gap)
-    waiting, wait_clock, wait_emb = make("wait-ws", wait_for_intent=True)
-    sequential(waiting, wait_clock, warm_up, args.rate)
-    waiting.ready()
-    wait_emb.calls.clear()
-    real_wait = replay(waiting, wait_clock, wait_emb, episodes, args.rate, args.max_gap)
+    make, made, processes = engines(work, bundle, embedder, args)
+
+    def replayed(name: str, **options: Any) -> tuple[DecisionEngine, TimedEmbedder, dict]:
+        engine, clock, timed = make(name, **options)
+        sequential(engine, clock, warm_up, args.rate)  # allocates torch buffers
+        engine.ready()                                 # the sentence model loaded, warm-up queries embedded
+        timed.calls.clear()
+        return engine, timed, replay(engine, clock, timed, episodes, args.rate, args.max_gap)
+
+    fast, fast_emb, real = replayed("serve-ws")
+    real_thread = replayed("thread-ws", model="thread")[2]
+    real_thread.pop("finals")
+    real_wait = replayed("wait-ws", wait_for_intent=True)[2]
     real_wait.pop("finals")
     staged, staged_clock, staged_emb = make("stages-ws", prefetch_intent=False, wait_for_intent=True)
     sequential(staged, staged_clock, warm_up, args.rate)
     stages, seq = stage_breakdown(staged, staged_clock, staged_emb, episodes, args.rate)
-    naive, naive_clock, _ = make("naive-ws", NaiveEngine, storing=True, audit_synchronous=True,
+    naive, naive_clock, _ = make("naive-ws", NaiveEngine, model="storing", audit_synchronous=True,
                                  wait_for_intent=True)
     ref = sequential(naive, naive_clock, episodes, args.rate)
     same, compared = same_actions(real.pop("finals"), ref["finals"])
@@ -516,12 +539,14 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     thr_naive = batched(naive, naive_clock, episodes, args.batch, "-batch")
     for engine in made:
         engine.close()
+    for process in processes:
+        process.close()
     records = audit.stats(fast.ws)["records"]
     for engine in made:
         engine.ws.close()
     return {"policy": bundle.policy_version, "episodes": len(episodes), "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "replay_waiting": real_wait, "stages": stages, "sequential": seq, "naive": ref["all"],
+            "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait, "stages": stages, "sequential": seq, "naive": ref["all"],
             "same_actions": same, "compared": compared,
             "batched_decisions_per_s": {"new_queries": thr_new, "embedded_queries": thr_warm, "naive": thr_naive,
                                         "batch": args.batch},

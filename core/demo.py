@@ -538,8 +538,10 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
     served = boosted = adopted = 0
     # The replay sends an episode's requests back to back, with none of the time between
     # them in which a service embeds a new query in the background: its RL-Boosts wait for
-    # the embedding rather than being deferred (ServingConfig.wait_for_intent).
-    with load(ctx["policy"], ws=ws, root=ctx["policies"], config=ServingConfig(wait_for_intent=True)) as engine:
+    # the embedding rather than being deferred (ServingConfig.wait_for_intent), and the
+    # sentence model runs in this process (no child to start for 36 requests).
+    config = ServingConfig(wait_for_intent=True, model_process=False)
+    with load(ctx["policy"], ws=ws, root=ctx["policies"], config=config) as engine:
         for ep in chosen:
             for request in requests_from_episode(ep):
                 decision = engine.decide(request)

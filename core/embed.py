@@ -17,9 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
+import struct
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -121,11 +126,13 @@ class Embedder:
         os.replace(tmp_index, self.cache_dir / "index.json")
 
     # ------------------------------------------------------------------ encoding
-    def reader(self) -> "CacheReader":
+    def reader(self, *, process: bool = False, threads: int = 1) -> "CacheReader":
         """A view of this cache for a long-running caller (the decision engine): it answers
         from the cache and embeds the rest without storing it — no disk write per new text,
-        no memory growing with the traffic (the caller keeps its own bounded cache)."""
-        return CacheReader(self)
+        no memory growing with the traffic (the caller keeps its own bounded cache).
+        ``process``: the rest is embedded by a :class:`ModelProcess` with ``threads`` torch
+        threads (the reader's ``close()`` stops it)."""
+        return CacheReader(self, ModelProcess(threads=threads) if process else None)
 
     def _lookup(self, hashes: Sequence[str]) -> tuple[np.ndarray, list[int]]:
         """The cached rows of the texts with these hashes (zeros elsewhere) and the
@@ -170,26 +177,240 @@ class Embedder:
 
 class CacheReader:
     """What :meth:`Embedder.reader` returns: same ``encode``/``warm_up``/``stats``; texts
-    not in the embedder's cache are embedded and returned, never stored."""
+    not in the embedder's cache are embedded and returned, never stored — by the model in
+    this process, or by a :class:`ModelProcess` (``close()`` then stops it)."""
 
     dim = DIM
 
-    def __init__(self, embedder: Embedder):
+    def __init__(self, embedder: Embedder, model: "ModelProcess | None" = None):
         self.embedder = embedder
         self.batch_size = embedder.batch_size
+        self.model = model
         self.stats = {"hits": 0, "encoded": 0}
 
     def warm_up(self) -> None:
-        self.embedder.warm_up()
+        if self.model is not None:
+            self.model.start()
+        else:
+            self.embedder.warm_up()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         texts = ["" if t is None else str(t) for t in texts]
         out, missing = self.embedder._lookup([text_hash(t) for t in texts])
         self.stats["hits"] += len(texts) - len(missing)
         if missing:
-            out[missing] = _model_encode([texts[i] for i in missing], self.batch_size)
+            new = [texts[i] for i in missing]
+            out[missing] = _model_encode(new, self.batch_size) if self.model is None else self.model.encode(new)
             self.stats["encoded"] += len(missing)
         return out
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+
+
+# --------------------------------------------------------------------------- the model in a child process
+class ModelUnavailable(RuntimeError):
+    """The sentence-model process could not start, died, failed or did not answer."""
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    data = memoryview(struct.pack("<I", len(payload)) + payload)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    """``n`` bytes from ``fd``; EOFError when the other end closed, TimeoutError past ``deadline``."""
+    parts, left = [], n
+    while left:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, left)
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _read_frame(fd: int, deadline: float | None) -> bytes:
+    (size,) = struct.unpack("<I", _read_exact(fd, 4, deadline))
+    return _read_exact(fd, size, deadline)
+
+
+class ModelProcess:
+    """The sentence model in a child Python process, for a long-running server.
+
+    The model's forward pass holds the interpreter lock between its operations, so in the
+    serving process it slows every request running beside it; in a child it only takes a
+    core.  The child is started with ``python -m core.embed`` (never a copy of the caller's
+    ``__main__``) and speaks length-prefixed frames on its stdin/stdout: texts go as JSON,
+    vectors come back as raw float32 bytes — nothing is pickled.  It runs ``threads`` torch
+    threads and exits when its stdin closes (also when this process dies).
+
+    ``encode`` raises :class:`ModelUnavailable` when the child cannot start, exits, reports
+    an error or does not answer within ``call_timeout_s`` (then it is killed); the next call
+    starts a new one.  Thread-safe: one call at a time."""
+
+    dim = DIM
+
+    def __init__(self, *, threads: int = 1, start_timeout_s: float = 120.0, call_timeout_s: float = 60.0,
+                 command: Sequence[str] | None = None):
+        self.threads = int(threads)
+        self.start_timeout_s = start_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.command = list(command) if command else [sys.executable, "-m", "core.embed", "--serve",
+                                                      "--threads", str(self.threads)]
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def start(self) -> None:
+        """Start the child and wait until its model is loaded (no-op when it runs)."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> subprocess.Popen:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self._stop()
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        root = str(Path(__file__).resolve().parent.parent)  # the folder holding the core package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=env, close_fds=True)
+        except OSError as exc:
+            raise ModelUnavailable(f"cannot start the sentence-model process: {exc}") from exc
+        self._proc = proc
+        self.starts += 1
+        self._answer(time.monotonic() + self.start_timeout_s, "start")
+        return proc
+
+    def _answer(self, deadline: float, doing: str) -> bytes:
+        """The child's next frame (its kind byte stripped); on any failure the child is
+        stopped and :class:`ModelUnavailable` says why."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        try:
+            frame = _read_frame(proc.stdout.fileno(), deadline)
+        except TimeoutError:
+            self._stop(kill=True)
+            raise ModelUnavailable(f"the sentence-model process did not {doing} within "
+                                   f"{self.start_timeout_s if doing == 'start' else self.call_timeout_s:g} s; "
+                                   "it was stopped") from None
+        except (EOFError, OSError):
+            code = _exit_code(proc)
+            self._stop()
+            raise ModelUnavailable(f"the sentence-model process exited (code {code}) before it could {doing}"
+                                   ) from None
+        if frame[:1] == b"E":
+            if doing == "start":
+                self._stop()
+            raise ModelUnavailable(f"the sentence-model process failed to {doing}: "
+                                   f"{frame[1:].decode('utf-8', 'replace')}")
+        return frame[1:]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised float32 ``[len(texts), 384]`` from the child."""
+        texts = ["" if t is None else str(t) for t in texts]
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        with self._lock:
+            proc = self._ensure()
+            assert proc.stdin is not None
+            try:
+                _write_frame(proc.stdin.fileno(), json.dumps(texts).encode("utf-8"))
+            except OSError:
+                code = _exit_code(proc)
+                self._stop()
+                raise ModelUnavailable(f"the sentence-model process exited (code {code})") from None
+            data = self._answer(time.monotonic() + self.call_timeout_s, "embed")
+        vectors = np.frombuffer(data, dtype=np.float32)
+        if vectors.size != len(texts) * DIM:
+            raise ModelUnavailable(f"the sentence-model process answered {vectors.size} numbers for "
+                                   f"{len(texts)} texts")
+        return vectors.reshape(len(texts), DIM).copy()
+
+    def _stop(self, *, kill: bool = False) -> None:
+        """Close the child's stdin (it leaves its loop) and reap it; ``kill`` (or a child
+        still there after 5 s) kills it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def close(self) -> None:
+        """Stop the child (the next ``encode`` would start a new one)."""
+        with self._lock:
+            self._stop()
+
+    def __del__(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+
+def _exit_code(proc: subprocess.Popen) -> int | None:
+    """The exit code of a child whose pipe just closed (it may take a moment to exit)."""
+    try:
+        return proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _serve(threads: int, encode: Callable[[list[str]], np.ndarray] | None = None) -> int:
+    """The child's loop (``python -m core.embed --serve``): a ready frame once the model is
+    loaded, then one answer frame per request frame until stdin closes."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
+    fd_in, fd_out = sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()
+    sys.stdout = sys.stderr  # nothing the libraries print may corrupt the frames
+    try:
+        if encode is None:
+            import torch
+
+            torch.set_num_threads(max(threads, 1))
+            encode = _model_encode
+        encode(["warm up"])
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        _write_frame(fd_out, b"E" + f"{type(exc).__name__}: {exc}".encode("utf-8"))
+        return 1
+    _write_frame(fd_out, b"R")
+    while True:
+        try:
+            request = _read_frame(fd_in, None)
+        except EOFError:
+            return 0
+        try:
+            texts = json.loads(request.decode("utf-8"))
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("expected a JSON list of strings")
+            answer = b"V" + np.ascontiguousarray(encode(texts), dtype=np.float32).tobytes()
+        except Exception as exc:  # noqa: BLE001 - one bad request does not end the child
+            answer = b"E" + f"{type(exc).__name__}: {exc}".encode("utf-8")
+        _write_frame(fd_out, answer)
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -208,3 +429,12 @@ def workspace_embedder(ws) -> Embedder:
     if key not in _EMBEDDERS:
         _EMBEDDERS[key] = Embedder(ws.artifact_dir("embeddings"))
     return _EMBEDDERS[key]
+
+
+if __name__ == "__main__":  # python -m core.embed --serve --threads N: ModelProcess's child
+    import argparse
+
+    _parser = argparse.ArgumentParser(description="The sentence model for a ModelProcess (frames on stdin/stdout).")
+    _parser.add_argument("--serve", action="store_true", required=True)
+    _parser.add_argument("--threads", type=int, default=1)
+    sys.exit(_serve(_parser.parse_args().threads))

@@ -208,6 +208,13 @@ class ServingConfig:
     #: request waits for the embedding within ``time_budget_ms``.  A request whose tree has
     #: no allowed action always waits: the policy is then its only proposal.
     wait_for_intent: bool = False
+    #: Where the engine's default embedder runs the sentence model: True — in a child
+    #: process (:class:`core.embed.ModelProcess`, one torch thread, started in the
+    #: background when the engine starts and stopped by ``close()``), so that its forward
+    #: pass, which holds the interpreter lock between operations, never delays a request
+    #: running beside it; False — on the engine's intent thread (no child, a faster start:
+    #: what a one-shot run uses).  An ``embedder=`` given to the engine is used as it is.
+    model_process: bool = True
     #: torch intra-op threads for the policy (``torch.set_num_threads``, process-wide); None
     #: leaves torch's default.  1 suits a serving process: the policy runs on a few rows,
     #: where more threads only add synchronisation.
@@ -596,6 +603,40 @@ def _compile_policy(bundle: "LoadedBundle") -> tuple[Callable[[Mapping[str, Any]
     return compiled, True
 
 
+_FAST: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _numpy_policy(bundle: "LoadedBundle") -> Any:
+    """The bundle's policy as a :class:`core.fast_policy.NumpyPolicy`, or None when it is
+    not the architecture it knows or does not reproduce the module (then the module
+    serves).  Shared by the engines over the same loaded bundle."""
+    from core.fast_policy import numpy_policy
+
+    agent = bundle.policy
+    try:
+        if agent in _FAST:
+            return _FAST[agent]
+    except TypeError:  # not weak-referenceable: built each time
+        return numpy_policy(agent, bundle.smoke_obs())
+    _FAST[agent] = fast = numpy_policy(agent, bundle.smoke_obs())
+    return fast
+
+
+def _top_k(logits: np.ndarray, mask: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens [B, k], probabilities [B, k])`` of the ``k`` most probable allowed actions
+    under the masked softmax (:class:`core.rl_common.MaskedCategorical`: a masked action's
+    probability is exactly 0), most probable first; a slot with no allowed action left
+    is token -1 with probability 0."""
+    if not mask.any(axis=1).all():
+        raise ValueError("a mask row allows no action; masks must keep terminate/escalate")
+    z = np.where(mask, logits.astype(np.float64), -np.inf)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    probs = z / z.sum(axis=1, keepdims=True)
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    p = np.take_along_axis(probs, top, axis=1)
+    return np.where(p > 0, top, -1), p
+
+
 def _number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return math.nan
@@ -629,7 +670,9 @@ class PolicyRuntime:
         self.masks: "CompiledMasks" = bundle.masks
         self._review_signature: tuple[Any, ...] | None = None
         self._actions: dict[int, "Action"] = {}
-        self.forward, self.compiled = _compile_policy(bundle)
+        #: The numpy forward (core.fast_policy) when it reproduces the module; else the module.
+        self.fast = _numpy_policy(bundle)
+        self.forward, self.compiled = _compile_policy(bundle) if self.fast is None else (None, False)
 
     # ------------------------------------------------------------------ masks
     def refresh_masks(self, ws: "Workspace") -> None:
@@ -713,6 +756,8 @@ class EpisodeState:
     #: ``(query, sentence embedding, rule vector)`` kept once RL-Boost needed them: the
     #: episode's later requests with the same query never look the embedding up again.
     intent: tuple[str, np.ndarray, np.ndarray] | None = None
+    #: The policy's intent branch of that query (the numpy forward's; None until computed).
+    intent_state: np.ndarray | None = None
 
     @property
     def prev_token(self) -> int:
@@ -740,6 +785,8 @@ class _Row:
     #: taken from the episode, or built by RL-Boost (the episode keeps them at commit).
     result_row: np.ndarray | None = None
     intent: tuple[np.ndarray, np.ndarray] | None = None
+    #: The policy's intent branch of the query (numpy forward), like ``intent``.
+    intent_state: np.ndarray | None = None
     #: RL-Boost was due but deferred: the query's embedding is not ready.
     intent_pending: bool = False
     decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -880,12 +927,14 @@ class DecisionEngine:
         self.reload_error: str | None = None
         if policy_name is not None:
             self._index_stat = _index_stat(self._policies_root)
+        #: The engine made its embedder (then close() closes it).
+        self._own_embedder = embedder is None
         if embedder is None:
             import core.embed
 
             # the workspace's cache read-only: the engine keeps its own bounded cache of intents
             base = core.embed.workspace_embedder(ws)
-            embedder = base.reader() if hasattr(base, "reader") else base
+            embedder = base.reader(process=self.config.model_process) if hasattr(base, "reader") else base
         self.embedder = embedder
         c = self.config
         self.audit = audit_writer or AuditWriter(ws, self.actor, batch_size=c.audit_batch_size,
@@ -1064,10 +1113,11 @@ class DecisionEngine:
             result, result_step = (tool, lr.result, lr.error), ep.step_t - 1
         state = dict(req.state)
         notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
-        intent = ep.intent[1:] if ep.intent is not None and ep.intent[0] == req.query else None
+        same = ep.intent is not None and ep.intent[0] == req.query
         return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
                     step_t=ep.step_t, since=ep.step_t - result_step if result else 0, ood_notes=notes,
-                    now=now, result_row=ep.result_row if req.last_result is None else None, intent=intent)
+                    now=now, result_row=ep.result_row if req.last_result is None else None,
+                    intent=ep.intent[1:] if same else None, intent_state=ep.intent_state if same else None)
 
     def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
                       ) -> list[dict[str, Any]]:
@@ -1202,7 +1252,7 @@ class DecisionEngine:
         elif r.result_row is not None:
             ep.result_row = r.result_row
         if r.intent is not None:
-            ep.intent = (r.request.query, *r.intent)
+            ep.intent, ep.intent_state = (r.request.query, *r.intent), r.intent_state
         ep.trace_tokens = (ep.trace_tokens + [token])[-TRACE_LEN:]
         ep.trace_times = (ep.trace_times + [now])[-TRACE_LEN:]
         ep.trace_rewards = (ep.trace_rewards + [0.0])[-TRACE_LEN:]
@@ -1340,10 +1390,8 @@ class DecisionEngine:
         return np.stack([r.intent[0] for r in rows]), np.stack([r.intent[1] for r in rows])
 
     def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
-        """The policy's top-k allowed actions and the critic's reward estimates (worker thread)."""
-        import torch
-
-        from core.rl_common import MaskedCategorical
+        """The policy's top-k allowed actions and the critic's reward estimates: of each
+        candidate (and of the baseline's action), the critic's value of the state after it."""
         from core.state import O_FLAGS
 
         k = min(self.config.top_k, rt.n_actions)
@@ -1352,39 +1400,52 @@ class DecisionEngine:
         t0 = time.perf_counter()
         context = np.stack([r.context(rt.bundle.feature_stats) for r in rows])
         t_act, t_rew, t_dt = (np.stack(parts) for parts in zip(*(r.trace() for r in rows)))
-        obs = {"intent_emb": torch.from_numpy(emb), "intent_rules": torch.from_numpy(rules),
-               "context": torch.from_numpy(context), "trace_action": torch.from_numpy(t_act),
-               "trace_reward": torch.from_numpy(t_rew), "trace_dt": torch.from_numpy(t_dt)}
-        with torch.inference_mode():
-            logits, values = rt.forward(obs)
-            probs = MaskedCategorical(logits, torch.from_numpy(mask)).probs
-            p, top = torch.topk(probs, k, dim=1)
-            top = torch.where(p > 0, top, torch.full_like(top, -1)).numpy()
-            p = p.numpy()
-            # Lookahead: the state after each candidate (and the baseline's action), valued
-            # by the critic ensemble.  Column k holds the baseline's action.
-            acts = np.concatenate([top, rde_tok[:, None]], axis=1)                  # [B, k+1]
-            rows_idx = np.repeat(np.arange(B), k + 1)
-            a = acts.reshape(-1)
-            nxt_ctx = context[rows_idx].copy()
-            has = nxt_ctx[:, O_FLAGS + 0] > 0  # a result exists: it is one step older there
-            since = np.array([r.since for r in rows])[rows_idx]
-            step = np.array([r.step_t for r in rows])[rows_idx]
-            nxt_ctx[:, O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
-            nxt_ctx[:, O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
-            nxt = {"intent_emb": torch.from_numpy(emb[rows_idx]), "intent_rules": torch.from_numpy(rules[rows_idx]),
-                   "context": torch.from_numpy(nxt_ctx),
-                   "trace_action": torch.from_numpy(np.concatenate(
-                       [np.maximum(a, 0)[:, None], t_act[rows_idx, :-1]], axis=1)),
-                   "trace_reward": torch.from_numpy(np.concatenate(
-                       [np.zeros((len(a), 1), np.float32), t_rew[rows_idx, :-1]], axis=1)),
-                   "trace_dt": torch.from_numpy(np.concatenate(
-                       [np.zeros((len(a), 1), np.float32), t_dt[rows_idx, :-1]], axis=1))}
-            est = rt.forward(nxt)[1].mean(-1).reshape(B, k + 1).numpy().astype(np.float64)
-        est = np.where(acts >= 0, est, np.nan)
+        # The state one step later, whatever the action: a result exists → it is one step older.
+        nxt_ctx = context.copy()
+        has = nxt_ctx[:, O_FLAGS + 0] > 0
+        since = np.array([r.since for r in rows])
+        step = np.array([r.step_t for r in rows])
+        nxt_ctx[:, O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
+        nxt_ctx[:, O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
+
+        def shifted(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """Row of each (request, action) pair and its trace after the action."""
+            idx = np.repeat(np.arange(B), acts.shape[1])
+            a = np.maximum(acts.reshape(-1), 0)[:, None]
+            zeros = np.zeros((len(idx), 1), np.float32)
+            return (idx, np.concatenate([a, t_act[idx, :-1]], axis=1),
+                    np.concatenate([zeros, t_rew[idx, :-1]], axis=1), np.concatenate([zeros, t_dt[idx, :-1]], axis=1))
+
+        fast = rt.fast
+        if fast is not None:  # numpy, sharing the intent (per episode) and the next context
+            missing = [b for b, r in enumerate(rows) if r.intent_state is None]
+            if missing:
+                for b, e in zip(missing, fast.intent(emb[missing], rules[missing])):
+                    rows[b].intent_state = e
+            e_int = np.stack([r.intent_state for r in rows])
+            logits, values = fast.forward(fast.state(e_int, rules, context, fast.context(context), t_act, t_rew, t_dt))
+            top, p = _top_k(logits, mask, k)
+            acts = np.concatenate([top, rde_tok[:, None]], axis=1)             # [B, k+1]: column k = baseline
+            idx, n_act, n_rew, n_dt = shifted(acts)
+            e_next = fast.context(nxt_ctx)
+            est = fast.values(fast.state(e_int[idx], rules[idx], nxt_ctx[idx], e_next[idx], n_act, n_rew, n_dt))
+        else:  # the module (TorchScript when it traces)
+            import torch
+
+            def run(*inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                with torch.inference_mode():
+                    lg, val = rt.forward(dict(zip(_OBS_KEYS, map(torch.from_numpy, inputs))))
+                    return lg.numpy(), val.numpy()
+
+            logits, values = run(emb, rules, context, t_act, t_rew, t_dt)
+            top, p = _top_k(logits, mask, k)
+            acts = np.concatenate([top, rde_tok[:, None]], axis=1)
+            idx, n_act, n_rew, n_dt = shifted(acts)
+            est = run(emb[idx], rules[idx], nxt_ctx[idx], n_act, n_rew, n_dt)[1]
+        est = np.where(acts >= 0, est.mean(-1).reshape(B, k + 1).astype(np.float64), np.nan)
         self._boost_ms.append((time.perf_counter() - t0) * 1000.0)
         return _Boost(top=top, prob=p.astype(np.float64), est=est[:, :k], rde_est=est[:, k],
-                      state_value=values.mean(-1).numpy().astype(np.float64))
+                      state_value=values.mean(-1).astype(np.float64))
 
     # ------------------------------------------------------------------ outcomes
     def report_outcome(self, decision_id: str, ok: bool, *, reward: float | None = None) -> bool:
@@ -1442,6 +1503,9 @@ class DecisionEngine:
             self._closed = True
         self._pool.shutdown(wait=True)
         self._intent_pool.shutdown(wait=True)
+        close_embedder = getattr(self.embedder, "close", None)
+        if self._own_embedder and callable(close_embedder):
+            close_embedder()
         if self._own_audit:
             self.audit.close()
         else:
@@ -1509,10 +1573,11 @@ def serve_requests(ws: "Workspace", policy: str | Path, requests: Sequence[Mappi
     """Serve ``requests`` in order with a fresh engine for ``policy`` (name or bundle path),
     commit their audit records, and return the decisions and the engine's metrics text
     (what ``rwb serve decide`` and ``rwb serve metrics`` print).  The default ``config``
-    waits for query embeddings (``wait_for_intent``): a one-shot run has no later request
-    that a background embedding would serve."""
+    waits for query embeddings (``wait_for_intent``) with the sentence model in this
+    process (``model_process=False``): a one-shot run has no later request that a
+    background embedding would serve, and no time to start a child."""
     parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
-    config = config or ServingConfig(wait_for_intent=True)
+    config = config or ServingConfig(wait_for_intent=True, model_process=False)
     with load(policy, ws=ws, root=root, config=config) as engine:
         decisions = [engine.decide(r) for r in parsed]
         engine.flush()

@@ -252,15 +252,21 @@ def test_real_rl_boost_proposes_three_unmasked_candidates(bundle, ws):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
     assert all(mask[c.id] and np.isfinite(c.reward_est) for c in d.rl_candidates)
     assert d.rde_reward_est is not None and np.isfinite(d.rde_reward_est)
-    # the compiled policy (the fast path) equals the eager module on recorded states
+    # the numpy policy (the fast path) and the TorchScript trace (the module's path) equal
+    # the eager module on recorded states
     import torch
 
-    assert engine.runtime.compiled
+    from core.serving import _compile_policy
+
+    assert engine.runtime.fast is not None and engine.runtime.forward is None
     obs = {k: v[:5] for k, v in bundle.smoke_obs().items()}
+    traced, compiled = _compile_policy(bundle)
+    assert compiled
     with torch.inference_mode():
-        fast, slow = engine.runtime.forward(obs), bundle.policy.heads(bundle.policy.state(obs))
-    for f, s in zip(fast, slow):
-        torch.testing.assert_close(f, s, atol=1e-5, rtol=1e-5)
+        slow = bundle.policy.heads(bundle.policy.state(obs))
+        for fast in (traced(obs), engine.runtime.fast.full({k: v.numpy() for k, v in obs.items()})):
+            for f, s in zip(fast, slow):
+                torch.testing.assert_close(torch.as_tensor(f), s, atol=1e-4, rtol=1e-4)
     engine.close()
     rec = audit.tail(ws, 1)[0]
     assert rec["rl_candidates"] == [{"id": c.id, "prob": c.prob, "reward_est": c.reward_est}

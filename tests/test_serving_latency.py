@@ -194,22 +194,20 @@ def test_a_request_whose_tree_has_no_allowed_action_waits_for_the_policy(bundle,
 
 
 # --------------------------------------------------------------------------- the policy's context
-def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(bundle, ws):
+def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(bundle, ws, monkeypatch):
     stats = bundle.feature_stats
     numeric = {t: [f for f in fields if f"{t}:{f}" in stats.numeric] for t, fields in stats.key_fields.items()}
     tool, fields = next((t, f) for t, f in numeric.items() if f)  # fields the context normalises
     result_a = {path: 1.5 for path in fields}
     result_b = {path: -3.0 for path in fields}
     engine = DecisionEngine(ws, _boosting(bundle), embedder=HashEmbedder(), config=ServingConfig(wait_for_intent=True))
-    rt = engine.runtime
-    seen, forward = [], rt.forward
+    calls, context = [], engine.runtime.fast.context
 
-    def spy(obs):
-        if len(obs["context"]) == 1:  # the current state (the lookahead rows come after)
-            seen.append(obs["context"][0].numpy().copy())
-        return forward(obs)
+    def spy(rows):
+        calls.append(rows[0].copy())  # the current state's, then the next state's
+        return context(rows)
 
-    rt.forward = spy
+    monkeypatch.setattr(engine.runtime.fast, "context", spy)
     # (last_result sent with the request, the result in force, steps since it came)
     plan = [(None, None, 0), (result_a, result_a, 1), (None, result_a, 2), (result_b, result_b, 1),
             (None, result_b, 2)]
@@ -217,7 +215,8 @@ def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(
         extra = {} if sent is None else {"last_result": {"tool": tool, "result": sent}}
         assert engine.decide(_request("ctx", **extra)).rl_boost
     engine.close()
-    assert len(seen) == len(plan)
+    seen = calls[0::2]
+    assert len(seen) == len(plan) and len(calls) == 2 * len(plan)
     for t, (_, in_force, since) in enumerate(plan):
         row = None if in_force is None else result_context(tool, in_force, None, stats)
         np.testing.assert_array_equal(seen[t], step_context(row, since, t, STATE, stats))

@@ -42,10 +42,11 @@ def _requests(request: str) -> list[dict]:
 def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[float], defer: bool = False):
     """The engine's settings.  A one-shot command has no later request that a background
     embedding would serve, so its RL-Boosts wait for their query's embedding unless
-    ``defer`` (the long-running service's default, ServingConfig.wait_for_intent)."""
+    ``defer`` (the long-running service's default, ServingConfig.wait_for_intent), and the
+    sentence model runs in this process (a child would only add its start-up)."""
     from core.serving import ServingConfig
 
-    options: dict = {"force_rde_override": force_rde, "wait_for_intent": not defer}
+    options: dict = {"force_rde_override": force_rde, "wait_for_intent": not defer, "model_process": False}
     if confidence is not None:
         options["confidence_threshold"] = confidence
     if budget_ms is not None:

@@ -1,0 +1,169 @@
+"""The served policy's forward pass in numpy, split where serving can share work.
+
+RL-Boost runs the actor-critic (:class:`core.ppo.Agent`) on one request's state and then
+values the state after each candidate action with the critic.  Those rows share most of
+their inputs: the request's intent (the same for every step of an episode), and the
+next tool context (the same for every candidate).  :class:`NumpyPolicy` computes each
+shared branch once — the intent branch once per episode, the next context once per
+request — and runs only the trace branch and the critic per candidate, in numpy on
+arrays copied out of the module once.  On the one to a few rows serving sees, this
+touches a fraction of the weights of two full passes and none of torch's dispatch.
+
+It is built only for the architecture it knows and only used when it reproduces the
+module on the bundle's smoke states (:func:`numpy_policy`); otherwise serving runs the
+module itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from core.state import _O_FLAGS, PAD_TOKEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
+
+#: Agreement with the torch module required on the smoke states (float32 sums in another order).
+TOLERANCE = 1e-4
+_SQRT_HALF = np.float32(1.0 / math.sqrt(2.0))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
+class _Branch:
+    """Linear → GELU (exact) → Linear → LayerNorm, as :func:`core.state._branch`."""
+
+    def __init__(self, module: Any):
+        lin1, _, lin2, norm = module
+        self.w1, self.b1 = _linear(lin1)
+        self.w2, self.b2 = _linear(lin2)
+        self.gamma, self.beta = _array(norm.weight), _array(norm.bias)
+        self.eps = np.float32(norm.eps)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        h = x @ self.w1 + self.b1
+        h = (0.5 * h * (1.0 + _erf(h * _SQRT_HALF))) @ self.w2 + self.b2
+        h -= h.mean(-1, keepdims=True)
+        return h / np.sqrt((h * h).mean(-1, keepdims=True) + self.eps) * self.gamma + self.beta
+
+
+def _array(t: Any) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
+
+
+def _linear(layer: Any) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(_array(layer.weight).T), _array(layer.bias)
+
+
+class NumpyPolicy:
+    """:class:`core.ppo.Agent`'s forward in numpy (see the module docstring).
+
+    ``intent(emb, rules)`` is the intent branch (``[B, dim]``, reusable for an episode);
+    ``state(...)`` the fused state; ``forward(...)`` the actor logits and critic values of
+    the current state; ``values(...)`` the critic alone."""
+
+    def __init__(self, agent: Any):
+        enc = agent.encoder
+        c = enc.config
+        self.intent_on = c.intent == "on"
+        self.gating_on = c.gating == "on"
+        self.floor = np.float32(c.gate_floor)
+        self.n_actions = int(enc.n_actions)
+        self.intent_net = _Branch(enc.intent_net)
+        self.context_net = _Branch(enc.context_net)
+        self.trace_net = _Branch(enc.trace_net)
+        self.action_embed = _array(enc.action_embed.weight)
+        self.gate_prior = _linear(enc.gate_prior)
+        self.gate_state = _linear(enc.gate_state)
+        self.actor = [_linear(agent.actor[i]) for i in (0, 2, 4)]
+        self.critic = [_linear(agent.critic[i]) for i in (0, 2)] + [_linear(agent.critic_heads)]
+        self.dim = int(c.dim)
+
+    # ------------------------------------------------------------------ branches
+    def intent(self, emb: np.ndarray, rules: np.ndarray) -> np.ndarray:
+        """``[B, dim]`` intent branch (zeros when the encoder runs without it)."""
+        if not self.intent_on:
+            return np.zeros((len(emb), self.dim), dtype=np.float32)
+        return self.intent_net(np.concatenate([emb, rules], axis=1).astype(np.float32, copy=False))
+
+    def context(self, context: np.ndarray) -> np.ndarray:
+        return self.context_net(context.astype(np.float32, copy=False))
+
+    def state(self, e_intent: np.ndarray, rules: np.ndarray, context: np.ndarray, e_context: np.ndarray,
+              trace_action: np.ndarray, trace_reward: np.ndarray, trace_dt: np.ndarray) -> np.ndarray:
+        """``[N, dim]`` fused state; every argument has N rows (``e_context`` is the context
+        branch of ``context``)."""
+        n = len(trace_action)
+        tokens = np.clip(trace_action + 2, 0, self.n_actions + 1)
+        num = np.stack([np.clip(trace_reward, -Z_CLIP, Z_CLIP), trace_dt], axis=-1).astype(np.float32)
+        e_trace = self.trace_net(np.concatenate([self.action_embed[tokens], num], axis=-1).reshape(n, -1))
+        if not self.gating_on:
+            return (e_intent + e_context + e_trace) / np.float32(3.0)
+        high = rules[:, URGENCY_HIGH_INDEX] if self.intent_on else np.zeros(n, np.float32)
+        urgency = rules[:, URGENCY_INDEX] if self.intent_on else np.zeros(n, np.float32)
+        feats = np.stack([urgency, high, context[:, _O_FLAGS], context[:, _O_FLAGS + 1],
+                          (trace_action != PAD_TOKEN).mean(axis=1)], axis=1).astype(np.float32)
+        (wp, bp), (ws, bs) = self.gate_prior, self.gate_state
+        logits = feats @ wp + bp + np.concatenate([e_intent, e_context, e_trace], axis=1) @ ws + bs
+        floor = np.full(3, self.floor, dtype=np.float32)
+        if not self.intent_on:
+            logits[:, 0] = -np.inf
+            floor[0] = 0.0
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        g = floor + (1.0 - floor.sum()) * (e / e.sum(axis=1, keepdims=True))
+        return g[:, 0:1] * e_intent + g[:, 1:2] * e_context + g[:, 2:3] * e_trace
+
+    # ------------------------------------------------------------------ heads
+    @staticmethod
+    def _mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w + b)
+        w, b = layers[-1]
+        return x @ w + b
+
+    def values(self, state: np.ndarray) -> np.ndarray:
+        """``[N, K]`` critic ensemble."""
+        return self._mlp(self.critic, state)
+
+    def forward(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(logits [N, A], values [N, K])``."""
+        return self._mlp(self.actor, state), self._mlp(self.critic, state)
+
+    def full(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The whole pass from the encoder inputs (what the torch module computes)."""
+        rules, context = obs["intent_rules"], obs["context"]
+        s = self.state(self.intent(obs["intent_emb"], rules), rules, context, self.context(context),
+                       obs["trace_action"], obs["trace_reward"], obs["trace_dt"])
+        return self.forward(s)
+
+
+def numpy_policy(agent: Any, smoke: Mapping[str, Any]) -> NumpyPolicy | None:
+    """A :class:`NumpyPolicy` of ``agent`` when it is the known architecture and reproduces
+    the module's logits and values on ``smoke`` (torch tensors, one row and all rows) to
+    :data:`TOLERANCE`; None otherwise."""
+    import torch
+
+    from core.ppo import Agent
+
+    if type(agent) is not Agent:
+        return None
+    try:
+        fast = NumpyPolicy(agent)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    with torch.inference_mode():
+        for n in (1, len(smoke["context"])):
+            probe = {k: v[:n] for k, v in smoke.items()}
+            want = agent.heads(agent.state(probe))
+            got = fast.full({k: v.cpu().numpy() for k, v in probe.items()})
+            if not all(g.shape == tuple(w.shape) and np.allclose(g, w.cpu().numpy(), atol=TOLERANCE, rtol=TOLERANCE)
+                       for g, w in zip(got, want)):
+                return None
+    return fast
+
+
+__all__ = ["NumpyPolicy", "TOLERANCE", "numpy_policy"]
