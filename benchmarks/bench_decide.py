@@ -546,7 +546,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
         engine.ws.close()
     return {"policy": bundle.policy_version, "episodes": len(episodes), "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait, "stages": stages, "sequential": seq, "naive": ref["all"],
+            "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
+            "stages": stages, "sequential": seq, "naive": ref["all"],
             "same_actions": same, "compared": compared,
             "batched_decisions_per_s": {"new_queries": thr_new, "embedded_queries": thr_warm, "naive": thr_naive,
                                         "batch": args.batch},
