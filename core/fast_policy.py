@@ -21,17 +21,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from scipy.special import erf
+
 from core.state import _O_FLAGS, PAD_TOKEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
 
 #: Agreement with the torch module required on the smoke states (float32 sums in another order).
 TOLERANCE = 1e-4
 _SQRT_HALF = np.float32(1.0 / math.sqrt(2.0))
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
-
-    return erf(x)
 
 
 class _Branch:
@@ -43,12 +39,16 @@ class _Branch:
         self.w2, self.b2 = _linear(lin2)
         self.gamma, self.beta = _array(norm.weight), _array(norm.bias)
         self.eps = np.float32(norm.eps)
+        self.inv_dim = np.float32(1.0 / len(self.gamma))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        # ufuncs and their reductions directly: serving runs this on a row or a few, where
+        # the Python wrappers of mean/clip would cost more than the arithmetic
         h = x @ self.w1 + self.b1
-        h = (0.5 * h * (1.0 + _erf(h * _SQRT_HALF))) @ self.w2 + self.b2
-        h -= h.mean(-1, keepdims=True)
-        return h / np.sqrt((h * h).mean(-1, keepdims=True) + self.eps) * self.gamma + self.beta
+        h = (0.5 * h * (1.0 + erf(h * _SQRT_HALF))) @ self.w2 + self.b2
+        h -= np.add.reduce(h, axis=-1, keepdims=True) * self.inv_dim
+        var = np.add.reduce(h * h, axis=-1, keepdims=True) * self.inv_dim
+        return h / np.sqrt(var + self.eps) * self.gamma + self.beta
 
 
 def _array(t: Any) -> np.ndarray:
@@ -98,15 +98,20 @@ class NumpyPolicy:
         """``[N, dim]`` fused state; every argument has N rows (``e_context`` is the context
         branch of ``context``)."""
         n = len(trace_action)
-        tokens = np.clip(trace_action + 2, 0, self.n_actions + 1)
-        num = np.stack([np.clip(trace_reward, -Z_CLIP, Z_CLIP), trace_dt], axis=-1).astype(np.float32)
-        e_trace = self.trace_net(np.concatenate([self.action_embed[tokens], num], axis=-1).reshape(n, -1))
+        tokens = np.minimum(np.maximum(trace_action + 2, 0), self.n_actions + 1)
+        x = np.empty((n, tokens.shape[1], self.action_embed.shape[1] + 2), dtype=np.float32)
+        x[:, :, :-2] = self.action_embed[tokens]
+        x[:, :, -2] = np.minimum(np.maximum(trace_reward, -Z_CLIP), Z_CLIP)
+        x[:, :, -1] = trace_dt
+        e_trace = self.trace_net(x.reshape(n, -1))
         if not self.gating_on:
             return (e_intent + e_context + e_trace) / np.float32(3.0)
         high = rules[:, URGENCY_HIGH_INDEX] if self.intent_on else np.zeros(n, np.float32)
         urgency = rules[:, URGENCY_INDEX] if self.intent_on else np.zeros(n, np.float32)
-        feats = np.stack([urgency, high, context[:, _O_FLAGS], context[:, _O_FLAGS + 1],
-                          (trace_action != PAD_TOKEN).mean(axis=1)], axis=1).astype(np.float32)
+        feats = np.empty((n, 5), dtype=np.float32)
+        feats[:, 0], feats[:, 1] = urgency, high
+        feats[:, 2:4] = context[:, _O_FLAGS:_O_FLAGS + 2]
+        feats[:, 4] = np.add.reduce(trace_action != PAD_TOKEN, axis=1) / trace_action.shape[1]
         (wp, bp), (ws, bs) = self.gate_prior, self.gate_state
         logits = feats @ wp + bp + np.concatenate([e_intent, e_context, e_trace], axis=1) @ ws + bs
         floor = np.full(3, self.floor, dtype=np.float32)

@@ -163,6 +163,8 @@ ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
 #: Distinct query texts whose intent (embedding + rules) is kept in memory.
 INTENT_CACHE_SIZE = 4096
+#: Mask rows remembered per policy version (PolicyRuntime.mask).
+MASK_MEMORY = 4096
 #: Served decisions remembered for report_outcome (most recent first out).
 OUTCOME_MEMORY = 100_000
 #: RL-Boost runs on the calling thread (no hand-off to the worker) when each of the policy's
@@ -669,6 +671,8 @@ class PolicyRuntime:
         self.dataset = bundle.manifest.dataset
         self.masks: "CompiledMasks" = bundle.masks
         self._review_signature: tuple[Any, ...] | None = None
+        #: Mask rows by (task type, the values the rules read, action counts): see mask().
+        self._mask_memo: collections.OrderedDict[tuple[Any, ...], np.ndarray] = collections.OrderedDict()
         self._actions: dict[int, "Action"] = {}
         #: The numpy forward (core.fast_policy) when it reproduces the module; else the module.
         self.fast = _numpy_policy(bundle)
@@ -683,6 +687,7 @@ class PolicyRuntime:
             return
         rules = review.with_review_rules(self.bundle.mask_rules, ws, self.dataset)
         self.masks = rules.compile(self.catalog)
+        self._mask_memo.clear()
         self._review_signature = sig
 
     def mask(self, states: Sequence[Mapping[str, Any]], task_types: Sequence[str | None],
@@ -690,12 +695,37 @@ class PolicyRuntime:
         """``[B, A]`` allowed actions under the bundle's and the review-born rules.
 
         Only the features the rules read are passed, as plain value lists (missing =
-        unknown); the masks validate and encode them."""
+        unknown); the masks validate and encode them.  A row is a function of those
+        values and the action counts alone, so rows are remembered (an LRU of
+        :data:`MASK_MEMORY`, emptied when the rules change): an episode whose state the
+        rules read did not change since its last step is not evaluated again."""
         masks = self.masks
-        feats: dict[str, Any] = {}
-        for f in masks.required_features:
-            feats[f] = list(task_types) if f == "task_type" else [s.get(f) for s in states]
-        return np.asarray(masks.evaluate(feats, counts).mask, dtype=bool)
+        names = [f for f in masks.required_features if f != "task_type"]
+        # the type is part of the key: True == 1 for a dict, not necessarily for a rule
+        keys = [(t, tuple((type(v), v) for v in (s.get(f) for f in names)), c.tobytes())
+                for s, t, c in zip(states, task_types, counts)]
+        memo = self._mask_memo
+        out = np.empty((len(keys), self.n_actions), dtype=bool)
+        todo = []
+        for b, key in enumerate(keys):
+            row = memo.get(key)
+            if row is None:
+                todo.append(b)
+            else:
+                out[b] = row
+                memo.move_to_end(key)
+        if todo:
+            feats: dict[str, Any] = {}
+            for f in masks.required_features:
+                feats[f] = ([task_types[b] for b in todo] if f == "task_type"
+                            else [states[b].get(f) for b in todo])
+            rows = np.asarray(masks.evaluate(feats, counts[todo]).mask, dtype=bool)
+            out[todo] = rows
+            for b, row in zip(todo, rows):
+                memo[keys[b]] = row.copy()
+            while len(memo) > MASK_MEMORY:
+                memo.popitem(last=False)
+        return out
 
     # ------------------------------------------------------------------ distribution check
     def out_of_distribution(self, state: Mapping[str, Any], task_type: str | None, ood_z: float
@@ -1157,7 +1187,7 @@ class DecisionEngine:
             sub, budget_s = [rows[b] for b in boost_rows], cfg.time_budget_ms / 1000.0
             recent = list(self._boost_ms)
             if (len(recent) == INLINE_WINDOW and max(recent) < INLINE_SHARE * cfg.time_budget_ms
-                    and all(r.intent is not None for r in sub)):
+                    and all(self._intent_ready(r) for r in sub)):
                 # fast and nothing to wait for: here, sparing two thread wake-ups; a run that
                 # stalled past the budget anyway is discarded like one that timed out
                 boost = self._propose(rt, sub, mask[boost_rows], rde_tok[boost_rows])

@@ -338,3 +338,26 @@ def test_a_closed_engine_says_so_when_asked_whether_it_is_ready(bundle, ws):
     engine.close()
     with pytest.raises(RwbError, match="closed"):
         engine.ready()
+
+
+def test_mask_rows_are_remembered_by_the_values_the_rules_read_and_the_counts(bundle, monkeypatch):
+    zero = np.zeros((1, bundle.n_actions), np.int64)
+    counted = zero.copy()
+    counted[0, _tokens(bundle)[1]] = 5
+    want = {k: serving.PolicyRuntime(bundle).mask([s], [t], c)
+            for k, (s, t, c) in {"day": (STATE, "analysis", zero), "late": (LATE, "analysis", zero),
+                                 "counted": (STATE, "analysis", counted)}.items()}
+    rt = serving.PolicyRuntime(bundle)
+    rows = []
+    evaluate = rt.masks.evaluate
+    monkeypatch.setattr(rt.masks, "evaluate",
+                        lambda feats, counts: rows.append(len(counts)) or evaluate(feats, counts))
+    first = rt.mask([STATE, LATE], ["analysis", "analysis"], np.repeat(zero, 2, axis=0))
+    assert rows == [2] and np.array_equal(first, np.concatenate([want["day"], want["late"]]))
+    unread = dict(STATE, cash=1.0)                   # a value no rule reads: the same row
+    again = rt.mask([LATE, unread], ["analysis", "analysis"], np.repeat(zero, 2, axis=0))
+    assert rows == [2] and np.array_equal(again, first[::-1])
+    assert np.array_equal(rt.mask([STATE], ["analysis"], counted), want["counted"])
+    assert rows == [2, 1]                            # the counts are part of the key
+    rt.mask([STATE], ["rebalance"], zero)
+    assert rows == [2, 1, 1]                         # and the task type
