@@ -917,6 +917,9 @@ class CompiledMasks:
             group = group[order]
             starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
             self._limits.append(_LimitRule(r, cols, group, starts, int(rule.limit["max"])))
+        #: Tokens whose action counts the limits read (sorted): a mask depends on the counts
+        #: of these alone.
+        self.counted_tokens = np.unique(np.concatenate([lim.cols for lim in self._limits] or [np.zeros(0, np.int64)]))
 
     def rule_targets(self, index: int) -> list[int]:
         """Token ids that rule ``index`` targets in this catalog."""

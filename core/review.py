@@ -66,6 +66,7 @@ DECISIONS: tuple[str, ...] = ("approve", "reject")
 EXPLORATION_LABEL = "reasonable_exploration"
 DEFAULT_LEASE_SECONDS = 300.0
 
+_rules_added = 0
 _ITEM_COLUMNS = (
     "id", "origin", "reason", "dataset", "task_type", "state", "key_features", "token_id",
     "token_name", "action_label", "tool", "risk", "reward_components", "confidence", "run_id",
@@ -357,6 +358,7 @@ def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: 
     if pattern is not None and (decision != "reject" or not isinstance(pattern, Mapping)):
         raise InputError("a pattern is a mapping (a mask condition), given only to reject",
                          field="pattern")
+    global _rules_added
     with ws.transaction() as conn:
         now = time.time()
         row = dict(zip(_ITEM_COLUMNS, _get_row(conn, item_id)))
@@ -387,7 +389,16 @@ def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: 
                    VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
                 (item_id, item["dataset"], item["task_type"], _json(pat), item["token_id"],
                  item["token_name"], item["tool"], _json(rule), comment, now, actor.name))
-        return item
+    if decision == "reject":  # committed: engines in this process re-read the rules now
+        _rules_added += 1
+    return item
+
+
+def rules_added() -> int:
+    """How many review mask rules this process committed so far (a decision engine
+    re-reads the rules when it changed, and otherwise checks the workspace only now and
+    then for rules other processes added)."""
+    return _rules_added
 
 
 # --------------------------------------------------------------------------- mask rules

@@ -163,6 +163,9 @@ ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
 #: Distinct query texts whose intent (embedding + rules) is kept in memory.
 INTENT_CACHE_SIZE = 4096
+#: Seconds between checks of the workspace for review mask rules another process added
+#: (this process's own are picked up at the next decision).
+MASK_RULES_CHECK_S = 0.1
 #: Mask rows remembered per policy version (PolicyRuntime.mask).
 MASK_MEMORY = 4096
 #: Served decisions remembered for report_outcome (most recent first out).
@@ -671,6 +674,7 @@ class PolicyRuntime:
         self.dataset = bundle.manifest.dataset
         self.masks: "CompiledMasks" = bundle.masks
         self._review_signature: tuple[Any, ...] | None = None
+        self._rules_added, self._rules_checked = -1, -math.inf
         #: Mask rows by (task type, the values the rules read, action counts): see mask().
         self._mask_memo: collections.OrderedDict[tuple[Any, ...], np.ndarray] = collections.OrderedDict()
         self._actions: dict[int, "Action"] = {}
@@ -680,8 +684,14 @@ class PolicyRuntime:
 
     # ------------------------------------------------------------------ masks
     def refresh_masks(self, ws: "Workspace") -> None:
-        """Re-compile the masks when the workspace's review-born rules changed (one
-        indexed query per call; the compile only when a review was decided)."""
+        """Re-compile the masks when the workspace's review-born rules changed: checked at
+        once after this process committed one (:func:`core.review.rules_added`), else at
+        most every :data:`MASK_RULES_CHECK_S` seconds (one indexed query; the compile only
+        when a review was decided)."""
+        added, now = review.rules_added(), time.monotonic()
+        if added == self._rules_added and now - self._rules_checked < MASK_RULES_CHECK_S:
+            return
+        self._rules_added, self._rules_checked = added, now
         sig = tuple(ws.conn.execute("SELECT COUNT(*), MAX(id) FROM mask_rules_from_reviews").fetchone())
         if sig == self._review_signature:
             return
@@ -696,14 +706,16 @@ class PolicyRuntime:
 
         Only the features the rules read are passed, as plain value lists (missing =
         unknown); the masks validate and encode them.  A row is a function of those
-        values and the action counts alone, so rows are remembered (an LRU of
-        :data:`MASK_MEMORY`, emptied when the rules change): an episode whose state the
-        rules read did not change since its last step is not evaluated again."""
+        values and the counts of the actions the limits count, so rows are remembered (an
+        LRU of :data:`MASK_MEMORY`, emptied when the rules change): an episode whose state
+        the rules read did not change since its last step is not evaluated again, unless
+        it took a limited action meanwhile."""
         masks = self.masks
         names = [f for f in masks.required_features if f != "task_type"]
+        counted = counts[:, masks.counted_tokens]
         # the type is part of the key: True == 1 for a dict, not necessarily for a rule
         keys = [(t, tuple((type(v), v) for v in (s.get(f) for f in names)), c.tobytes())
-                for s, t, c in zip(states, task_types, counts)]
+                for s, t, c in zip(states, task_types, counted)]
         memo = self._mask_memo
         out = np.empty((len(keys), self.n_actions), dtype=bool)
         todo = []

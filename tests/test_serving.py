@@ -396,6 +396,25 @@ def test_high_risk_low_confidence_goes_to_review_and_a_rejection_is_never_served
     engine.close()
 
 
+def test_a_rejection_decided_in_another_process_is_picked_up_by_the_next_check(bundle, ws, monkeypatch):
+    """This process's own rejections count at the next decision (above); the workspace is
+    checked for other processes' every MASK_RULES_CHECK_S seconds."""
+    low, high, _ = _tokens(bundle)
+    l1 = low[0]
+    engine = _engine(ws, _with_rde(bundle, {high: 0.6, l1: 0.4}), force_rde_override=True)
+    d = engine.decide(_request("elsewhere"))
+    assert d.final_action == high and d.review_item is not None
+    review.claim(ws, LOCAL_ADMIN)
+    counter = review._rules_added
+    review.decide(ws, LOCAL_ADMIN, d.review_item, "reject", "decided by a reviewer in the app")
+    monkeypatch.setattr(review, "_rules_added", counter)       # as if another process had added it
+    monkeypatch.setattr(serving, "MASK_RULES_CHECK_S", 3600.0)
+    assert engine.decide(_request("elsewhere-2")).final_action == high   # not checked yet
+    monkeypatch.setattr(serving, "MASK_RULES_CHECK_S", 0.0)
+    assert engine.decide(_request("elsewhere-3")).final_action == l1     # the next check sees it
+    engine.close()
+
+
 # --------------------------------------------------------------------------- audit
 def test_every_decision_writes_one_audit_record_with_the_seed_schema(run, bundle, ws, tmp_path):
     engine = _engine(ws, bundle)

@@ -342,8 +342,11 @@ def test_a_closed_engine_says_so_when_asked_whether_it_is_ready(bundle, ws):
 
 def test_mask_rows_are_remembered_by_the_values_the_rules_read_and_the_counts(bundle, monkeypatch):
     zero = np.zeros((1, bundle.n_actions), np.int64)
-    counted = zero.copy()
-    counted[0, _tokens(bundle)[1]] = 5
+    limited = bundle.masks.counted_tokens            # the tokens the rules' limits count
+    assert len(limited) and len(limited) < bundle.n_actions
+    counted, uncounted = zero.copy(), zero.copy()
+    counted[0, limited] = 5
+    uncounted[0, np.setdiff1d(np.arange(bundle.n_actions), limited)] = 5
     want = {k: serving.PolicyRuntime(bundle).mask([s], [t], c)
             for k, (s, t, c) in {"day": (STATE, "analysis", zero), "late": (LATE, "analysis", zero),
                                  "counted": (STATE, "analysis", counted)}.items()}
@@ -357,7 +360,9 @@ def test_mask_rows_are_remembered_by_the_values_the_rules_read_and_the_counts(bu
     unread = dict(STATE, cash=1.0)                   # a value no rule reads: the same row
     again = rt.mask([LATE, unread], ["analysis", "analysis"], np.repeat(zero, 2, axis=0))
     assert rows == [2] and np.array_equal(again, first[::-1])
+    assert np.array_equal(rt.mask([STATE], ["analysis"], uncounted), want["day"])
+    assert rows == [2]                               # counts no limit reads: the same row
     assert np.array_equal(rt.mask([STATE], ["analysis"], counted), want["counted"])
-    assert rows == [2, 1]                            # the counts are part of the key
+    assert rows == [2, 1] and not np.array_equal(want["counted"], want["day"])   # counted ones: in the key
     rt.mask([STATE], ["rebalance"], zero)
     assert rows == [2, 1, 1]                         # and the task type
