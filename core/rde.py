@@ -102,6 +102,8 @@ class RdeModel:
     #: The node arrays as Python lists for :meth:`_leaf` (built on first use).
     _node_lists: tuple[tuple[np.ndarray, ...], tuple[list, ...]] | None = field(
         default=None, init=False, repr=False)
+    #: ``fill`` as a Python list for :meth:`_featurize_one` (built on first use).
+    _fill_cache: tuple[np.ndarray, list[float]] | None = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ features
     @property
@@ -136,6 +138,8 @@ class RdeModel:
             raise InputError(f"featurize needs one task type, step index and previous token per state "
                              f"(got {B} states, {len(task_types)} task types, {len(step_t)} step "
                              f"indices, {len(prev_tokens)} previous tokens)")
+        if B == 1:
+            return self._featurize_one(states[0], task_types[0], int(step_t[0]), int(prev_tokens[0]))
         X = np.zeros((B, self.n_features), dtype=np.float64)
         S = len(self.state_keys)
         for j, key in enumerate(self.state_keys):
@@ -156,6 +160,34 @@ class RdeModel:
         ok = label >= 0
         X[np.flatnonzero(ok), off + label[ok]] = 1.0
         return X
+
+    def _featurize_one(self, state: Mapping[str, Any] | None, task_type: str | None, step_t: int,
+                       prev: int) -> np.ndarray:
+        """:meth:`featurize` of one decision in plain Python (a serving request), the same
+        values: one list, one array."""
+        if prev >= len(self.token_prev):
+            raise InputError(f"previous token ids must lie below {len(self.token_prev)} (the catalog's size)",
+                             field="prev_tokens")
+        fill = self._fill_list()
+        row = [math.nan] * self.n_features
+        for j, key in enumerate(self.state_keys):
+            x = _number(state.get(key)) if state else math.nan
+            row[j] = fill[j] if math.isnan(x) else x
+        S, T = len(self.state_keys), len(self.task_types)
+        for i in range(S, self.n_features):
+            row[i] = 0.0
+        if task_type is not None and task_type in self.task_types:
+            row[S + self.task_types.index(task_type)] = 1.0
+        row[S + T] = float(step_t)
+        label = 0 if prev < 0 else int(self.token_prev[prev])
+        if label >= 0:
+            row[S + T + 1 + label] = 1.0
+        return np.array([row], dtype=np.float64)
+
+    def _fill_list(self) -> list[float]:
+        if self._fill_cache is None or self._fill_cache[0] is not self.fill:  # keyed on the array itself
+            self._fill_cache = (self.fill, self.fill.tolist())
+        return self._fill_cache[1]
 
     # ------------------------------------------------------------------ prediction
     def leaves(self, X: np.ndarray) -> np.ndarray:

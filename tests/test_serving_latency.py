@@ -244,6 +244,23 @@ def test_the_one_row_tree_walk_agrees_with_the_batched_walk(bundle):
     assert one_leaf.leaves(rows[:1]).tolist() == rde.leaves(rows[:1]).tolist()
 
 
+def test_the_one_row_features_agree_with_the_batched_features(bundle):
+    rde = bundle.rde
+    smoke = bundle.smoke
+    n_tokens = len(rde.token_prev)
+    states = [*smoke["states"], {}, None, dict(smoke["states"][0], hour="late", volatility=None)]
+    task_types = [*smoke["task_types"], None, "never-seen", rde.task_types[-1]]
+    rng = np.random.default_rng(1)
+    step_t = rng.integers(0, 9, size=len(states))
+    prev = rng.integers(-2, n_tokens, size=len(states))
+    batch = rde.featurize(states, task_types, step_t, prev)
+    for i in range(len(states)):
+        np.testing.assert_array_equal(rde.featurize(states[i:i + 1], task_types[i:i + 1], step_t[i:i + 1],
+                                                    prev[i:i + 1]), batch[i:i + 1])
+    with pytest.raises(InputError, match="previous token ids"):
+        rde.featurize(states[:1], task_types[:1], [0], [n_tokens])
+
+
 # --------------------------------------------------------------------------- the audit trail
 def test_buffered_audit_records_survive_background_commits_and_a_failed_one(bundle, ws, monkeypatch):
     insert, failures = audit._insert_rows, []
