@@ -220,9 +220,10 @@ class ServingConfig:
     #: running beside it; False — on the engine's intent thread (no child, a faster start:
     #: what a one-shot run uses).  An ``embedder=`` given to the engine is used as it is.
     model_process: bool = True
-    #: torch intra-op threads for the policy (``torch.set_num_threads``, process-wide); None
-    #: leaves torch's default.  1 suits a serving process: the policy runs on a few rows,
-    #: where more threads only add synchronisation.
+    #: Intra-op threads for the policy: torch's (``torch.set_num_threads``) and numpy's
+    #: BLAS (``threadpoolctl``), process-wide; None leaves the libraries' defaults.  1 suits
+    #: a serving process: the policy runs on a few rows, where more threads only add
+    #: synchronisation — and spinning BLAS threads take the core the sentence model needs.
     torch_threads: int | None = None
     #: The interpreter's thread switch interval in ms (``sys.setswitchinterval``,
     #: process-wide); None leaves Python's 5 ms.  A request thread that wants the GIL while
@@ -955,8 +956,10 @@ class DecisionEngine:
         self.config = config or ServingConfig()
         if self.config.torch_threads is not None:
             import torch
+            from threadpoolctl import threadpool_limits
 
             torch.set_num_threads(self.config.torch_threads)
+            threadpool_limits(self.config.torch_threads, user_api="blas")  # the numpy policy's
         if self.config.switch_interval_ms is not None:
             sys.setswitchinterval(self.config.switch_interval_ms / 1000.0)
         self.actor = actor or Actor.service("decision-engine")

@@ -329,6 +329,23 @@ def test_the_engine_sets_the_interpreters_switch_interval_when_asked(bundle, ws)
         ServingConfig(switch_interval_ms=0)
 
 
+def test_the_engine_limits_torch_and_blas_threads_when_asked(bundle, ws):
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=None):   # restores numpy's BLAS pools afterwards
+        try:
+            engine = DecisionEngine(ws, _confident(bundle), embedder=HashEmbedder(),
+                                    config=ServingConfig(torch_threads=1))
+            assert torch.get_num_threads() == 1
+            blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+            assert blas and all(n == 1 for n in blas)   # numpy's BLAS (the numpy policy's matmuls)
+            engine.close()
+        finally:
+            torch.set_num_threads(before)
+
+
 def test_the_engines_embedder_reads_the_workspace_cache_and_stores_nothing(tmp_path):
     from core.embed import CacheReader, Embedder
 
