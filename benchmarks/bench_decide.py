@@ -6,7 +6,10 @@
                                       [--workspace DIR] [--json]
 
 Without ``--bundle`` it builds one the way the workbench does: the finance sample imported
-into a temporary workspace, a short PPO run, ``export_bundle`` (about a minute).  The
+into a temporary workspace, a short PPO run of a small policy (64-d encoded state, 64-wide
+heads), ``export_bundle`` (about a minute).  ``--bundle`` serves another, e.g. the
+production-size policy ``rwb demo`` trains (512-d state, 256-wide heads, 1.6M weights):
+``--bundle demo-workspace/artifacts/bundles/finance_risk-0.1.0.zip``.  The
 recorded episodes after the training ones (about six steps each) become request
 sequences: state, query, task type and the last tool result of every step.  The sentence
 model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is given.
@@ -505,13 +508,24 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def policy_size(bundle: Any) -> str:
+    """The served policy's size and the forward serving runs (numpy, or the torch module)."""
+    from core.serving import PolicyRuntime
+
+    agent = bundle.policy
+    n = sum(int(p.numel()) for p in agent.parameters()) if hasattr(agent, "parameters") else 0
+    dim = getattr(getattr(getattr(agent, "encoder", None), "config", None), "dim", "?")
+    forward = "numpy (core.fast_policy)" if PolicyRuntime(bundle).fast is not None else "torch"
+    return f"{dim}-d encoded state, {getattr(agent, 'hidden', '?')}-wide heads, {n:,} weights, {forward} forward"
+
+
 def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) -> dict:
     """Run the four measurements on fresh engines and gather their figures."""
     episodes = episodes_of(args.train, args.episodes)
     warm_up = episodes_of(0, 3)  # training episodes: their queries are not replayed
     load_before = os.getloadavg()[0]
     print(f"{bundle.policy_version}: {sum(map(len, episodes))} requests from {len(episodes)} recorded episodes; "
-          f"load average {load_before:.1f} on {os.cpu_count()} CPUs", flush=True)
+          f"load average {load_before:.1f} on {os.cpu_count()} CPUs; policy: {policy_size(bundle)}", flush=True)
     make, made, processes = engines(work, bundle, embedder, args)
 
     def replayed(name: str, **options: Any) -> tuple[DecisionEngine, TimedEmbedder, dict]:
@@ -544,7 +558,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     records = audit.stats(fast.ws)["records"]
     for engine in made:
         engine.ws.close()
-    return {"policy": bundle.policy_version, "episodes": len(episodes), "rate": args.rate, "max_gap": args.max_gap,
+    return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes), "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
             "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
             "stages": stages, "sequential": seq, "naive": ref["all"],
