@@ -300,9 +300,9 @@ def stage_breakdown(engine: DecisionEngine, clock: ReplayClock, embedder: TimedE
 
 # =========================================================================== 3. the naive reference
 class NaiveEngine(DecisionEngine):
-    """The reference: nothing cached in the engine (no intents, no result rows, masks
-    re-compiled every time) and one synchronous audit commit per decision (set in its
-    config)."""
+    """The reference: nothing cached in the engine (no intents nor their policy branch, no
+    result rows, the review rules read and the masks re-compiled and evaluated every time)
+    and one synchronous audit commit per decision (set in its config)."""
 
     def _prefetch_intents(self, queries):
         pass  # no embedding ahead of time …
@@ -315,9 +315,10 @@ class NaiveEngine(DecisionEngine):
         return super()._intents_of(rows)
 
     def _decide_group(self, rt, rows, now, t0):
-        rt._review_signature = None  # re-compile the masks with the review rules, every time
+        rt._rules_added = -1         # read the review rules …
+        rt._review_signature = None  # … and re-compile the masks with them (no mask rows kept), every time
         for r in rows:
-            r.result_row = None
+            r.result_row = r.intent_state = None
         return super()._decide_group(rt, rows, now, t0)
 
 
