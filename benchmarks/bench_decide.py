@@ -32,9 +32,10 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    embedding, audit write, and the rest (validation, arbitration, metrics, the hand-off to
    the policy's thread).
 3. **A naive reference** (nothing cached in the engine — its embedder is the workspace's
-   storing one, whose text-hash cache still answers a query it embedded before —, one synchronous audit commit per decision,
-   masks re-compiled every time) replays the episodes one after the other: both engines
-   must serve the same actions (decisions where either ran out of its time budget aside).
+   storing one, whose text-hash cache still answers a query it embedded before —, one
+   synchronous audit commit per decision, the review rules read and the masks re-compiled
+   and evaluated every time) replays the episodes one after the other: both engines must
+   serve the same actions (decisions where either ran out of its time budget aside).
 4. **decide_batch** throughput: ``--batch`` episodes advance one step per call, first on
    new queries (their embeddings included), then again on queries already embedded.
 
@@ -559,7 +560,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     records = audit.stats(fast.ws)["records"]
     for engine in made:
         engine.ws.close()
-    return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes), "rate": args.rate, "max_gap": args.max_gap,
+    return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes),
+            "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
             "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
             "stages": stages, "sequential": seq, "naive": ref["all"],

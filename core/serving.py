@@ -719,22 +719,22 @@ class PolicyRuntime:
                 for s, t, c in zip(states, task_types, counted)]
         memo = self._mask_memo
         out = np.empty((len(keys), self.n_actions), dtype=bool)
-        todo = []
+        misses = []
         for b, key in enumerate(keys):
             row = memo.get(key)
             if row is None:
-                todo.append(b)
+                misses.append(b)
             else:
                 out[b] = row
                 memo.move_to_end(key)
-        if todo:
+        if misses:
             feats: dict[str, Any] = {}
             for f in masks.required_features:
-                feats[f] = ([task_types[b] for b in todo] if f == "task_type"
-                            else [states[b].get(f) for b in todo])
-            rows = np.asarray(masks.evaluate(feats, counts[todo]).mask, dtype=bool)
-            out[todo] = rows
-            for b, row in zip(todo, rows):
+                feats[f] = ([task_types[b] for b in misses] if f == "task_type"
+                            else [states[b].get(f) for b in misses])
+            rows = np.asarray(masks.evaluate(feats, counts[misses]).mask, dtype=bool)
+            out[misses] = rows
+            for b, row in zip(misses, rows):
                 memo[keys[b]] = row.copy()
             while len(memo) > MASK_MEMORY:
                 memo.popitem(last=False)

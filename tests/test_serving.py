@@ -464,8 +464,13 @@ def test_decide_batch_matches_one_by_one(run, bundle, tmp_path):
     singles = [one.decide(r) for r in reqs]
     together = batch.decide_batch(reqs)
     key = lambda d: (d.episode_id, d.final_action, d.rde_action, d.source,  # noqa: E731
-                     [c.id for c in d.rl_candidates], [round(c.reward_est, 4) for c in d.rl_candidates])
+                     [c.id for c in d.rl_candidates])
     assert [key(d) for d in together] == [key(d) for d in singles]
+    # the same float32 arithmetic, summed in another order for another batch size
+    for a, b in zip(together, singles):
+        assert [c.reward_est for c in a.rl_candidates] == pytest.approx([c.reward_est for c in b.rl_candidates],
+                                                                        rel=1e-4, abs=1e-4)
+        assert [c.prob for c in a.rl_candidates] == pytest.approx([c.prob for c in b.rl_candidates], abs=1e-5)
     assert any(d.rl_boost for d in together)
     one.close()
     batch.close()
