@@ -56,6 +56,7 @@ FIXTURE_STEPS = 200_704
 WAIT_MS = 120_000
 
 playwright = pytest.importorskip("playwright.sync_api")
+PlaywrightError, PlaywrightTimeout = playwright.Error, playwright.TimeoutError
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 
@@ -167,6 +168,10 @@ def page(app_url):
         pg.set_default_timeout(WAIT_MS)
         pg.goto(app_url)
         yield pg
+        try:   # where the path ended (on a failure: what the page showed)
+            pg.screenshot(path=str(SCREENS / "99_last_page.png"), full_page=True)
+        except PlaywrightError:
+            pass
         context.close()
         browser.close()
 
@@ -226,10 +231,22 @@ def _select(pg, label: str, option: str) -> None:
     combo = _main(pg).get_by_role("combobox", name=label, exact=True).first
     if option in (combo.input_value() or ""):
         return
-    combo.click()
-    # typing filters the list: a long one is virtualised and may not render the option yet
-    pg.keyboard.type(option)
-    pg.get_by_role("option").filter(has_text=option).first.click()
+    # typing filters the list: a long one is virtualised and may not render the option yet;
+    # a rerun that redraws the box while it is open closes it: open it again
+    for attempt in range(3):
+        combo.click()
+        pg.keyboard.type(option)
+        wanted = pg.get_by_role("option").filter(has_text=option).first
+        try:
+            wanted.wait_for(state="visible", timeout=WAIT_MS // 4)
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+            pg.keyboard.press("Escape")
+            _idle(pg)
+            continue
+        wanted.click()
+        break
     pg.wait_for_function("([el, text]) => el.value.includes(text)", arg=[combo.element_handle(), option],
                          timeout=WAIT_MS)
     _idle(pg)
@@ -250,10 +267,13 @@ def _metric(pg, label: str) -> str:
 def _sign_in(pg, name: str) -> None:
     _open(pg, "Sign in")
     signed = _main(pg).get_by_role("button", name="Sign out")
+    field = _main(pg).get_by_label("User name")
+    # the page shows one of the two once it has rendered: wait for it rather than count now
+    signed.or_(field).first.wait_for(state="visible")
     if signed.count():
         signed.click()
         _idle(pg)
-    _main(pg).get_by_label("User name").fill(name)
+    field.fill(name)
     _main(pg).get_by_role("textbox", name="Password").fill(PASSWORDS[name])
     _main(pg).get_by_role("button", name="Sign in").click()
     _see(pg, f"Signed in as {name} ({ROLES[name]})")
