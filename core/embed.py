@@ -249,7 +249,9 @@ class ModelProcess:
     core.  The child is started with ``python -m core.embed`` (never a copy of the caller's
     ``__main__``) and speaks length-prefixed frames on its stdin/stdout: texts go as JSON,
     vectors come back as raw float32 bytes — nothing is pickled.  It runs ``threads`` torch
-    threads and exits when its stdin closes (also when this process dies).
+    threads at OS priority ``nice`` (lower than the caller's: a request waiting for a core
+    comes first, the model takes what is left) and exits when its stdin closes (also when
+    this process dies).
 
     ``encode`` raises :class:`ModelUnavailable` when the child cannot start, exits, reports
     an error or does not answer within ``call_timeout_s`` (then it is killed); the next call
@@ -257,13 +259,14 @@ class ModelProcess:
 
     dim = DIM
 
-    def __init__(self, *, threads: int = 1, start_timeout_s: float = 120.0, call_timeout_s: float = 60.0,
-                 command: Sequence[str] | None = None):
+    def __init__(self, *, threads: int = 1, nice: int = 10, start_timeout_s: float = 120.0,
+                 call_timeout_s: float = 60.0, command: Sequence[str] | None = None):
         self.threads = int(threads)
+        self.nice = int(nice)
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
         self.command = list(command) if command else [sys.executable, "-m", "core.embed", "--serve",
-                                                      "--threads", str(self.threads)]
+                                                      "--threads", str(self.threads), "--nice", str(self.nice)]
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self.starts = 0
@@ -379,12 +382,14 @@ def _exit_code(proc: subprocess.Popen) -> int | None:
         return None
 
 
-def _serve(threads: int, encode: Callable[[list[str]], np.ndarray] | None = None) -> int:
+def _serve(threads: int, encode: Callable[[list[str]], np.ndarray] | None = None, nice: int = 0) -> int:
     """The child's loop (``python -m core.embed --serve``): a ready frame once the model is
     loaded, then one answer frame per request frame until stdin closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
+    if nice > 0:
+        os.nice(nice)
     fd_in, fd_out = sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()
     sys.stdout = sys.stderr  # nothing the libraries print may corrupt the frames
     try:
@@ -437,4 +442,6 @@ if __name__ == "__main__":  # python -m core.embed --serve --threads N: ModelPro
     _parser = argparse.ArgumentParser(description="The sentence model for a ModelProcess (frames on stdin/stdout).")
     _parser.add_argument("--serve", action="store_true", required=True)
     _parser.add_argument("--threads", type=int, default=1)
-    sys.exit(_serve(_parser.parse_args().threads))
+    _parser.add_argument("--nice", type=int, default=0)
+    _args = _parser.parse_args()
+    sys.exit(_serve(_args.threads, nice=_args.nice))

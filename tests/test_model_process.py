@@ -30,12 +30,12 @@ def encode(texts):
     out[:, 0] = [len(t) for t in texts]
     return out
 
-sys.exit(_serve(1, encode))
+sys.exit(_serve(1, encode, nice=int(sys.argv[1]) if len(sys.argv) > 1 else 0))
 """
 
 
-def _fake(**options) -> ModelProcess:
-    return ModelProcess(command=[sys.executable, "-c", FAKE], **options)
+def _fake(nice: int = 0, **options) -> ModelProcess:
+    return ModelProcess(command=[sys.executable, "-c", FAKE, str(nice)], **options)
 
 
 def _gone(pid: int) -> bool:
@@ -55,6 +55,16 @@ def test_texts_go_to_the_child_and_vectors_come_back():
         assert got[:, 0].tolist() == [2.0, 4.0, 0.0] and not got[:, 1:].any()
         assert m.encode([]).shape == (0, DIM)
         assert m.starts == 1 and m.pid is not None
+    finally:
+        m.close()
+
+
+def test_the_child_runs_at_a_lower_priority_than_its_caller():
+    m = _fake(nice=7)
+    try:
+        m.start()
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, m.pid) == min(own + 7, 19)
     finally:
         m.close()
 
@@ -160,6 +170,7 @@ def test_the_engine_runs_its_sentence_model_in_a_child_it_stops_on_close(tmp_pat
         assert engine.ready(timeout=120)
         child = engine.embedder.model.pid
         assert child is not None and child != os.getpid()
+        assert os.getpriority(os.PRIO_PROCESS, child) == min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
         first = engine.decide(_request(episode="ep-child"))
         assert first.rl_boost and first.intent_pending and not first.rl_candidates
         assert engine.ready(timeout=60)
