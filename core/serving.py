@@ -109,15 +109,18 @@ trace step.  At serving time a step's reward is known only when the caller repor
 (``report_outcome(decision_id, ok, reward=r)``); until then the trace carries 0, the
 value the encoder also sees for steps that do not exist.
 
-Latency: the baseline path is array code on one row (masks, tree) plus an in-memory
-audit append; the policy runs only on RL-Boost, as a TorchScript trace of the bundle's
-module checked against it at load (:func:`_compile_policy`), on a context row whose
-tool-result part is built once per result.  The sentence embedding is never on a
-request's path: a query is embedded on a background thread after the first request
-that has it (``prefetch_intent``) or whose RL-Boost needed it; until it is ready an
-RL-Boost on it is deferred and the baseline decides alone (``intent_pending``; with
-``wait_for_intent`` the request waits for it instead, as one whose tree has no allowed
-action always does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
+Latency: the baseline path is one row of masks (rows remembered by the values the rules
+read, :meth:`PolicyRuntime.mask`) and tree plus an in-memory audit append; the policy
+runs only on RL-Boost, in numpy (:mod:`core.fast_policy`: the intent branch once per
+episode, the next context once per request, checked against the module at load; else
+a TorchScript trace, :func:`_compile_policy`), on a context row whose tool-result part is
+built once per result.  The sentence embedding is never on a request's path: a query
+is embedded in the background after the first request that has it (``prefetch_intent``)
+or whose RL-Boost needed it — by the model in a child process (``model_process``), so
+that it does not hold this interpreter's lock; until it is ready an RL-Boost on it is
+deferred and the baseline decides alone (``intent_pending``; with ``wait_for_intent``
+the request waits for it instead, as one whose tree has no allowed action always
+does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
 queries' (the default embedder also answers from the workspace's disk cache by text hash,
 read-only: a long-running engine neither writes per query nor grows with the traffic).
 ``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process.  ``decide_batch``
