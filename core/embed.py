@@ -53,6 +53,11 @@ def _model_encode(texts: Sequence[str], batch_size: int = 64, show_progress: boo
                                 normalize_embeddings=True, show_progress_bar=show_progress).astype(np.float32)
 
 
+def _as_texts(texts: Sequence[str | None]) -> list[str]:
+    """The texts as strings (None is the empty text)."""
+    return ["" if t is None else str(t) for t in texts]
+
+
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -155,7 +160,7 @@ class Embedder:
 
     def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
         """Embeddings for ``texts`` (duplicates and cached texts are never re-encoded)."""
-        texts = ["" if t is None else str(t) for t in texts]
+        texts = _as_texts(texts)
         hashes = [text_hash(t) for t in texts]
         with self._lock:
             missing: dict[str, str] = {}
@@ -195,7 +200,7 @@ class CacheReader:
             self.embedder.warm_up()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        texts = ["" if t is None else str(t) for t in texts]
+        texts = _as_texts(texts)
         out, missing = self.embedder._lookup([text_hash(t) for t in texts])
         self.stats["hits"] += len(texts) - len(missing)
         if missing:
@@ -324,7 +329,7 @@ class ModelProcess:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """L2-normalised float32 ``[len(texts), 384]`` from the child."""
-        texts = ["" if t is None else str(t) for t in texts]
+        texts = _as_texts(texts)
         if not texts:
             return np.zeros((0, DIM), dtype=np.float32)
         with self._lock:

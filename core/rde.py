@@ -169,13 +169,11 @@ class RdeModel:
             raise InputError(f"previous token ids must lie below {len(self.token_prev)} (the catalog's size)",
                              field="prev_tokens")
         fill = self._fill_list()
-        row = [math.nan] * self.n_features
+        row = [0.0] * self.n_features
         for j, key in enumerate(self.state_keys):
             x = _number(state.get(key)) if state else math.nan
             row[j] = fill[j] if math.isnan(x) else x
         S, T = len(self.state_keys), len(self.task_types)
-        for i in range(S, self.n_features):
-            row[i] = 0.0
         if task_type is not None and task_type in self.task_types:
             row[S + self.task_types.index(task_type)] = 1.0
         row[S + T] = float(step_t)
