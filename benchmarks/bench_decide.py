@@ -25,7 +25,11 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    answers; ``ServingConfig.wait_for_intent``) and runs the sentence model in a child
    process (``ServingConfig.model_process``); the same engine with the model in the
    serving process, and one that waits for the embeddings, replay the same episodes for
-   comparison.
+   comparison.  **The machine's own floor** is the reference for the replay's tail: a fixed
+   pure-Python computation as long as decide()'s p50 in the replay, run at the same due
+   times with no engine about; its p99 is what the machine's scheduling (and a
+   hypervisor's steal, read from /proc/stat and printed) does to work of that length.
+   Section 3 has the same reference for its requests, one after the other.
 2. **Where the time goes**: the same episodes one request after the other on a fresh
    engine without prefetching, each stage of decide() timed: episode state, masks (with
    the review-rule check), tree, policy (RL-Boost without its embedding), sentence
@@ -208,7 +212,7 @@ def replay(engine: DecisionEngine, clock: ReplayClock, embedder: TimedEmbedder, 
     cats: dict[str, list[float]] = {"ongoing": [], "first_ready": [], "deferred": [], "waited_embedding": [],
                                     "all": []}
     finals, late = {}, []
-    start, cpu0 = time.perf_counter(), time.process_time()
+    start, cpu0, steal0 = time.perf_counter(), time.process_time(), cpu_ticks()
     for due, i, k in schedule(episodes, rate, max_gap):
         wait = start + due - time.perf_counter()
         if wait > 0:
@@ -230,7 +234,61 @@ def replay(engine: DecisionEngine, clock: ReplayClock, embedder: TimedEmbedder, 
     return {**{c: percentiles(v) for c, v in cats.items()},
             "first_requests": sum(1 for eps in episodes if eps),
             "cpu_ms_per_decision": 1e3 * (time.process_time() - cpu0) / n,
-            "client_late_ms_p99": float(np.percentile(late, 99)), "finals": finals}
+            "client_late_ms_p99": float(np.percentile(late, 99)), "steal": steal_share(steal0, cpu_ticks()),
+            "finals": finals}
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """``(steal, total)`` ticks of all CPUs since boot (/proc/stat; None where there is none):
+    steal is the time the hypervisor ran something else while a CPU of this machine had work."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7], sum(ticks[:8])) if len(ticks) >= 8 else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen by the hypervisor between two :func:`cpu_ticks`."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+# =========================================================================== 1b. the machine's own floor
+def _spin(n: int) -> int:
+    """Fixed pure-Python work, the same cost per iteration however many (the numbers stay
+    small): no allocation to speak of, no I/O, no lock, no other thread."""
+    x = 1
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+    return x
+
+
+def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
+    """The reference for decide()'s wall-clock tail: a fixed pure-Python computation that
+    takes about ``chunk_ms`` (decide()'s p50), run ``count`` times — at the due seconds ``due``
+    (the replay's schedule) or one after the other (None) — with no engine, thread, file or
+    sentence model about.  Its p99 is what this machine's scheduling (and a hypervisor's
+    steal) does to work of that length; none of it is the engine's."""
+    n, runs = 20_000, []
+    for _ in range(4):  # scale the loop to the chunk: median of a few hot runs (the machine's
+        runs = []        # speed drifts, so the floor's own p50 is reported beside its p99)
+        for _ in range(21):
+            t0 = time.perf_counter()
+            _spin(n)
+            runs.append(time.perf_counter() - t0)
+        n = max(int(n * chunk_ms / 1e3 / float(np.median(runs))), 1)
+    wall, start, steal0 = [], time.perf_counter(), cpu_ticks()
+    for k in range(count):
+        wait = 0.0 if due is None else start + due[k] - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        t0 = time.perf_counter()
+        _spin(n)
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return {**percentiles(wall), "chunk_ms": chunk_ms, "steal": steal_share(steal0, cpu_ticks())}
 
 
 # =========================================================================== 2. where the time goes
@@ -379,6 +437,17 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
         if p99 is not None:
             lines.append(f"target p99 ≤ {TARGET_MS:g} ms for {label}: {'met' if p99 <= TARGET_MS else 'NOT met'} "
                          f"({p99:.3f} ms, {p99 / TARGET_MS:.2f}× the target)")
+    f = out["machine_floor"]
+    if f["p99"] is not None and r["all"]["p99"] is not None:
+        lines.append(f"the machine's own floor: a fixed pure-Python computation as long as decide()'s mix p50 "
+                     f"({f['chunk_ms']:.3f} ms), run at the same due times without the engine: p50 {f['p50']:.3f} "
+                     f"/ p99 {f['p99']:.3f} ms ({'within' if f['p99'] <= TARGET_MS else 'itself over'} the target), "
+                     f"a tail (p99/p50) of {f['p99'] / f['p50']:.2f}×; decide()'s: "
+                     f"{r['all']['p99'] / r['all']['p50']:.2f}×"
+                     + "".join(f"; hypervisor steal {x:.1%} of CPU time {during}"
+                               for x, during in ((r.get("steal"), "during the replay"),
+                                                 (f.get("steal"), "during the floor"))
+                               if x is not None))
     n = r["all"]["n"]
     d = r["deferred"]["n"]
     lines.append(f"the default engine deferred {d} of {n} requests' RL-Boost ({d / n:.1%}: their query's "
@@ -397,9 +466,12 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
                      f"embedding taking {np.percentile(embed_ms, 50):.1f} ms (p50 per text; p99 "
                      f"{np.percentile(embed_ms, 99):.1f} ms)")
     seq = out["sequential"]["without_embedding"]
+    f = out["sequential_floor"]
     lines.append(f"the same engine one request after the other, requests without an embedding: p50 "
-                 f"{seq['p50']:.3f} ms, p99 {seq['p99']:.3f} ms (load average {out['load_after']:.1f} on "
-                 f"{os.cpu_count()} CPUs)")
+                 f"{seq['p50']:.3f} ms, p99 {seq['p99']:.3f} ms; the machine's own floor for "
+                 f"{f['chunk_ms']:.3f} ms of pure Python one after the other: p50 {f['p50']:.3f} / p99 "
+                 f"{f['p99']:.3f} ms, a tail of {f['p99'] / f['p50']:.2f}× (decide()'s: "
+                 f"{seq['p99'] / seq['p50']:.2f}×; load average {out['load_after']:.1f} on {os.cpu_count()} CPUs)")
     return lines
 
 
@@ -414,6 +486,11 @@ def print_replay(out: dict) -> None:
                        ("replay_waiting", "an engine that waits for embeddings (wait_for_intent=True)")):
         print(f"\n   {title}")
         _print_categories(out[key])
+        if key == "replay":
+            f = out["machine_floor"]
+            print(f"   the machine's own floor, a fixed {f['chunk_ms']:.3f} ms of pure Python at the same due times "
+                  f"(n={f['n']}): p50 {f['p50']:.3f} / p99 {f['p99']:.3f}"
+                  + ("" if f["steal"] is None else f"; hypervisor steal {f['steal']:.1%} of CPU time"))
 
 
 def _print_categories(r: dict) -> None:
@@ -439,6 +516,10 @@ def print_stages(out: dict) -> None:
           f"embedding on the path (n={a['n']}), p50 {b['p50']:.3f} / p99 {b['p99']:.3f} with one (n={b['n']}); "
           f"naive reference p50 {n['p50']:.3f} / p99 {n['p99']:.3f} (all); same actions as the naive reference: "
           f"{out['same_actions']} ({out['compared']} decisions compared)")
+    f = out["sequential_floor"]
+    print(f"   the machine's own floor, a fixed {f['chunk_ms']:.3f} ms of pure Python one after the other "
+          f"(n={f['n']}): p50 {f['p50']:.3f} / p99 {f['p99']:.3f}"
+          + ("" if f["steal"] is None else f"; hypervisor steal {f['steal']:.1%} of CPU time"))
 
 
 def print_report(out: dict) -> None:
@@ -540,6 +621,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
         return engine, timed, replay(engine, clock, timed, episodes, args.rate, args.max_gap)
 
     fast, fast_emb, real = replayed("serve-ws")
+    due = [t for t, _, _ in schedule(episodes, args.rate, args.max_gap)]
+    floor = machine_floor(due, len(due), real["all"]["p50"])
     real_thread = replayed("thread-ws", model="thread")[2]
     real_thread.pop("finals")
     real_wait = replayed("wait-ws", wait_for_intent=True)[2]
@@ -547,6 +630,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     staged, staged_clock, staged_emb = make("stages-ws", prefetch_intent=False, wait_for_intent=True)
     sequential(staged, staged_clock, warm_up, args.rate)
     stages, seq = stage_breakdown(staged, staged_clock, staged_emb, episodes, args.rate)
+    seq_floor = machine_floor(None, seq["without_embedding"]["n"], seq["without_embedding"]["p50"])
     naive, naive_clock, _ = make("naive-ws", NaiveEngine, model="storing", audit_synchronous=True,
                                  wait_for_intent=True)
     ref = sequential(naive, naive_clock, episodes, args.rate)
@@ -565,8 +649,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
-            "stages": stages, "sequential": seq, "naive": ref["all"],
+            "replay": real, "machine_floor": floor, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
+            "stages": stages, "sequential": seq, "sequential_floor": seq_floor, "naive": ref["all"],
             "same_actions": same, "compared": compared,
             "batched_decisions_per_s": {"new_queries": thr_new, "embedded_queries": thr_warm, "naive": thr_naive,
                                         "batch": args.batch},

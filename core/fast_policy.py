@@ -64,7 +64,7 @@ class NumpyPolicy:
 
     ``intent(emb, rules)`` is the intent branch (``[B, dim]``, reusable for an episode);
     ``state(...)`` the fused state; ``forward(...)`` the actor logits and critic values of
-    the current state; ``values(...)`` the critic alone."""
+    the current state; ``logits(...)`` and ``values(...)`` the actor and the critic alone."""
 
     def __init__(self, agent: Any):
         enc = agent.encoder
@@ -134,9 +134,13 @@ class NumpyPolicy:
         """``[N, K]`` critic ensemble."""
         return self._mlp(self.critic, state)
 
+    def logits(self, state: np.ndarray) -> np.ndarray:
+        """``[N, A]`` actor logits."""
+        return self._mlp(self.actor, state)
+
     def forward(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(logits [N, A], values [N, K])``."""
-        return self._mlp(self.actor, state), self._mlp(self.critic, state)
+        return self.logits(state), self.values(state)
 
     def full(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The whole pass from the encoder inputs (what the torch module computes)."""

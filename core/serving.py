@@ -1471,12 +1471,14 @@ class DecisionEngine:
                 for b, e in zip(missing, fast.intent(emb[missing], rules[missing])):
                     rows[b].intent_state = e
             e_int = np.stack([r.intent_state for r in rows])
-            logits, values = fast.forward(fast.state(e_int, rules, context, fast.context(context), t_act, t_rew, t_dt))
-            top, p = _top_k(logits, mask, k)
+            e_ctx = fast.context(np.concatenate([context, nxt_ctx]))          # both contexts in one pass
+            now = fast.state(e_int, rules, context, e_ctx[:B], t_act, t_rew, t_dt)
+            top, p = _top_k(fast.logits(now), mask, k)
             acts = np.concatenate([top, rde_tok[:, None]], axis=1)             # [B, k+1]: column k = baseline
             idx, n_act, n_rew, n_dt = shifted(acts)
-            e_next = fast.context(nxt_ctx)
-            est = fast.values(fast.state(e_int[idx], rules[idx], nxt_ctx[idx], e_next[idx], n_act, n_rew, n_dt))
+            after = fast.state(e_int[idx], rules[idx], nxt_ctx[idx], e_ctx[B:][idx], n_act, n_rew, n_dt)
+            critic = fast.values(np.concatenate([now, after]))               # the critic once, on every row
+            values, est = critic[:B], critic[B:]
         else:  # the module (TorchScript when it traces)
             import torch
 

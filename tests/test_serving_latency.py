@@ -204,7 +204,7 @@ def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(
     calls, context = [], engine.runtime.fast.context
 
     def spy(rows):
-        calls.append(rows[0].copy())  # the current state's, then the next state's
+        calls.append(rows.copy())  # one pass per RL-Boost: the current state's row, then the next state's
         return context(rows)
 
     monkeypatch.setattr(engine.runtime.fast, "context", spy)
@@ -215,11 +215,13 @@ def test_the_policy_sees_fresh_context_rows_when_results_are_reused_or_replaced(
         extra = {} if sent is None else {"last_result": {"tool": tool, "result": sent}}
         assert engine.decide(_request("ctx", **extra)).rl_boost
     engine.close()
-    seen = calls[0::2]
-    assert len(seen) == len(plan) and len(calls) == 2 * len(plan)
+    assert len(calls) == len(plan) and all(len(rows) == 2 for rows in calls)
+    seen = [rows[0] for rows in calls]
     for t, (_, in_force, since) in enumerate(plan):
         row = None if in_force is None else result_context(tool, in_force, None, stats)
         np.testing.assert_array_equal(seen[t], step_context(row, since, t, STATE, stats))
+        # the state after the action: the same result one step older, one step later
+        np.testing.assert_allclose(calls[t][1], step_context(row, since + 1, t + 1, STATE, stats), atol=1e-7)
     assert not np.array_equal(seen[2], seen[4])   # the replaced result shows
 
 
