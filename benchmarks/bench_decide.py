@@ -29,7 +29,9 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
    pure-Python computation as long as decide()'s p50 in the replay, run at the same due
    times with no engine about; its p99 is what the machine's scheduling (and a
    hypervisor's steal, read from /proc/stat and printed) does to work of that length.
-   Section 3 has the same reference for its requests, one after the other.
+   Section 3 has the same reference for its requests, one after the other.  The machine's
+   cold penalty is measured too: the policy's forward on one fixed state, one call after
+   the other and at the replay's due times.
 2. **Where the time goes**: the same episodes one request after the other on a fresh
    engine without prefetching, each stage of decide() timed: episode state, masks (with
    the review-rule check), tree, policy (RL-Boost without its embedding), sentence
@@ -211,7 +213,7 @@ def replay(engine: DecisionEngine, clock: ReplayClock, embedder: TimedEmbedder, 
     sort every request's wall time into its category."""
     cats: dict[str, list[float]] = {"ongoing": [], "first_ready": [], "deferred": [], "waited_embedding": [],
                                     "all": []}
-    finals, late = {}, []
+    finals, late, boosted = {}, [], []
     start, cpu0, steal0 = time.perf_counter(), time.process_time(), cpu_ticks()
     for due, i, k in schedule(episodes, rate, max_gap):
         wait = start + due - time.perf_counter()
@@ -227,12 +229,14 @@ def replay(engine: DecisionEngine, clock: ReplayClock, embedder: TimedEmbedder, 
         cats["waited_embedding" if waited else "deferred" if d.intent_pending else "first_ready" if k == 0
              else "ongoing"].append(ms)
         cats["all"].append(ms)
+        if d.rl_boost and not d.intent_pending:
+            boosted.append(ms)
         finals[(i, k)] = (d.final_action, d.timed_out or d.intent_pending)
         late.append(max(-wait, 0.0) * 1e3)
     engine.flush()
     n = len(cats["all"])
     return {**{c: percentiles(v) for c, v in cats.items()},
-            "first_requests": sum(1 for eps in episodes if eps),
+            "first_requests": sum(1 for eps in episodes if eps), "rl_boost": percentiles(boosted),
             "cpu_ms_per_decision": 1e3 * (time.process_time() - cpu0) / n,
             "client_late_ms_p99": float(np.percentile(late, 99)), "steal": steal_share(steal0, cpu_ticks()),
             "finals": finals}
@@ -264,6 +268,40 @@ def _spin(n: int) -> int:
     for _ in range(n):
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
     return x
+
+
+def policy_forward(bundle: Any) -> Callable[[], Any] | None:
+    """A call of the served policy's numpy forward on one fixed smoke state (None when the
+    policy serves through torch): fixed numpy work of the engine's own kind."""
+    from core.serving import PolicyRuntime
+
+    fast = PolicyRuntime(bundle).fast
+    if fast is None:
+        return None
+    obs = {k: v[:1].numpy() for k, v in bundle.smoke_obs().items()}
+    return lambda: fast.full(obs)
+
+
+def cold_penalty(work: Callable[[], Any], due: list[float]) -> dict:
+    """The same fixed ``work`` one call after the other and at the due seconds ``due``: the
+    p50 of each (µs) and their ratio — what the machine does to that work after an idle gap
+    (caches and predictors gone cold), independent of the engine."""
+    def timed() -> float:
+        t0 = time.perf_counter()
+        work()
+        return (time.perf_counter() - t0) * 1e6
+
+    for _ in range(50):
+        timed()
+    hot = [timed() for _ in range(len(due))]
+    paced, start = [], time.perf_counter()
+    for t in due:
+        wait = start + t - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        paced.append(timed())
+    out = {"back_to_back_us": float(np.median(hot)), "paced_us": float(np.median(paced))}
+    return {**out, "ratio": out["paced_us"] / out["back_to_back_us"]}
 
 
 def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
@@ -448,6 +486,18 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
                                for x, during in ((r.get("steal"), "during the replay"),
                                                  (f.get("steal"), "during the floor"))
                                if x is not None))
+        b = r["rl_boost"]
+        if b["n"]:
+            lines.append(f"the mix's tail is its RL-Boost requests' ({b['n']} of {r['all']['n']}, the policy run on "
+                         f"their path): p50 {b['p50']:.3f} / p99 {b['p99']:.3f} ms; their p50 times the floor's "
+                         f"tail is {b['p50'] * f['p99'] / f['p50']:.3f} ms")
+    c = out.get("cold_penalty")
+    if c:
+        lines.append(f"after an idle gap this machine runs numpy work slower: the policy's forward on one fixed "
+                     f"state takes {c['back_to_back_us']:.0f} µs one call after the other and "
+                     f"{c['paced_us']:.0f} µs at the replay's due times (p50s, {c['ratio']:.2f}×); decide() in the "
+                     f"replay against one request after the other: "
+                     f"{r['all']['p50'] / out['sequential']['without_embedding']['p50']:.2f}×")
     n = r["all"]["n"]
     d = r["deferred"]["n"]
     lines.append(f"the default engine deferred {d} of {n} requests' RL-Boost ({d / n:.1%}: their query's "
@@ -623,6 +673,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     fast, fast_emb, real = replayed("serve-ws")
     due = [t for t, _, _ in schedule(episodes, args.rate, args.max_gap)]
     floor = machine_floor(due, len(due), real["all"]["p50"])
+    forward = policy_forward(bundle)
+    cold = None if forward is None else cold_penalty(forward, due)
     real_thread = replayed("thread-ws", model="thread")[2]
     real_thread.pop("finals")
     real_wait = replayed("wait-ws", wait_for_intent=True)[2]
@@ -649,7 +701,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "machine_floor": floor, "replay_model_in_process": real_thread, "replay_waiting": real_wait,
+            "replay": real, "machine_floor": floor, "cold_penalty": cold, "replay_model_in_process": real_thread,
+            "replay_waiting": real_wait,
             "stages": stages, "sequential": seq, "sequential_floor": seq_floor, "naive": ref["all"],
             "same_actions": same, "compared": compared,
             "batched_decisions_per_s": {"new_queries": thr_new, "embedded_queries": thr_warm, "naive": thr_naive,

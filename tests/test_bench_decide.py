@@ -48,3 +48,18 @@ def test_the_machine_floor_runs_its_chunk_as_often_as_asked_and_at_the_due_times
     assert back_to_back["n"] == 40
     # the loop is scaled to the chunk: its median run lands near it even on a busy machine
     assert 0.02 < back_to_back["p50"] < 5.0
+
+
+
+def test_the_cold_penalty_times_the_same_work_back_to_back_and_at_the_due_times(bench):
+    import time
+
+    calls = []
+    t0 = time.perf_counter()
+    out = bench.cold_penalty(lambda: calls.append(time.perf_counter()), [0.02 * k for k in range(6)])
+    assert len(calls) == 50 + 6 + 6  # warm-up, back to back, paced
+    paced = calls[-6:]
+    assert paced[-1] - paced[0] >= 0.1  # the last paced call was due 0.1 s after the first
+    assert time.perf_counter() - t0 >= 0.1
+    assert out["paced_us"] > 0 and out["back_to_back_us"] > 0
+    assert out["ratio"] == pytest.approx(out["paced_us"] / out["back_to_back_us"])
