@@ -674,7 +674,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     due = [t for t, _, _ in schedule(episodes, args.rate, args.max_gap)]
     floor = machine_floor(due, len(due), real["all"]["p50"])
     forward = policy_forward(bundle)
-    cold = None if forward is None else cold_penalty(forward, due)
+    penalty = None if forward is None else cold_penalty(forward, due)
     real_thread = replayed("thread-ws", model="thread")[2]
     real_thread.pop("finals")
     real_wait = replayed("wait-ws", wait_for_intent=True)[2]
@@ -701,7 +701,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "machine_floor": floor, "cold_penalty": cold, "replay_model_in_process": real_thread,
+            "replay": real, "machine_floor": floor, "cold_penalty": penalty, "replay_model_in_process": real_thread,
             "replay_waiting": real_wait,
             "stages": stages, "sequential": seq, "sequential_floor": seq_floor, "naive": ref["all"],
             "same_actions": same, "compared": compared,
