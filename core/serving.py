@@ -83,9 +83,7 @@ What a decision does
 6. **Review**: a served action whose risk is in ``review_risks`` (high) and whose
    confidence (the tree's, or the policy's probability when adopted) is below
    ``review_confidence`` goes to the review queue (origin ``serving``).  It is still
-   served; a reviewer's rejection becomes a mask rule for the next decisions.  The item
-   is written on the audit writer's connection (:meth:`core.audit.AuditWriter.transaction`),
-   so it waits for a trail commit in progress on a lock, not in SQLite's busy handler.
+   served; a reviewer's rejection becomes a mask rule for the next decisions.
 7. **Audit**: one record per decision through :class:`core.audit.AuditWriter`, exactly
    ``{timestamp, input_hash, rde_action, rl_candidates:[{id, prob, reward_est}],
    final_action, reward_components:[{name, value}]}`` plus ``policy_version``,
