@@ -65,7 +65,6 @@ Example::
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import itertools
 import json
@@ -253,7 +252,6 @@ def _connect(ws: "Workspace", *, synchronous: bool, busy_timeout_s: float
                            check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
     conn.execute(f"PRAGMA synchronous={'FULL' if synchronous else 'NORMAL'}")
-    conn.execute("PRAGMA foreign_keys=ON")  # other writes may share it (AuditWriter.transaction)
     return conn
 
 
@@ -412,29 +410,6 @@ class AuditWriter:
             path = _spill(self.ws, conflicts, "decision_id already recorded with other content")
             raise ConflictError(f"{len(conflicts)} audit record(s) reuse a recorded decision_id "
                                 f"with different content; kept in {path}")
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One all-or-nothing write of the caller's own on the trail's connection, between
-        its batch commits (BEGIN IMMEDIATE … COMMIT, ROLLBACK on any error).
-
-        A decision engine writes its review items so: on the workspace's connection such a
-        write would contend with this writer's commits for the database's write lock and,
-        when it lost, sleep in SQLite's busy handler (1, 2, 5 … ms steps: 9 ms stalls of
-        decide() were measured).  Here it waits on this writer's lock instead and goes the
-        moment a commit ends.  Other processes' writers are still waited for by SQLite."""
-        with self._conn_lock:
-            if self._closed:
-                raise AuditUnavailable("this audit writer is closed")
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
     def flush(self) -> int:
         """Commit every record accepted so far; returns how many this call committed.

@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -226,20 +224,14 @@ def _get_row(conn: "sqlite3.Connection", item_id: int) -> tuple[Any, ...]:
 
 
 # --------------------------------------------------------------------------- enqueue
-def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest], *,
-                 transaction: Callable[[], AbstractContextManager[sqlite3.Connection]] | None = None
-                 ) -> list[int]:
+def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest]) -> list[int]:
     """Queue several steps in one transaction; returns their item ids (an already queued
-    source step returns its existing item).  Needs ``enqueue_review``.
-
-    ``transaction`` opens the write (default ``ws.transaction``): the decision engine
-    passes its audit writer's (:meth:`core.audit.AuditWriter.transaction`), so that a
-    decision's review item never waits in SQLite's busy handler for the trail's commit."""
+    source step returns its existing item).  Needs ``enqueue_review``."""
     authorize(ws, actor, "enqueue_review")
     now = time.time()
     rows = [_validated_row(r, actor, now) for r in requests]
     ids: list[int] = []
-    with (transaction or ws.transaction)() as conn:
+    with ws.transaction() as conn:
         for row in rows:
             cur = conn.execute(
                 f"INSERT INTO review_items({', '.join(row)}) VALUES ({', '.join('?' * len(row))}) "

@@ -1250,11 +1250,7 @@ class DecisionEngine:
         items: dict[int, int] = {}
         if to_review:
             reqs = [self._review_request(rt, rows[b], out[b], reasons[b]) for b in to_review]
-            # On the audit writer's connection: no wait in SQLite's busy handler for its
-            # commit.  Inside a caller's open transaction on the workspace, in that one (a
-            # second connection would wait for it to end).
-            tx = self.ws.transaction if self.ws.conn.in_transaction else self.audit.transaction
-            items = dict(zip(to_review, review.enqueue_many(self.ws, self.actor, reqs, transaction=tx)))
+            items = dict(zip(to_review, review.enqueue_many(self.ws, self.actor, reqs)))
 
         # ---------------------------------------------------------------- audit, then commit state
         decisions = []

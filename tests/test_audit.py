@@ -132,49 +132,6 @@ def test_batch_commits_on_size(ws):
     w.close()
 
 
-def test_a_write_on_the_writers_connection_waits_for_its_commit_and_is_all_or_nothing(ws):
-    """AuditWriter.transaction: the caller's own write between the writer's commits (the
-    decision engine's review items), on the trail's lock rather than SQLite's busy handler."""
-    w = audit.AuditWriter(ws, ENGINE, batch_size=1000, flush_interval_s=60)
-    w.write(_record(1))
-    order = []
-    with w._conn_lock:  # a commit in progress
-        waiter = threading.Thread(target=lambda: order.append(_write_in(w, "kept")))
-        waiter.start()
-        time.sleep(0.1)
-        assert order == []  # waits for the commit's lock
-    waiter.join(5)
-    assert order == ["kept"]
-    assert _names(ws) == ["kept"]
-    with pytest.raises(RuntimeError):
-        with w.transaction() as conn:
-            conn.execute("INSERT INTO datasets(name, description, created_at) VALUES ('lost', '', 0)")
-            raise RuntimeError("half-way")
-    assert _names(ws) == ["kept"]  # rolled back
-    with pytest.raises(sqlite3.IntegrityError):  # foreign keys are enforced on it, as on the workspace's
-        with w.transaction() as conn:
-            conn.execute("INSERT INTO review_events(item_id, event, actor, at) VALUES (999, 'enqueued', 'a', 0)")
-    assert w.pending == 1  # the trail's own records are untouched by it
-    w.close()
-    with pytest.raises(audit.AuditUnavailable):
-        with w.transaction():
-            pass
-
-
-def _write_in(w, name: str) -> str:
-    with w.transaction() as conn:
-        conn.execute("INSERT INTO datasets(name, description, created_at) VALUES (?, '', 0)", (name,))
-    return name
-
-
-def _names(ws) -> list[str]:
-    con = sqlite3.connect(ws.root / DB_NAME)
-    try:
-        return [r[0] for r in con.execute("SELECT name FROM datasets WHERE name IN ('kept', 'lost') ORDER BY name")]
-    finally:
-        con.close()
-
-
 def test_batch_commits_on_time(ws):
     w = audit.AuditWriter(ws, ENGINE, batch_size=1000, flush_interval_s=0.2)
     for i in range(3):

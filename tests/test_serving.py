@@ -396,35 +396,6 @@ def test_high_risk_low_confidence_goes_to_review_and_a_rejection_is_never_served
     engine.close()
 
 
-def test_a_review_push_is_written_on_the_audit_writers_connection(bundle, ws, monkeypatch):
-    """Not on the workspace's: there it would wait in SQLite's busy handler (1, 2, 5 … ms
-    steps) whenever the audit trail's background commit held the write lock."""
-    low, high, _ = _tokens(bundle)
-    engine = _engine(ws, _with_rde(bundle, {high: 0.6, low[0]: 0.4}), force_rde_override=True)
-    opened, real = [], engine.audit.transaction
-
-    def counted():
-        opened.append(1)
-        return real()
-
-    def refused():
-        raise AssertionError("the decision wrote on the workspace's connection")
-
-    monkeypatch.setattr(engine.audit, "transaction", counted)
-    monkeypatch.setattr(ws, "transaction", refused)
-    d = engine.decide(_request("busy"))
-    assert d.final_action == high and d.review_item is not None and opened == [1]
-    monkeypatch.undo()
-    [item] = review.list_items(ws, origin="serving")
-    assert (item["id"], item["decision_id"]) == (d.review_item, d.decision_id)
-    assert [e["event"] for e in review.item_events(ws, d.review_item)] == ["enqueued"]
-    with ws.transaction():  # inside a caller's open transaction: written in it, not waiting for it
-        ws.conn.execute("INSERT INTO datasets(name, description, created_at) VALUES ('mine', '', 0)")
-        inside = engine.decide(_request("busy-2"))
-    assert inside.review_item is not None and len(review.list_items(ws, origin="serving")) == 2
-    engine.close()
-
-
 def test_a_rejection_decided_in_another_process_is_picked_up_by_the_next_check(bundle, ws, monkeypatch):
     """This process's own rejections count at the next decision (above); the workspace is
     checked for other processes' every MASK_RULES_CHECK_S seconds."""
