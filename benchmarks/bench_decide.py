@@ -260,7 +260,7 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-# =========================================================================== 1b. the machine's own floor
+# =========================================================================== 1b. the machine's floor and cold penalty
 def _spin(n: int) -> int:
     """Fixed pure-Python work, the same cost per iteration however many (the numbers stay
     small): no allocation to speak of, no I/O, no lock, no other thread."""
@@ -268,6 +268,31 @@ def _spin(n: int) -> int:
     for _ in range(n):
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
     return x
+
+
+def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
+    """The reference for decide()'s wall-clock tail: a fixed pure-Python computation that
+    takes about ``chunk_ms`` (decide()'s p50), run ``count`` times — at the due seconds ``due``
+    (the replay's schedule) or one after the other (None) — with no engine, thread, file or
+    sentence model about.  Its p99 is what this machine's scheduling (and a hypervisor's
+    steal) does to work of that length; none of it is the engine's."""
+    n, runs = 20_000, []
+    for _ in range(4):  # scale the loop to the chunk: median of a few hot runs (the machine's
+        runs = []        # speed drifts, so the floor's own p50 is reported beside its p99)
+        for _ in range(21):
+            t0 = time.perf_counter()
+            _spin(n)
+            runs.append(time.perf_counter() - t0)
+        n = max(int(n * chunk_ms / 1e3 / float(np.median(runs))), 1)
+    wall, start, steal0 = [], time.perf_counter(), cpu_ticks()
+    for k in range(count):
+        wait = 0.0 if due is None else start + due[k] - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        t0 = time.perf_counter()
+        _spin(n)
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return {**percentiles(wall), "chunk_ms": chunk_ms, "steal": steal_share(steal0, cpu_ticks())}
 
 
 def policy_forward(bundle: Any) -> Callable[[], Any] | None:
@@ -302,31 +327,6 @@ def cold_penalty(work: Callable[[], Any], due: list[float]) -> dict:
         paced.append(timed())
     out = {"back_to_back_us": float(np.median(hot)), "paced_us": float(np.median(paced))}
     return {**out, "ratio": out["paced_us"] / out["back_to_back_us"]}
-
-
-def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
-    """The reference for decide()'s wall-clock tail: a fixed pure-Python computation that
-    takes about ``chunk_ms`` (decide()'s p50), run ``count`` times — at the due seconds ``due``
-    (the replay's schedule) or one after the other (None) — with no engine, thread, file or
-    sentence model about.  Its p99 is what this machine's scheduling (and a hypervisor's
-    steal) does to work of that length; none of it is the engine's."""
-    n, runs = 20_000, []
-    for _ in range(4):  # scale the loop to the chunk: median of a few hot runs (the machine's
-        runs = []        # speed drifts, so the floor's own p50 is reported beside its p99)
-        for _ in range(21):
-            t0 = time.perf_counter()
-            _spin(n)
-            runs.append(time.perf_counter() - t0)
-        n = max(int(n * chunk_ms / 1e3 / float(np.median(runs))), 1)
-    wall, start, steal0 = [], time.perf_counter(), cpu_ticks()
-    for k in range(count):
-        wait = 0.0 if due is None else start + due[k] - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        t0 = time.perf_counter()
-        _spin(n)
-        wall.append((time.perf_counter() - t0) * 1e3)
-    return {**percentiles(wall), "chunk_ms": chunk_ms, "steal": steal_share(steal0, cpu_ticks())}
 
 
 # =========================================================================== 2. where the time goes

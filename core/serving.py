@@ -1472,12 +1472,12 @@ class DecisionEngine:
                     rows[b].intent_state = e
             e_int = np.stack([r.intent_state for r in rows])
             e_ctx = fast.context(np.concatenate([context, nxt_ctx]))          # both contexts in one pass
-            now = fast.state(e_int, rules, context, e_ctx[:B], t_act, t_rew, t_dt)
-            top, p = _top_k(fast.logits(now), mask, k)
+            current = fast.state(e_int, rules, context, e_ctx[:B], t_act, t_rew, t_dt)
+            top, p = _top_k(fast.logits(current), mask, k)
             acts = np.concatenate([top, rde_tok[:, None]], axis=1)             # [B, k+1]: column k = baseline
             idx, n_act, n_rew, n_dt = shifted(acts)
             after = fast.state(e_int[idx], rules[idx], nxt_ctx[idx], e_ctx[B:][idx], n_act, n_rew, n_dt)
-            critic = fast.values(np.concatenate([now, after]))               # the critic once, on every row
+            critic = fast.values(np.concatenate([current, after]))           # the critic once, on every row
             values, est = critic[:B], critic[B:]
         else:  # the module (TorchScript when it traces)
             import torch
