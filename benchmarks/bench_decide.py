@@ -275,7 +275,10 @@ def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
     takes about ``chunk_ms`` (decide()'s p50), run ``count`` times — at the due seconds ``due``
     (the replay's schedule) or one after the other (None) — with no engine, thread, file or
     sentence model about.  Its p99 is what this machine's scheduling (and a hypervisor's
-    steal) does to work of that length; none of it is the engine's."""
+    steal) does to work of that length; none of it is the engine's.  Nothing to compare
+    with (no request, or no p50): empty percentiles."""
+    if not count or not chunk_ms:
+        return {**percentiles([]), "chunk_ms": chunk_ms, "steal": None}
     n, runs = 20_000, []
     for _ in range(4):  # scale the loop to the chunk: median of a few hot runs (the machine's
         runs = []        # speed drifts, so the floor's own p50 is reported beside its p99)
@@ -492,7 +495,7 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
                          f"their path): p50 {b['p50']:.3f} / p99 {b['p99']:.3f} ms; their p50 times the floor's "
                          f"tail is {b['p50'] * f['p99'] / f['p50']:.3f} ms")
     c = out.get("cold_penalty")
-    if c:
+    if c and out["sequential"]["without_embedding"]["p50"]:
         lines.append(f"after an idle gap this machine runs numpy work slower: the policy's forward on one fixed "
                      f"state takes {c['back_to_back_us']:.0f} µs one call after the other and "
                      f"{c['paced_us']:.0f} µs at the replay's due times (p50s, {c['ratio']:.2f}×); decide() in the "
@@ -517,11 +520,12 @@ def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
                      f"{np.percentile(embed_ms, 99):.1f} ms)")
     seq = out["sequential"]["without_embedding"]
     f = out["sequential_floor"]
-    lines.append(f"the same engine one request after the other, requests without an embedding: p50 "
-                 f"{seq['p50']:.3f} ms, p99 {seq['p99']:.3f} ms; the machine's own floor for "
-                 f"{f['chunk_ms']:.3f} ms of pure Python one after the other: p50 {f['p50']:.3f} / p99 "
-                 f"{f['p99']:.3f} ms, a tail of {f['p99'] / f['p50']:.2f}× (decide()'s: "
-                 f"{seq['p99'] / seq['p50']:.2f}×; load average {out['load_after']:.1f} on {os.cpu_count()} CPUs)")
+    if seq["p50"] is not None and f["p99"] is not None:
+        lines.append(f"the same engine one request after the other, requests without an embedding: p50 "
+                     f"{seq['p50']:.3f} ms, p99 {seq['p99']:.3f} ms; the machine's own floor for "
+                     f"{f['chunk_ms']:.3f} ms of pure Python one after the other: p50 {f['p50']:.3f} / p99 "
+                     f"{f['p99']:.3f} ms, a tail of {f['p99'] / f['p50']:.2f}× (decide()'s: "
+                     f"{seq['p99'] / seq['p50']:.2f}×; load average {out['load_after']:.1f} on {os.cpu_count()} CPUs)")
     return lines
 
 
@@ -567,9 +571,10 @@ def print_stages(out: dict) -> None:
           f"naive reference p50 {n['p50']:.3f} / p99 {n['p99']:.3f} (all); same actions as the naive reference: "
           f"{out['same_actions']} ({out['compared']} decisions compared)")
     f = out["sequential_floor"]
-    print(f"   the machine's own floor, a fixed {f['chunk_ms']:.3f} ms of pure Python one after the other "
-          f"(n={f['n']}): p50 {f['p50']:.3f} / p99 {f['p99']:.3f}"
-          + ("" if f["steal"] is None else f"; hypervisor steal {f['steal']:.1%} of CPU time"))
+    if f["p99"] is not None:
+        print(f"   the machine's own floor, a fixed {f['chunk_ms']:.3f} ms of pure Python one after the other "
+              f"(n={f['n']}): p50 {f['p50']:.3f} / p99 {f['p99']:.3f}"
+              + ("" if f["steal"] is None else f"; hypervisor steal {f['steal']:.1%} of CPU time"))
 
 
 def print_report(out: dict) -> None:
@@ -658,9 +663,9 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     """Run the four measurements on fresh engines and gather their figures."""
     episodes = episodes_of(args.train, args.episodes)
     warm_up = episodes_of(0, 3)  # training episodes: their queries are not replayed
-    load_before = os.getloadavg()[0]
+    load_before, size = os.getloadavg()[0], policy_size(bundle)
     print(f"{bundle.policy_version}: {sum(map(len, episodes))} requests from {len(episodes)} recorded episodes; "
-          f"load average {load_before:.1f} on {os.cpu_count()} CPUs; policy: {policy_size(bundle)}", flush=True)
+          f"load average {load_before:.1f} on {os.cpu_count()} CPUs; policy: {size}", flush=True)
     make, made, processes = engines(work, bundle, embedder, args)
 
     def replayed(name: str, **options: Any) -> tuple[DecisionEngine, TimedEmbedder, dict]:
@@ -698,7 +703,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     records = audit.stats(fast.ws)["records"]
     for engine in made:
         engine.ws.close()
-    return {"policy": bundle.policy_version, "policy_size": policy_size(bundle), "episodes": len(episodes),
+    return {"policy": bundle.policy_version, "policy_size": size, "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
             "replay": real, "machine_floor": floor, "cold_penalty": penalty, "replay_model_in_process": real_thread,

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ EXPLORATION_LABEL = "reasonable_exploration"
 DEFAULT_LEASE_SECONDS = 300.0
 
 _rules_added = 0
+_rules_lock = threading.Lock()  # += is no atomic step: decisions may run on several threads
 _ITEM_COLUMNS = (
     "id", "origin", "reason", "dataset", "task_type", "state", "key_features", "token_id",
     "token_name", "action_label", "tool", "risk", "reward_components", "confidence", "run_id",
@@ -390,7 +392,8 @@ def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: 
                 (item_id, item["dataset"], item["task_type"], _json(pat), item["token_id"],
                  item["token_name"], item["tool"], _json(rule), comment, now, actor.name))
     if decision == "reject":  # committed: engines in this process re-read the rules now
-        _rules_added += 1
+        with _rules_lock:
+            _rules_added += 1
     return item
 
 

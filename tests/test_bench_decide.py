@@ -63,3 +63,9 @@ def test_the_cold_penalty_times_the_same_work_back_to_back_and_at_the_due_times(
     assert time.perf_counter() - t0 >= 0.1
     assert out["paced_us"] > 0 and out["back_to_back_us"] > 0
     assert out["ratio"] == pytest.approx(out["paced_us"] / out["back_to_back_us"])
+
+
+def test_the_machine_floor_of_nothing_is_empty_rather_than_a_crash(bench):
+    for count, chunk in ((0, 0.5), (10, None)):
+        empty = bench.machine_floor(None, count, chunk)
+        assert (empty["n"], empty["p50"], empty["p99"], empty["steal"]) == (0, None, None, None)
