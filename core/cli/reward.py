@@ -4,7 +4,8 @@
 and names the key and line of any problem; ``score`` prints per-component
 statistics and episode returns (``--out`` writes the per-step table as CSV or
 Parquet); ``check`` prints each expectation as PASS/FAIL with the numbers and
-exits 1 when one fails.
+exits 1 when one fails; ``calibrate`` measures the template against the recorded
+outcomes (components' power, ROC, calibration; grouped by task).
 """
 
 from __future__ import annotations
@@ -127,3 +128,29 @@ def check(
         names = ", ".join(r.name for r in report.failed)
         raise ExpectationsFailed(f"{len(report.failed)} of {len(report.results)} expectations "
                                  f"failed: {names}")
+
+
+@app.command("calibrate")
+def calibrate(
+    template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
+    dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
+    group_key: Optional[str] = typer.Option(None, "--group-key", help="Dotted key of the task id in each "
+                                            "imported record (default: task_id, else the request)."),
+    boot: int = typer.Option(200, "--boot", help="Bootstrap resamples over tasks for the intervals."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """What the recorded outcomes say: each component's power, the return's ROC and calibration."""
+    from core.rewards.calibration import calibrate as run_calibration
+
+    r = run_calibration(open_workspace(), template, dataset=dataset, group_key=group_key, n_boot=boot)
+    if as_json:
+        print_json(r.to_json())
+        return
+    typer.echo(f"template {r.template!r} on {dataset}: {r.n_labelled} of {r.n_episodes} episodes labelled, "
+               f"{r.n_tasks} tasks, success {r.success_rate:.2f}")
+    typer.echo(f"  {'score':<26}{'level':<9}{r.metric:>9}   90% interval (bootstrap over tasks)")
+    for p in [r.return_power, *r.components]:
+        typer.echo(f"  {p.name:<26}{p.level:<9}{_fmt(p.value):>9}   [{_fmt(p.ci90[0])}, {_fmt(p.ci90[1])}]")
+    if r.heldout_auc is not None:
+        typer.echo(f"  return → success, {r.folds} folds grouped by task: held-out AUC {_fmt(r.heldout_auc)}, "
+                   f"Brier {_fmt(r.heldout_brier)}")
