@@ -36,6 +36,9 @@ def show_flash(key: str) -> None:
 if TYPE_CHECKING:  # pragma: no cover
     from core.users import Actor
     from core.rewards import ScoreResult, StepsFrame, Template
+    import numpy as np
+
+    from core.rewards.calibration import CalibrationReport
     from core.rewards.views import PyramidReport
     from core.statemap import StateMapReport
     from core.tuning import StudyReport
@@ -158,6 +161,23 @@ def pyramid_report(dataset: str, template: "Template") -> "PyramidReport":
     base = _scored(path, dataset, dataset_version(workspace(), dataset), template.components_hash(),
                    template)
     return build_report(base, template)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _outcomes(path: str, dataset: str, version: str) -> tuple["np.ndarray", "np.ndarray"]:
+    from core.rewards.calibration import outcome_columns
+
+    return outcome_columns(_workspace(path).load_episodes(dataset))
+
+
+def calibration(dataset: str, template: "Template", n_boot: int = 100) -> "CalibrationReport":
+    """Outcome calibration of ``template`` on ``dataset`` (labels and task groups are read
+    once per dataset version; the scores come from :func:`pyramid_report`'s cache)."""
+    from core.rewards.calibration import calibrate_result
+
+    path = _session_path()
+    labels, groups = _outcomes(path, dataset, dataset_version(workspace(), dataset))
+    return calibrate_result(pyramid_report(dataset, template).result, labels, groups, n_boot=n_boot)
 
 
 # --------------------------------------------------------------------------- acting user

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources
+from app import charts, resources
 from core.rewards import views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 from core.users import current_user
@@ -128,7 +128,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
                    f"{', '.join(report.cached) or 'none'}. Weight, gating and return edits reuse them.")
 
     tabs = view_col.tabs(["Distributions", "Episodes", "Expectations", "Parameters", "YAML",
-                          "Save & versions"])
+                          "Save & versions", "Calibration"])
     with tabs[0]:
         st.plotly_chart(report.contributions_figure, width="stretch", key="rp_components")
         left, right = st.columns(2)
@@ -246,6 +246,36 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
                 st.code(diff.unified, language="diff")
             else:
                 st.caption("The two versions are identical.")
+
+    with tabs[6]:
+        calibration_section(dataset, edited)
+
+
+def calibration_section(dataset: str, template) -> None:
+    """What the dataset's recorded outcomes say about the edited template."""
+    st.caption("How well each component and the episode return rank the recorded outcomes: AUC "
+               "(0.5 is chance) or rank correlation for graded outcomes, with a 90% interval from "
+               "resampling whole tasks; the calibration map is fitted with folds grouped by task.")
+    try:
+        with st.spinner("Calibrating against the recorded outcomes…"):
+            cal = resources.calibration(dataset, template)
+    except USER_ERRORS as exc:
+        st.info(f"No calibration for {dataset}: {exc}. Import episodes with their outcome (the "
+                "reward key on the Episodes page's import form) to see what the labels teach.")
+        return
+    first, second, third = st.columns(3)
+    first.metric(f"Return {cal.metric.upper()}", f"{cal.return_power.value:.3f}",
+                 help=f"90% interval {cal.return_power.ci90[0]:.3f} – {cal.return_power.ci90[1]:.3f}")
+    second.metric("Labelled episodes", f"{cal.n_labelled} of {cal.n_episodes}",
+                  help=f"{cal.n_tasks} tasks; success rate {cal.success_rate:.2f}")
+    if cal.heldout_auc is not None:
+        third.metric("Held-out AUC (grouped by task)", f"{cal.heldout_auc:.3f}",
+                     help=f"Brier score {cal.heldout_brier:.3f} over {cal.folds} folds")
+    st.dataframe(charts.calibration_table(cal), hide_index=True, width="stretch", key="rp_calibration")
+    if cal.roc:
+        roc, bins = st.columns(2)
+        roc.plotly_chart(charts.roc_figure(cal), width="stretch", key="rp_roc")
+        bins.plotly_chart(charts.deciles_figure(cal), width="stretch", key="rp_calibration_bins")
 
 
 pyramid_workbench(work, dataset, options)

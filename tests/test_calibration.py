@@ -10,7 +10,7 @@ import pytest
 from core.errors import InputError
 from core.importers import read_file
 from core.rewards.api import frame_from_episodes, score
-from core.rewards.calibration import calibrate_result
+from core.rewards.calibration import calibrate_result, outcome_columns
 from core.rewards.outcomes import auc, episode_labels
 from core.rewards.template import load_template
 
@@ -43,7 +43,7 @@ def whissle(tmp_path_factory):
 
 def test_component_power_is_the_auc_of_its_episode_values(whissle):
     episodes, result = whissle
-    report = calibrate_result(result, episodes, n_boot=50)
+    report = calibrate_result(result, *outcome_columns(episodes), n_boot=50)
     assert report.n_labelled == 50 and report.n_tasks == 50 and report.binary
     assert report.success_rate == pytest.approx(0.56)
     calls = next(c for c in report.components if c.name == "calls")
@@ -63,7 +63,7 @@ def test_too_few_labels_are_refused_with_the_counts(whissle):
     unlabelled = [e.model_copy(update={"outcome": e.outcome.model_copy(update={"final_reward": None})})
                   for e in episodes]
     with pytest.raises(InputError, match="0 labelled"):
-        calibrate_result(result, unlabelled)
+        calibrate_result(result, *outcome_columns(unlabelled))
 
 
 def test_rwb_reward_calibrate_json_and_refusal(tmp_path, capsys):

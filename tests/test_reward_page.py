@@ -97,7 +97,7 @@ def test_weight_edits_change_the_totals_without_recomputing(page):
     assert metric(at, "Expectations passing").endswith(f"/ {len(shipped.expectations)}")
     before = episodes_table(at)
     assert len(before) == expected.frame.n_episodes
-    assert len(at.get("plotly_chart")) == 4          # pyramid, components, levels, returns
+    assert len(at.get("plotly_chart")) == 6          # pyramid, components, levels, returns, ROC, deciles
     n_scorings = len(computed)
 
     widget = slider(at, "tool_validity")
@@ -193,3 +193,18 @@ def test_save_creates_a_version_and_a_stale_save_shows_the_conflict(page):
     assert not at.exception and not at.error
     assert at.selectbox(key="rp_template").value == "finance_risk@2"
     assert slider(at, "tool_validity").value == 0.9
+
+
+def test_calibration_tab_shows_power_and_roc_for_a_labelled_dataset(page):
+    at = open_page()
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "90% low" in d.value.columns)
+    assert table["score"].iloc[0] == "return"
+    assert {"tool_validity", "evidence_reliability"} <= set(table["score"])
+    assert table["auc"].between(0, 1).all()
+    labelled = metric(at, "Labelled episodes")
+    assert labelled.endswith(f"of {labelled.split(' of ')[1]}") and int(labelled.split()[0]) > 0
+    assert 0.0 <= float(metric(at, "Held-out AUC (grouped by task)")) <= 1.0
+    titles = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("ROC of the episode return" in t for t in titles)
+    assert any("Success rate per return decile" in t for t in titles)

@@ -131,14 +131,20 @@ def _heldout(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, seed: i
     return auc(prob, y), float(np.mean((prob - y) ** 2)), len(folds)
 
 
-def calibrate_result(result: ScoreResult, episodes: list[Episode], *, group_key: str | None = None,
+def outcome_columns(episodes: list[Episode], group_key: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(label, task group) per episode: what :func:`calibrate_result` reads."""
+    return episode_labels(episodes), episode_groups(episodes, group_key)
+
+
+def calibrate_result(result: ScoreResult, labels_all: np.ndarray, groups_all: np.ndarray, *,
                      n_boot: int = 200, seed: int = 0) -> CalibrationReport:
-    """Calibrate a scored dataset against its recorded outcomes (``episodes`` in the scored
-    frame's order; unlabelled episodes are left out)."""
+    """Calibrate a scored dataset against its recorded outcomes: ``labels_all`` and
+    ``groups_all`` per episode of the scored frame, in its order (see :func:`outcome_columns`;
+    unlabelled episodes, NaN, are left out)."""
     frame = result.frame
-    if [e.episode_id for e in episodes] != frame.episode_ids.tolist():
-        raise InputError("the episodes are not those of the scored data, in its order")
-    labels_all = episode_labels(episodes)
+    if labels_all.shape[0] != frame.n_episodes or groups_all.shape[0] != frame.n_episodes:
+        raise InputError(f"{labels_all.shape[0]} labels for {frame.n_episodes} scored episodes")
     labelled = np.flatnonzero(~np.isnan(labels_all))
     labels = labels_all[labelled]
     distinct = np.unique(labels)
@@ -148,7 +154,7 @@ def calibrate_result(result: ScoreResult, episodes: list[Episode], *, group_key:
         raise InputError(f"calibration needs at least {MIN_LABELLED} labelled episodes with both "
                          f"outcomes; this data has {labelled.size} labelled "
                          f"({int((labels > 0.5).sum())} successful)", field="outcome")
-    groups = episode_groups(episodes, group_key)[labelled]
+    groups = groups_all[labelled]
     metric, power = _power_fn(binary)
 
     def measure(name: str, level: str, scores: np.ndarray) -> Power:
@@ -178,4 +184,5 @@ def calibrate(ws, template, *, dataset: str, group_key: str | None = None, n_boo
 
     frame = load_frame(ws, dataset)
     result = score(ws, template, frame=frame)
-    return calibrate_result(result, ws.load_episodes(dataset), group_key=group_key, n_boot=n_boot, seed=seed)
+    labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
+    return calibrate_result(result, labels, groups, n_boot=n_boot, seed=seed)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import rankdata
 
 from core.episodes import Episode
 from core.errors import InputError
@@ -79,13 +80,7 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(scores.shape[0], dtype=np.float64)
-    s = scores[order]
-    # average ranks over ties (1-based)
-    boundaries = np.flatnonzero(np.r_[True, s[1:] != s[:-1], True])
-    for a, b in zip(boundaries[:-1], boundaries[1:]):
-        ranks[order[a:b]] = (a + b + 1) / 2.0
+    ranks = rankdata(scores)                      # average ranks over ties, 1-based
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 

@@ -1,0 +1,36 @@
+"""Figures and tables the pages draw from core's typed results (core returns data, not plots)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from core.rewards.calibration import CalibrationReport
+
+
+def calibration_table(cal: CalibrationReport) -> pd.DataFrame:
+    """One row per score (the return first, then each component): power and its interval."""
+    return pd.DataFrame([{"score": p.name, "level": p.level, cal.metric: round(p.value, 3),
+                          "90% low": round(p.ci90[0], 3), "90% high": round(p.ci90[1], 3)}
+                         for p in [cal.return_power, *cal.components]])
+
+
+def roc_figure(cal: CalibrationReport) -> go.Figure:
+    """ROC curve of the episode return against the recorded successes, with the chance line."""
+    fig = go.Figure(go.Scatter(x=cal.roc["fpr"], y=cal.roc["tpr"], mode="lines+markers",
+                               name="episode return"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance",
+                             line={"dash": "dot", "color": "grey"}))
+    fig.update_layout(title="ROC of the episode return", xaxis_title="false-positive rate",
+                      yaxis_title="true-positive rate", height=360)
+    return fig
+
+
+def deciles_figure(cal: CalibrationReport) -> go.Figure:
+    """Observed success rate per decile of the episode return (calibration of the return)."""
+    fig = go.Figure(go.Scatter(x=[b["return_mean"] for b in cal.bins],
+                               y=[b["success_rate"] for b in cal.bins], mode="lines+markers",
+                               text=[f"{b['episodes']} episodes" for b in cal.bins]))
+    fig.update_layout(title="Success rate per return decile", xaxis_title="mean episode return",
+                      yaxis_title="success rate", yaxis_range=[0, 1], height=360)
+    return fig
