@@ -10,6 +10,7 @@ from core.catalog import build_catalog
 from core.episodes import Action, Episode, Outcome, Step, Task
 from core.rewards import COMPONENTS, LEVELS, ScoringContext, build_frame
 from core.rewards.reference import REFERENCES
+from core.rewards.learned import STAT_FEATURES
 from _rewards_fixtures import TOOLS, FakeEmbedder, make_episodes, make_frame
 
 ALL = sorted(COMPONENTS)
@@ -130,6 +131,10 @@ VARIANTS = [
     ("length_penalty", {}), ("length_penalty", {"count": "tool_calls", "free": 2}),
     ("terminal_outcome", {}), ("terminal_outcome", {"field": "business_metric", "low": 0.2}),
     ("ends_with_answer", {}), ("ends_with_answer", {"min_chars": 20}),
+    ("learned_outcome", {}),
+    ("learned_outcome", {"embed": "none", "features": list(STAT_FEATURES), "mean": [1.0] * 10,
+                         "scale": [2.0] * 10, "coef": [0.3, -0.2, -0.5, -0.4, 0.1, -0.3, 0.05, 0.6, -1.0, -0.7],
+                         "intercept": 0.2, "low": -1.0, "high": 1.0}),
 ]
 
 

@@ -5,7 +5,8 @@ and names the key and line of any problem; ``score`` prints per-component
 statistics and episode returns (``--out`` writes the per-step table as CSV or
 Parquet); ``check`` prints each expectation as PASS/FAIL with the numbers and
 exits 1 when one fails; ``calibrate`` measures the template against the recorded
-outcomes (components' power, ROC, calibration; grouped by task).
+outcomes (components' power, ROC, calibration; grouped by task); ``learn`` fits the
+``learned_outcome`` term on labelled episodes and saves it with the template.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import typer
 
 from core import rewards
 from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
 from core.rewards.expectations import ExpectationsFailed
 
 app = typer.Typer(help="Reward pyramids: validate templates, score episodes, check expectations.",
@@ -154,3 +156,46 @@ def calibrate(
     if r.heldout_auc is not None:
         typer.echo(f"  return → success, {r.folds} folds grouped by task: held-out AUC {_fmt(r.heldout_auc)}, "
                    f"Brier {_fmt(r.heldout_brier)}")
+
+
+@app.command("learn")
+def learn(
+    template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
+    dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
+    group_key: Optional[str] = typer.Option(None, "--group-key", help="Dotted key of the task id in each "
+                                            "imported record (default: task_id, else the request)."),
+    embed: str = typer.Option("last_words", "--embed", help="last_words (sentence embedding of the "
+                              "agent's last words as features) or none."),
+    c: float = typer.Option(1.0, "--C", help="Inverse L2 regularisation strength of the logistic model."),
+    save: bool = typer.Option(False, "--save", help="Save the template with the fitted term as its "
+                              "next version."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Fit the learned_outcome term on labelled episodes (held-out AUC grouped by task)."""
+    from core.rewards.calibration import calibrate_result, outcome_columns
+    from core.rewards.learned import learn as fit_learned
+    from core.rewards.versions import get_template, parse_spec, resolve_template, save_template
+
+    ws = open_workspace()
+    base = resolve_template(ws, template)
+    base_version = get_template(ws, *parse_spec(template)).version if save else None
+    fitted, fit = fit_learned(ws, base, dataset=dataset, group_key=group_key, embed=embed, c=c)
+    labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
+    pyramid = calibrate_result(rewards.score(ws, base, dataset=dataset), labels, groups, n_boot=20)
+    body: dict[str, Any] = {"template": base.name, "dataset": dataset, "learned_heldout_auc": fit.heldout_auc,
+                            "pyramid_heldout_auc": pyramid.heldout_auc, "pyramid_auc": pyramid.return_power.value,
+                            "folds": fit.folds, "labelled": fit.n_labelled, "tasks": fit.n_tasks,
+                            "features": len(fit.params["features"]), "saved": None}
+    if save:
+        saved = save_template(ws, acting_user(ws, as_name), base.name, fitted, base_version,
+                              f"learned_outcome fitted on {dataset} (held-out AUC {fit.heldout_auc:.3f})")
+        body["saved"] = saved.label
+    if as_json:
+        print_json(body)
+        return
+    typer.echo(f"learned_outcome on {dataset}: {fit.n_labelled} labelled episodes, {fit.n_tasks} tasks, "
+               f"{body['features']} features")
+    typer.echo(f"  held-out AUC, {fit.folds} folds grouped by task: learned {_fmt(fit.heldout_auc)}, "
+               f"hand-built pyramid {_fmt(pyramid.heldout_auc)} (its return's AUC {_fmt(pyramid.return_power.value)})")
+    typer.echo(f"  saved as {body['saved']}" if save else "  not saved (add --save to keep it as a new version)")

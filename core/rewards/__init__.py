@@ -6,6 +6,9 @@
 * :mod:`~core.rewards.pyramid` — component matrix, gating, returns, explanations;
 * :mod:`~core.rewards.cache` — component columns cached in the workspace;
 * :mod:`~core.rewards.expectations` — reward unit tests and hacking probes;
+* :mod:`~core.rewards.outcomes`, :mod:`~core.rewards.calibration`,
+  :mod:`~core.rewards.learned` — recorded outcomes: grouped statistics, calibration of a
+  template against them, and the learned outcome term fitted on them;
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
   :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
 """
@@ -17,13 +20,14 @@ from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component
                                      available_components, register)
 from core.rewards.expectations import CheckReport, ExpectationResult, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
+from core.rewards.learned import LearnedOutcome
 from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult
 from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
                                    list_templates, load_template, parse_template, templates_dir)
 
 __all__ = [
     "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
-    "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec", "LevelSpec",
+    "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec", "LearnedOutcome", "LevelSpec",
     "Pyramid", "ScoreResult", "ScoringContext", "StepsFrame", "Template", "TemplateError",
     "as_template", "available_components", "build_frame", "check", "evaluate_expectations",
     "frame_from_episodes", "frame_from_file", "list_templates", "load_frame", "load_template",

@@ -20,6 +20,7 @@ from core.rewards.components import (ActionSmoothing, BusinessImpact, DuplicateC
                                      ToolValidity,
                                      readable)
 from core.rewards.frame import KINDS, StepsFrame
+from core.rewards.learned import LearnedOutcome
 
 
 def _steps(frame: StepsFrame):
@@ -277,6 +278,35 @@ def ends_with_answer(frame: StepsFrame, c: EndsWithAnswer) -> np.ndarray:
     return _episode_values(frame, one)
 
 
+def learned_outcome(frame: StepsFrame, c: LearnedOutcome, embedder) -> np.ndarray:
+    if not c.features:
+        return np.full(frame.n_episodes, (c.low + c.high) / 2)
+    steps = list(_steps(frame))
+    last_text = {}
+    for i in range(frame.n_steps):
+        if len(frame.output_text[i]) > 0:
+            last_text[int(frame.episode[i])] = str(frame.output_text[i])
+    vectors = (np.asarray(embedder.encode([last_text.get(e, "") for e in range(frame.n_episodes)]))
+               if c.embed == "last_words" else np.zeros((frame.n_episodes, 0)))
+    out = np.empty(frame.n_episodes)
+    for e in range(frame.n_episodes):
+        mine = [s for s in steps if s["episode"] == e]
+        calls = [s for s in mine if s["kind"] == "tool_call"]
+        n_calls = len(calls)
+        errors = sum(s["error"] for s in calls)
+        repeats = n_calls - len({int(frame.call_key[s["i"]]) for s in calls})
+        last = mine[-1] if mine else None
+        answered = bool(last and last["kind"] in ("reply", "final_answer") and len(frame.output_text[last["i"]]) > 0)
+        x = [len(mine), n_calls, errors, sum(not (s["known"] and s["args_ok"]) for s in calls),
+             len({s["tool"] for s in calls}), repeats,
+             sum(s["kind"] in ("reply", "final_answer") for s in mine), float(answered),
+             errors / n_calls if n_calls else 0.0, repeats / n_calls if n_calls else 0.0,
+             *vectors[e].tolist()]
+        z = c.intercept + sum((v - m) / sc * w for v, m, sc, w in zip(x, c.mean, c.scale, c.coef))
+        out[e] = c.low + (c.high - c.low) / (1.0 + math.exp(-min(max(z, -50.0), 50.0)))
+    return out
+
+
 #: component name -> reference function (text components also take the embedder).
 REFERENCES = {
     "tool_validity": tool_validity, "param_reasonableness": param_reasonableness,
@@ -286,5 +316,5 @@ REFERENCES = {
     "duplicate_calls": duplicate_calls,
     "resolved_bonus": resolved_bonus, "sentiment_bonus": sentiment_bonus,
     "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
-    "ends_with_answer": ends_with_answer,
+    "ends_with_answer": ends_with_answer, "learned_outcome": learned_outcome,
 }
