@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _real_logs import REAL, rwb_import_labelled
 from core.errors import InputError
 from core.importers import read_file
 from core.rewards.api import frame_from_episodes, score
@@ -14,7 +14,6 @@ from core.rewards.calibration import calibrate_result, outcome_columns
 from core.rewards.outcomes import auc, episode_labels
 from core.rewards.template import load_template
 
-REAL = Path(__file__).resolve().parents[1] / "datasets" / "real"
 
 TEMPLATE = """\
 version: 1
@@ -74,8 +73,7 @@ def test_rwb_reward_calibrate_json_and_refusal(tmp_path, capsys):
     ws = str(tmp_path / "ws")
     template = tmp_path / "calib_probe.yaml"
     template.write_text(TEMPLATE)
-    assert main(["--workspace", ws, "episodes", "import", str(REAL / "tau2_whissle" / "episodes.jsonl"),
-                 "--reward-key", "outcome", "--id-key", "id", "--dataset", "whissle", "--json"]) == 0
+    rwb_import_labelled(ws, "tau2_whissle", "whissle")
     capsys.readouterr()
     assert main(["--workspace", ws, "reward", "calibrate", "-t", str(template), "--dataset", "whissle",
                  "--boot", "20", "--json"]) == 0

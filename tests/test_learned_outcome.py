@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from _state_fixtures import HashEmbedder
+from _real_logs import REAL, rwb_import_labelled
 from core.errors import InputError
 from core.importers import read_file
 from core.rewards.api import frame_from_episodes, score
@@ -18,7 +18,6 @@ from core.rewards.learned import (STAT_FEATURES, LearnedOutcome, episode_stats, 
                                   last_words, with_learned_outcome)
 from core.rewards.template import parse_template
 
-REAL = Path(__file__).resolve().parents[1] / "datasets" / "real"
 
 TINY = """\
 version: 1
@@ -104,8 +103,7 @@ def test_rwb_reward_learn_reports_both_aucs_and_saves_a_version(tmp_path, capsys
     ws = str(tmp_path / "ws")
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text(TINY)
-    assert main(["--workspace", ws, "episodes", "import", str(REAL / "tau2_whissle" / "episodes.jsonl"),
-                 "--reward-key", "outcome", "--id-key", "id", "--dataset", "whissle", "--json"]) == 0
+    rwb_import_labelled(ws, "tau2_whissle", "whissle")
     assert main(["--workspace", ws, "reward", "save", "tiny", str(tiny), "--base", "0", "--json"]) == 0
     capsys.readouterr()
     assert main(["--workspace", ws, "reward", "learn", "-t", "tiny", "--dataset", "whissle",

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from _real_logs import REAL
 from core.errors import InputError
 from core.importers import read_file
 from core.rewards.outcomes import auc, bootstrap_ci, episode_groups, episode_labels, grouped_folds
-
-REAL = Path(__file__).resolve().parents[1] / "datasets" / "real"
 
 
 def test_auc_matches_sklearn_with_ties():

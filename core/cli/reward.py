@@ -17,7 +17,7 @@ from typing import Any, Optional
 import typer
 
 from core import rewards
-from core.cli import open_workspace, print_json
+from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
 from core.rewards.expectations import ExpectationsFailed
 
@@ -26,6 +26,23 @@ app = typer.Typer(help="Reward pyramids: validate templates, score episodes, che
 
 TEMPLATE_HELP = ("Template file, a template name (finance_risk: its latest version saved in the "
                  "workspace, else the shipped file), or NAME@VERSION (finance_risk@3; @0 = shipped).")
+#: ``--group-key``: where the task id of each episode is (cross-validation never splits a task).
+GROUP_KEY_OPTION = typer.Option(None, "--group-key", help="Dotted key of the task id in each imported "
+                                "record (default: task_id, else the request).")
+
+
+def _scoring_progress():
+    """A progress bar for scoring on a terminal's stderr: components, then the texts the
+    sentence model embeds (the slow part of a first run).  Nothing when stderr is a log."""
+    import contextlib
+
+    from rich.console import Console
+
+    if not Console(stderr=True).is_terminal:
+        return None, contextlib.nullcontext()
+    update, bar = progress_printer("scoring", "item", lambda m: (m["done"], m["total"]),
+                                   lambda m: f"{m['stage']} {m['what']}".strip())
+    return update, bar
 
 
 def _workspace_for(template: str):
@@ -85,7 +102,9 @@ def score(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary + episode returns)."),
 ) -> None:
     """Score episodes: per-step component values, gated level totals, rewards, episode returns."""
-    result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes)
+    update, bar = _scoring_progress()
+    with bar:
+        result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes, progress=update)
     written = result.write(out) if out is not None else None
     if as_json:
         body = _summary_json(result)
@@ -136,15 +155,17 @@ def check(
 def calibrate(
     template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
     dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
-    group_key: Optional[str] = typer.Option(None, "--group-key", help="Dotted key of the task id in each "
-                                            "imported record (default: task_id, else the request)."),
+    group_key: Optional[str] = GROUP_KEY_OPTION,
     boot: int = typer.Option(200, "--boot", help="Bootstrap resamples over tasks for the intervals."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """What the recorded outcomes say: each component's power, the return's ROC and calibration."""
     from core.rewards.calibration import calibrate as run_calibration
 
-    r = run_calibration(open_workspace(), template, dataset=dataset, group_key=group_key, n_boot=boot)
+    update, bar = _scoring_progress()
+    with bar:
+        r = run_calibration(open_workspace(), template, dataset=dataset, group_key=group_key, n_boot=boot,
+                            progress=update)
     if as_json:
         print_json(r.to_json())
         return
@@ -162,8 +183,7 @@ def calibrate(
 def learn(
     template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
     dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
-    group_key: Optional[str] = typer.Option(None, "--group-key", help="Dotted key of the task id in each "
-                                            "imported record (default: task_id, else the request)."),
+    group_key: Optional[str] = GROUP_KEY_OPTION,
     embed: str = typer.Option("last_words", "--embed", help="last_words (sentence embedding of the "
                               "agent's last words as features) or none."),
     c: float = typer.Option(1.0, "--C", help="Inverse L2 regularisation strength of the logistic model."),

@@ -9,6 +9,8 @@
 * :mod:`~core.rewards.outcomes`, :mod:`~core.rewards.calibration`,
   :mod:`~core.rewards.learned` — recorded outcomes: grouped statistics, calibration of a
   template against them, and the learned outcome term fitted on them;
+* :mod:`~core.rewards.agent_signals` — domain-free success signals of tool-using agents
+  (writes, unrecovered errors, the last answer's agreement with the tools);
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
   :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
 """
@@ -20,15 +22,16 @@ from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component
                                      available_components, register)
 from core.rewards.expectations import CheckReport, ExpectationResult, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
+from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions
 from core.rewards.learned import LearnedOutcome
 from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult
 from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
                                    list_templates, load_template, parse_template, templates_dir)
 
 __all__ = [
-    "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
+    "AnswerConsistency", "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
     "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec", "LearnedOutcome", "LevelSpec",
-    "Pyramid", "ScoreResult", "ScoringContext", "StepsFrame", "Template", "TemplateError",
+    "Pyramid", "ScoreResult", "ScoringContext", "StepsFrame", "Template", "TemplateError", "UnrecoveredErrors", "WriteActions",
     "as_template", "available_components", "build_frame", "check", "evaluate_expectations",
     "frame_from_episodes", "frame_from_file", "list_templates", "load_frame", "load_template",
     "parse_template", "register", "reweight", "score", "templates_dir", "validate",

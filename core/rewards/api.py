@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,20 +105,22 @@ def validate(template: TemplateLike, ws=None) -> dict[str, Any]:
 
 def score(ws, template: TemplateLike, *, dataset: str | None = None,
           episodes: str | Path | None = None, frame: StepsFrame | None = None,
-          use_cache: bool = True) -> ScoreResult:
+          use_cache: bool = True, progress: Callable[[dict[str, Any]], None] | None = None) -> ScoreResult:
     """Score a dataset, an episodes file or a frame with a template.
 
     With a workspace, component columns are cached under ``artifacts/reward_matrix`` and
     text embeddings under ``artifacts/embeddings``: scoring the same data again with other
-    weights, or with one component's parameters changed, recomputes only what changed."""
+    weights, or with one component's parameters changed, recomputes only what changed.
+    ``progress`` receives ``{"stage": "components" | "embedding", "done", "total", "what"}``
+    as the work goes (see :meth:`ScoringContext.report`)."""
     t = as_template(template, ws)
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
         from core.embed import workspace_embedder
 
-        ctx = ScoringContext(embedder=workspace_embedder(ws))
+        ctx = ScoringContext(embedder=workspace_embedder(ws), progress=progress)
     else:
-        ctx = ScoringContext()
+        ctx = ScoringContext(progress=progress)
     cache = ComponentCache.for_workspace(ws) if (ws is not None and use_cache) else None
     return Pyramid(t).score(data, ctx=ctx, cache=cache)
 

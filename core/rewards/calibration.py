@@ -178,11 +178,12 @@ def calibrate_result(result: ScoreResult, labels_all: np.ndarray, groups_all: np
 
 
 def calibrate(ws, template, *, dataset: str, group_key: str | None = None, n_boot: int = 200,
-              seed: int = 0) -> CalibrationReport:
-    """Score a workspace dataset with ``template`` and calibrate it (:func:`calibrate_result`)."""
+              seed: int = 0, progress=None) -> CalibrationReport:
+    """Score a workspace dataset with ``template`` and calibrate it (:func:`calibrate_result`);
+    ``progress`` as for :func:`core.rewards.api.score`."""
     from core.rewards.api import load_frame, score
 
     frame = load_frame(ws, dataset)
-    result = score(ws, template, frame=frame)
+    result = score(ws, template, frame=frame, progress=progress)
     labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
     return calibrate_result(result, labels, groups, n_boot=n_boot, seed=seed)

@@ -30,6 +30,7 @@ import inspect
 import re
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -46,13 +47,20 @@ LEVEL_TITLES: dict[str, str] = {"L1": "base", "L2": "process", "L3": "result", "
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
+#: Texts sent to the embedder at a time by :meth:`ScoringContext.encode`, so that progress
+#: moves while a long list is embedded.
+ENCODE_CHUNK = 256
+
+
 @dataclass
 class ScoringContext:
-    """What components may use besides the frame: the (cached) sentence embedder."""
+    """What components may use besides the frame: the (cached) sentence embedder, and
+    where to report progress (``progress(event)``, see :meth:`report`)."""
 
     embedder: Any = None
     #: Seconds spent and texts sent to the model by text components in this scoring.
     stats: dict[str, float] = field(default_factory=lambda: {"embed_seconds": 0.0, "encoded": 0})
+    progress: Callable[[dict[str, Any]], None] | None = None
 
     def get_embedder(self):
         """The embedder to use; an in-memory one when the caller gave none."""
@@ -61,6 +69,24 @@ class ScoringContext:
 
             self.embedder = Embedder(cache_dir=None)
         return self.embedder
+
+    def report(self, stage: str, done: int, total: int, what: str = "") -> None:
+        """Tell the caller how far a stage is: ``{"stage", "done", "total", "what"}``."""
+        if self.progress is not None:
+            self.progress({"stage": stage, "done": int(done), "total": int(total), "what": what})
+
+    def encode(self, texts: list[str], what: str = "") -> np.ndarray:
+        """Embeddings of ``texts`` (float32, one row each) through the embedder, in chunks
+        that report progress; counts the time and the texts the model actually embedded."""
+        emb = self.get_embedder()
+        before, t0 = emb.stats["encoded"], time.perf_counter()
+        parts = []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            parts.append(np.asarray(emb.encode(texts[start:start + ENCODE_CHUNK]), dtype=np.float32))
+            self.report("embedding", min(start + ENCODE_CHUNK, len(texts)), len(texts), what)
+        self.stats["embed_seconds"] += time.perf_counter() - t0
+        self.stats["encoded"] += emb.stats["encoded"] - before
+        return np.concatenate(parts) if parts else np.asarray(emb.encode([]), dtype=np.float32)
 
 
 class Component:
@@ -413,15 +439,8 @@ class OutputConsistency(Component):
                 agg[has] = np.add.reduceat(cos, starts) / n_pairs[has]
         return out_rows, agg, n_pairs
 
-    @staticmethod
-    def _encode(texts: list[str], ctx: ScoringContext) -> np.ndarray:
-        emb = ctx.get_embedder()
-        before = emb.stats["encoded"]
-        t0 = time.perf_counter()
-        vectors = emb.encode(texts)
-        ctx.stats["embed_seconds"] += time.perf_counter() - t0
-        ctx.stats["encoded"] += emb.stats["encoded"] - before
-        return vectors
+    def _encode(self, texts: list[str], ctx: ScoringContext) -> np.ndarray:
+        return ctx.encode(texts, what=self.name)
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
         out = np.full(frame.n_steps, self.neutral)

@@ -78,7 +78,7 @@ def outcome_features(frame: StepsFrame, ctx: ScoringContext, embed: str) -> tupl
     with ``embed="last_words"``, the sentence embedding of each episode's last words."""
     names, x = list(STAT_FEATURES), episode_stats(frame)
     if embed == "last_words":
-        vectors = np.asarray(ctx.get_embedder().encode(last_words(frame)), dtype=np.float64)
+        vectors = ctx.encode(last_words(frame), what="learned_outcome").astype(np.float64)
         names += [f"last_words_{i}" for i in range(vectors.shape[1])]
         x = np.hstack([x, vectors])
     return names, x

@@ -90,9 +90,12 @@ class Pyramid:
         ep_values = np.empty((frame.n_episodes, len(ep_specs)), dtype=np.float64)
         matrix = ComponentMatrix([s.name for s in step_specs], step_values,
                                  [s.name for s in ep_specs], ep_values, t.components_hash())
+        done, total = 0, len(step_specs) + len(ep_specs)
         for specs, out, size in ((step_specs, step_values, frame.n_steps),
                                  (ep_specs, ep_values.T, frame.n_episodes)):
             for j, spec in enumerate(specs):
+                ctx.report("components", done, total, spec.name)
+                done += 1
                 comp = self.components[spec.name]
                 values = cache.get(frame, comp) if cache is not None else None
                 if values is None:
@@ -110,6 +113,7 @@ class Pyramid:
                 else:
                     matrix.cached.append(spec.name)
                 out[j] = values
+        ctx.report("components", done, total)
         matrix.embed_stats = dict(ctx.stats)
         return matrix
 

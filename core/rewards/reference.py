@@ -20,6 +20,7 @@ from core.rewards.components import (ActionSmoothing, BusinessImpact, DuplicateC
                                      ToolValidity,
                                      readable)
 from core.rewards.frame import KINDS, StepsFrame
+from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions, is_write_tool
 from core.rewards.learned import LearnedOutcome
 
 
@@ -307,6 +308,55 @@ def learned_outcome(frame: StepsFrame, c: LearnedOutcome, embedder) -> np.ndarra
     return out
 
 
+def write_actions(frame: StepsFrame, c: WriteActions) -> np.ndarray:
+    out, writes_so_far = [], defaultdict(int)
+    for s in _steps(frame):
+        writes = s["kind"] == "tool_call" and is_write_tool(s["tool"], tuple(v.lower() for v in c.read_verbs))
+        if writes:
+            writes_so_far[s["episode"]] += 1
+        out.append(-c.per if writes and writes_so_far[s["episode"]] > c.free else 0.0)
+    return np.array(out, dtype=np.float64) + 0.0
+
+
+def unrecovered_errors(frame: StepsFrame, c: UnrecoveredErrors) -> np.ndarray:
+    steps = list(_steps(frame))
+
+    def one(e):
+        mine = [s for s in steps if s["episode"] == e and s["kind"] == "tool_call"]
+        n = 0
+        for i, s in enumerate(mine):
+            failed = s["error"] or (c.count_invalid and not (s["known"] and s["args_ok"]))
+            later_ok = any(x["tool"] == s["tool"] and not x["error"]
+                           and (not c.count_invalid or (x["known"] and x["args_ok"])) for x in mine[i + 1:])
+            n += failed and not later_ok
+        return -c.per * min(n, c.cap) + 0.0
+    return _episode_values(frame, one)
+
+
+def answer_consistency(frame: StepsFrame, c: AnswerConsistency, embedder) -> np.ndarray:
+    steps = list(_steps(frame))
+    out = np.full(frame.n_episodes, c.no_evidence_value)
+    for e in range(frame.n_episodes):
+        mine = [s for s in steps if s["episode"] == e]
+        said = [s for s in mine if s["kind"] in ("reply", "final_answer") and len(s["output"]) > 0]
+        if not said:
+            continue
+        last = said[-1]
+        evidence = [s for s in mine if s["kind"] == "tool_call" and len(s["result"]) > 0 and s["i"] < last["i"]]
+        evidence = evidence[-c.context_calls:]
+        if not evidence:
+            continue
+        texts = [str(last["output"])[:c.max_chars]] + [readable([str(s["result"])])[0][:c.max_chars] for s in evidence]
+        vectors = np.asarray(embedder.encode(texts), dtype=np.float32).astype(np.float64)
+        cos = max(float(np.dot(vectors[0], v)) for v in vectors[1:])
+        if cos > c.threshold:
+            out[e] = c.high
+        else:
+            ramp = c.low + (c.high - c.low) * (cos - c.ramp_from) / (c.threshold - c.ramp_from)
+            out[e] = min(max(ramp, min(c.low, c.high)), max(c.low, c.high))
+    return out
+
+
 #: component name -> reference function (text components also take the embedder).
 REFERENCES = {
     "tool_validity": tool_validity, "param_reasonableness": param_reasonableness,
@@ -317,4 +367,6 @@ REFERENCES = {
     "resolved_bonus": resolved_bonus, "sentiment_bonus": sentiment_bonus,
     "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
     "ends_with_answer": ends_with_answer, "learned_outcome": learned_outcome,
+    "write_actions": write_actions, "unrecovered_errors": unrecovered_errors,
+    "answer_consistency": answer_consistency,
 }

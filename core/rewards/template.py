@@ -666,7 +666,7 @@ def load_template(source: str | Path) -> Template:
             path = shipped
     if not path.exists():
         names = ", ".join(p.stem for p in sorted(templates_dir().glob("*.yaml"))) or "none"
-        raise TemplateError(f"no template file {str(source)!r}; shipped templates: {names}")
+        raise TemplateError(f"no template file or shipped template {str(source)!r}; known: {names}")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
