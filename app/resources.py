@@ -241,18 +241,19 @@ def diagnosis(run_id: str) -> dict:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int) -> dict:
+def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int, dataset: str | None) -> dict:
     from core.evaluation import evaluate
 
-    return evaluate(_workspace(path), run_id, repeats=repeats)
+    return evaluate(_workspace(path), run_id, repeats=repeats, dataset=dataset)
 
 
-def evaluation(run_id: str, repeats: int = 3) -> dict:
-    """The held-out evaluation of ``run_id`` (core.evaluation.evaluate), once per checkpoint."""
+def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> dict:
+    """The held-out evaluation of ``run_id`` (core.evaluation.evaluate), once per checkpoint:
+    on its own held-out split, or on every episode of another workspace ``dataset``."""
     from core.runs import latest_checkpoint
 
     ckpt = latest_checkpoint(workspace(), run_id)
-    return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats)
+    return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats, dataset)
 
 
 # --------------------------------------------------------------------------- review queue and audit

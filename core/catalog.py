@@ -1039,6 +1039,109 @@ def catalog_for_dataset(ws: "Workspace", dataset: str, *, options: CatalogOption
     return build_catalog(ws.tools(dataset), calls=_dataset_calls(ws, dataset), options=options)
 
 
+# --------------------------------------------------------------------------- coverage
+#: Why a logged tool call is off a catalog, from the catalog's point of view.
+OFF_CATALOG_KINDS = ("unknown_tool", "outside_presets", "invalid_arguments")
+
+
+def _off_catalog_kind(tool_known: bool, reason: str | None) -> str:
+    """``unknown_tool`` (no such tool in the catalog), ``outside_presets`` (a value the tool's
+    schema accepts but no preset holds, see ``_ToolSpec._param_entry``) or
+    ``invalid_arguments`` (the call breaks the tool's schema)."""
+    if not tool_known:
+        return "unknown_tool"
+    if reason is not None and "matches no preset of tool" in reason:
+        return "outside_presets"
+    return "invalid_arguments"
+
+
+@dataclass(frozen=True)
+class OffCatalogCalls:
+    """Off-catalog tool calls of one (tool, kind) pair."""
+
+    tool: str | None
+    kind: str
+    count: int
+    #: Of these, calls that are invalid under the episodes' own catalog too (None: not known).
+    own_invalid: int | None
+
+
+@dataclass(frozen=True)
+class CatalogCoverage:
+    """How much of a set of logged episodes a catalog covers: the tool calls it maps to
+    INVALID (off-catalog), by kind, and the (tool, kind) pairs with most of them."""
+
+    catalog_version: str
+    n_tokens: int
+    episodes: int
+    steps: int
+    tool_calls: int
+    off_catalog: int
+    #: Off-catalog calls per kind (every kind of :data:`OFF_CATALOG_KINDS`, zeros included).
+    by_kind: dict[str, int]
+    #: Off-catalog calls that are invalid under the episodes' own catalog too: the log's own
+    #: invalid calls (None when no own catalog was given).
+    own_invalid: int | None
+    #: Valid calls of the episodes (under their own catalog) that the catalog cannot express.
+    foreign_valid: int | None
+    top: list[OffCatalogCalls]
+
+    @property
+    def share_of_steps(self) -> float:
+        return self.off_catalog / self.steps if self.steps else 0.0
+
+    @property
+    def share_of_tool_calls(self) -> float:
+        return self.off_catalog / self.tool_calls if self.tool_calls else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"catalog_version": self.catalog_version, "n_tokens": self.n_tokens, "episodes": self.episodes,
+                "steps": self.steps, "tool_calls": self.tool_calls, "off_catalog": self.off_catalog,
+                "share_of_steps": self.share_of_steps, "share_of_tool_calls": self.share_of_tool_calls,
+                "by_kind": dict(self.by_kind), "own_invalid": self.own_invalid,
+                "foreign_valid": self.foreign_valid,
+                "top": [{"tool": t.tool, "kind": t.kind, "count": t.count, "own_invalid": t.own_invalid}
+                        for t in self.top]}
+
+
+def catalog_coverage(episodes: Sequence[Episode], catalog: Catalog, *, own_catalog: Catalog | None = None,
+                     top: int = 10) -> CatalogCoverage:
+    """The off-catalog tool calls of ``episodes`` mapped onto ``catalog`` (e.g. a run's).
+
+    ``own_catalog`` (the catalog of the episodes' own tools and logs) tells the log's own
+    invalid calls (INVALID under it too) from valid calls the catalog cannot express;
+    ``top`` bounds the list of (tool, kind) pairs, most calls first.
+
+    Example::
+
+        >>> cov = catalog_coverage(grok_episodes, whissle_run_catalog)  # doctest: +SKIP
+        >>> cov.off_catalog, f"{cov.share_of_tool_calls:.1%}", cov.top[0].tool
+        (117, '3.4%', 'get_details_by_id')
+    """
+    actions = [s.action for ep in episodes for s in ep.steps]
+    mapped = catalog.normalize_many(actions)
+    off = np.flatnonzero(~mapped.valid)
+    own_bad = None if own_catalog is None else ~own_catalog.normalize_many([actions[i] for i in off]).valid
+    pairs: Counter = Counter()
+    pairs_own: Counter = Counter()
+    by_kind = dict.fromkeys(OFF_CATALOG_KINDS, 0)
+    for j, i in enumerate(off.tolist()):
+        kind = _off_catalog_kind(bool(mapped.tool_known[i]), mapped.reasons[i])
+        key = (actions[i].tool, kind)
+        by_kind[kind] += 1
+        pairs[key] += 1
+        if own_bad is not None and own_bad[j]:
+            pairs_own[key] += 1
+    n_own = None if own_bad is None else int(own_bad.sum())
+    ranked = sorted(pairs.items(), key=lambda kv: (-kv[1], str(kv[0][0]), kv[0][1]))[: max(0, int(top))]
+    return CatalogCoverage(
+        catalog_version=catalog.version, n_tokens=len(catalog.tokens), episodes=len(episodes),
+        steps=len(actions), tool_calls=sum(a.kind == "tool_call" for a in actions), off_catalog=int(off.size),
+        by_kind=by_kind, own_invalid=n_own, foreign_valid=None if n_own is None else int(off.size) - n_own,
+        top=[OffCatalogCalls(tool, kind, n, None if own_bad is None else pairs_own[(tool, kind)])
+             for (tool, kind), n in ranked])
+
+
 def load_tools_file(path: str | Path) -> list[ToolSchema]:
     """Tool schemas from a JSON list of OpenAI tools, ``{"tools": [...]}``, or an rwb JSONL
     file whose header carries ``tools``."""

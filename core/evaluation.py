@@ -12,10 +12,15 @@ It is compared with
 * **random-in-mask** — a uniform choice among the unmasked actions, run exactly like the
   policy.
 
-Held-out episodes are the run's own held-out split of its dataset (default) or an
-episodes file (``--episodes HELDOUT``) read with the run's template, mask rules and
-action catalog.  Counterfactual outcomes are drawn from every recorded step of the
-evaluation data (a held-out evaluation holds out the tasks, not the simulator's world).
+Held-out episodes are the run's own held-out split of its dataset (default), an episodes
+file (``episodes``, read with the same options as ``rwb episodes import``) or a workspace
+dataset (``dataset``, any one); a file or dataset is all evaluation set.  **A run's catalog
+is its contract**: new logs are mapped onto the run's action catalog (its template, mask
+rules and review rules too), never onto a catalog of their own, so every policy action
+keeps its meaning; a logged call the run's catalog cannot express is INVALID (off-catalog),
+and the report's ``catalog_coverage`` says how many there were and why.  Counterfactual
+outcomes are drawn from every recorded step of the evaluation data (a held-out evaluation
+holds out the tasks, not the simulator's world).
 
 Example::
 
@@ -26,17 +31,35 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from core.errors import ConflictError, InputError
+from core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from core.catalog import CatalogCoverage
+    from core.sim import SimTables
+    from core.runs import RunContext
     from core.store import Workspace
+
+
+@dataclass(frozen=True)
+class EpisodeFileOptions:
+    """How to read an episodes file: the options of ``rwb episodes import`` (see
+    :func:`core.importers.read_file`)."""
+
+    format: str = "auto"
+    messages_key: str | None = None
+    reward_key: str | None = None
+    id_key: str | None = None
+    skip_invalid: bool = False
+
 
 _KEEP = ("return_mean", "return_std", "success_rate", "off_support_rate", "mask_violations", "episodes", "steps")
 
@@ -61,52 +84,42 @@ def _summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None, repeats: int = 3,
-             device: str = "cpu", seed: int = 0) -> dict[str, Any]:
+def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None, dataset: str | None = None,
+             import_options: EpisodeFileOptions | None = None, repeats: int = 3, device: str = "cpu",
+             seed: int = 0) -> dict[str, Any]:
     """Policy (greedy) vs every logged behaviour vs uniform-random-in-mask on held-out episodes.
 
-    ``episodes``: an episodes file of held-out episodes; default the run's own held-out
-    split.  ``repeats`` passes over every episode (the simulator's counterfactual draws are
-    random).  Returns the policy's and random's return, success, off-support rate and mask
-    violations, the logged behaviours' returns, the best of them, and the verdicts
-    ``beats_best_logged`` and ``margin_over_random``."""
+    Held-out episodes: the run's own held-out split (default), every episode of an
+    ``episodes`` file (read with ``import_options``) or of a workspace ``dataset``, mapped
+    onto the run's action catalog.  ``repeats`` passes over every episode (the simulator's
+    counterfactual draws are random).  Returns the policy's and random's return, success,
+    off-support rate and mask violations, the logged behaviours' returns, the best of them,
+    the verdicts ``beats_best_logged`` and ``margin_over_random``, the run's
+    ``catalog_version`` and the ``catalog_coverage`` of the evaluation episodes
+    (:class:`core.catalog.CatalogCoverage` as a dict)."""
     from core import ppo
     from core.runs import open_run
-    from core.sim import build_sim_tables_from, logged_returns
+    from core.sim import logged_returns
 
     if int(repeats) < 1:
         raise InputError("repeats must be at least 1", field="repeats")
+    if episodes is not None and dataset is not None:
+        raise InputError("give at most one of --episodes FILE or --dataset NAME", field="episodes")
+    if import_options not in (None, EpisodeFileOptions()) and episodes is None:
+        raise InputError("import options (--format, --messages-key, --reward-key, --id-key, --skip-invalid) "
+                         "read an episodes file: give --episodes FILE too", field="import_options")
     device = ppo.resolve_device(device)
     ctx = open_run(ws, run_id, device=device)
     agent = ctx.agent
-    if episodes is None:
+    if episodes is None and dataset is None:
         tables = ctx.data.tables
         held = ctx.data.heldout_episodes
         source = f"held-out split of {ctx.data.source} ({ctx.config.heldout_fraction:.0%}, seed {ctx.config.seed})"
+        coverage = _split_coverage(ws, ctx, held)
     else:
-        from core.embed import workspace_embedder
-        from core.importers import read_file
-        from core.review import with_review_rules
-
-        path = Path(episodes)
-        if not path.is_file():
-            raise InputError(f"no such episodes file: {path}", file=str(path))
-        parsed = read_file(path)
-        if not parsed.episodes:
-            raise InputError("the held-out file holds no episodes", file=str(path))
-        rules = with_review_rules(ctx.data.tables.mask_rules, ws, ctx.data.dataset)
-        tables = build_sim_tables_from(parsed.episodes, parsed.tools or list(ctx.data.tables.catalog.tools.values()),
-                                       ctx.template, masks=rules, config=ctx.config.sim_config(),
-                                       embedder=workspace_embedder(ws))
-        run_tokens = [t.name for t in ctx.data.tables.catalog.tokens]
-        file_tokens = [t.name for t in tables.catalog.tokens]
-        if run_tokens != file_tokens:
-            raise ConflictError(
-                f"the held-out file's action catalog ({len(file_tokens)} tokens, version {tables.catalog.version}) "
-                f"differs from the run's ({len(run_tokens)} tokens, version {ctx.data.tables.catalog.version}): "
-                "the policy's actions would mean other calls; evaluate on episodes of the same tools and presets")
+        tables, coverage, source = _tables_on_run_catalog(ws, ctx, episodes=episodes, dataset=dataset,
+                                                          import_options=import_options or EpisodeFileOptions())
         held = torch.arange(tables.n_episodes)
-        source = f"file {path}"
     tables = tables.to(device)
     policy, random = [], []
     for r in range(int(repeats)):
@@ -126,8 +139,55 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
         "beats_best_logged": None if best is None else bool(paired[best]["policy"] >= paired[best]["logged"]),
         "margin_over_random": pol["return_mean"] - rnd["return_mean"],
         "mask_violations": pol["mask_violations"],
+        "catalog_version": tables.catalog.version,
+        "catalog_coverage": coverage.to_dict(),
     }
     return report
+
+
+def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "CatalogCoverage":
+    """Catalog coverage of the run's own held-out episodes: only their own invalid calls
+    are off-catalog, since the catalog was built from these logs."""
+    from core.catalog import catalog_coverage
+
+    wanted = {ctx.data.tables.episode_ids[i] for i in held.cpu().tolist()}
+    if ctx.data.dataset is not None:
+        logged = ws.load_episodes(ctx.data.dataset)
+    else:  # the file the run trained on, read as its trainer read it
+        from core.importers import read_file
+
+        logged = read_file(json.loads(ctx.run["episodes_file"])["path"]).episodes
+    held_episodes = [ep for ep in logged if ep.episode_id in wanted]
+    return catalog_coverage(held_episodes, ctx.data.tables.catalog)
+
+
+def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str | Path | None, dataset: str | None,
+                           import_options: EpisodeFileOptions) -> tuple["SimTables", "CatalogCoverage", str]:
+    """Simulator tables of an episodes file or a workspace dataset mapped onto the run's
+    catalog, under the run's template and mask rules (which hold its dataset's review
+    rules); the coverage of those episodes by the run's catalog; the source's name."""
+    from core.catalog import build_catalog, catalog_coverage, catalog_for_dataset
+    from core.sim import build_sim_tables, build_sim_tables_from
+
+    catalog, rules, sim_config = ctx.data.tables.catalog, ctx.data.tables.mask_rules, ctx.config.sim_config()
+    if dataset is not None:
+        tables = build_sim_tables(ws, dataset, ctx.template, masks=rules, config=sim_config, catalog=catalog)
+        logged = ws.load_episodes(dataset)
+        coverage = catalog_coverage(logged, catalog, own_catalog=catalog_for_dataset(ws, dataset))
+        return tables, coverage, f"dataset {dataset}"
+    from core.embed import workspace_embedder
+    from core.importers import read_file
+
+    path = Path(episodes)  # type: ignore[arg-type]
+    if not path.is_file():
+        raise InputError(f"no such episodes file: {path}", file=str(path))
+    parsed = read_file(path, **asdict(import_options))
+    if not parsed.episodes:
+        raise InputError("the episodes file holds no episodes", file=str(path))
+    tables = build_sim_tables_from(parsed.episodes, None, ctx.template, masks=rules, config=sim_config,
+                                   embedder=workspace_embedder(ws), catalog=catalog)
+    coverage = catalog_coverage(parsed.episodes, catalog, own_catalog=build_catalog(parsed.tools, parsed.episodes))
+    return tables, coverage, f"file {path}"
 
 
 def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str, float], *, repeats: int,

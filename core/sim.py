@@ -420,17 +420,23 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
 
 def build_sim_tables_from(episodes: Sequence[Episode], tools: Sequence[ToolSchema] | None, template: Any, *,
                           masks: MaskRules | str | Path | None = None, config: SimConfig | None = None,
-                          embedder: Any = None, device: str | torch.device = "cpu") -> SimTables:
+                          embedder: Any = None, device: str | torch.device = "cpu",
+                          catalog: Catalog | None = None) -> SimTables:
     """Simulator tables of in-memory episodes (tests, notebooks; no workspace).
 
     ``template``: a :class:`~core.rewards.Template`, a file or a shipped template name;
     ``masks``: :class:`MaskRules`, a YAML file, or None (no rules); ``embedder``: the
-    sentence embedder (default: the offline model with an in-memory cache)."""
+    sentence embedder (default: the offline model with an in-memory cache); ``catalog``:
+    the action catalog to map the logged calls onto (e.g. a trained run's, so its policy's
+    actions keep their meaning; ``tools`` is then unused and a call the catalog cannot
+    express is INVALID); default the catalog of ``tools`` with presets learned from
+    ``episodes``."""
     from core.embed import Embedder
     from core.rewards import Pyramid, ScoringContext, as_template, build_frame
 
     episodes = list(episodes)
-    catalog = build_catalog(list(tools or []), episodes)
+    if catalog is None:
+        catalog = build_catalog(list(tools or []), episodes)
     embedder = embedder if embedder is not None else Embedder(cache_dir=None)
     raw = extract_features(episodes, catalog, embedder)
     frame = build_frame(episodes, catalog)
@@ -439,23 +445,31 @@ def build_sim_tables_from(episodes: Sequence[Episode], tools: Sequence[ToolSchem
 
 
 def build_sim_tables(ws: Any, dataset: str, template: Any, *, masks: MaskRules | str | Path | None = None,
-                     config: SimConfig | None = None, device: str | torch.device = "cpu") -> SimTables:
+                     config: SimConfig | None = None, device: str | torch.device = "cpu",
+                     catalog: Catalog | None = None) -> SimTables:
     """Simulator tables of a workspace dataset.
 
     State features and reward components come from their workspace caches; the mask rules
     (``masks``: rules, a YAML file or None) are joined by the workspace's review rules
-    (rejected reviews), so training never takes an action a reviewer rejected."""
+    (rejected reviews), so training never takes an action a reviewer rejected.
+
+    ``catalog``: map the dataset's logged calls onto this catalog (e.g. a trained run's)
+    instead of the dataset's own.  The dataset's review rules name tokens of its own
+    catalog, so they are not joined then: ``masks`` is used as given (a run's rules already
+    hold the review rules of its own dataset)."""
     from core.catalog import catalog_for_dataset
     from core.review import with_review_rules
     from core.rewards import build_frame, score
     from core.state import raw_features_for_dataset, require_dataset
 
     require_dataset(ws, dataset)
-    catalog = catalog_for_dataset(ws, dataset)
+    own_catalog = catalog is None
+    if catalog is None:
+        catalog = catalog_for_dataset(ws, dataset)
     episodes = ws.load_episodes(dataset)
     raw = raw_features_for_dataset(ws, dataset, catalog)
     result = score(ws, template, frame=build_frame(episodes, catalog))
-    rules = with_review_rules(_as_rules(masks), ws, dataset)
+    rules = with_review_rules(_as_rules(masks), ws, dataset) if own_catalog else _as_rules(masks)
     return _assemble(episodes, catalog, raw, result, rules, config or SimConfig(), device)
 
 

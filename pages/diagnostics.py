@@ -9,6 +9,7 @@ from core import runs
 
 USER_ERRORS = resources.USER_ERRORS
 SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}
+OWN_SPLIT = "the run's held-out split"
 
 st.title("Diagnostics")
 st.caption("When a run does not learn, check four things in order: are the rewards sane (no NaN, no flood "
@@ -55,20 +56,29 @@ with diagnose_tab:
                         st.json(details)
 
 with evaluate_tab:
+    on = st.selectbox("Evaluate on", [OWN_SPLIT] + [d.name for d in ws.datasets() if d.n_steps > 0],
+                      key="diag_eval_on",
+                      help="Another dataset is mapped onto the run's action catalog: calls it cannot express "
+                           "count as off-catalog.")
+    eval_dataset = None if on == OWN_SPLIT else on
     repeats = st.number_input("Passes over the held-out episodes", min_value=1, max_value=20, value=3,
                               key="diag_repeats")
     if st.button("Evaluate", key="diag_eval"):
-        st.session_state["diag_eval_for"] = (run_id, int(repeats))
-    if st.session_state.get("diag_eval_for") != (run_id, int(repeats)):
+        st.session_state["diag_eval_for"] = (run_id, int(repeats), eval_dataset)
+    if st.session_state.get("diag_eval_for") != (run_id, int(repeats), eval_dataset):
         st.info("Press **Evaluate**: the greedy policy, random-in-mask and the logged behaviours on the run's "
-                "held-out episodes (`rwb evaluate RUN` does the same).")
+                "held-out episodes or on another dataset (`rwb evaluate RUN [--dataset NAME]` does the same).")
     else:
         try:
-            with st.spinner(f"Evaluating {run_id} on held-out episodes…"):
-                ev = resources.evaluation(run_id, int(repeats))
+            with st.spinner(f"Evaluating {run_id} on {on}…"):
+                ev = resources.evaluation(run_id, int(repeats), eval_dataset)
         except USER_ERRORS as exc:
             st.error(str(exc))
         else:
+            cov = ev["catalog_coverage"]
+            st.caption(f"Off-catalog: {cov['off_catalog']} of {cov['tool_calls']} tool calls "
+                       f"({cov['share_of_tool_calls']:.1%}) cannot be expressed in the run's action catalog "
+                       f"{ev['catalog_version']}.")
             best = ev["best_logged"]
             if best is not None:
                 (st.success if ev["beats_best_logged"] else st.warning)(

@@ -167,6 +167,24 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     messages = " ".join(e.value for e in (*at.success, *at.warning))
     assert "best logged behaviour" in messages and "random-in-mask" in messages
     assert any("policy (greedy)" in str(df.value) for df in at.dataframe)
+    assert any(c.value.startswith("Off-catalog: ") for c in at.caption)
+    # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
+    # counts what the run's normalizer maps to INVALID.
+    from core.catalog import catalog_for_dataset
+
+    ws = Workspace.open(page_env[0])
+    catalog = catalog_for_dataset(ws, "finance")
+    actions = [s.action for ep in ws.load_episodes("finance") for s in ep.steps]
+    ws.close()
+    off = sum(catalog.normalize(a).token_id < 0 for a in actions)
+    calls = sum(a.kind == "tool_call" for a in actions)
+    at.selectbox(key="diag_eval_on").set_value("finance")
+    next(b for b in at.button if b.label == "Evaluate").click()
+    at.run()
+    assert not at.exception, at.exception
+    captions = " ".join(c.value for c in at.caption)
+    assert f"Off-catalog: {off} of {calls} tool calls ({off / calls:.1%})" in captions
+    assert "60 held-out episodes (dataset finance)" in captions
 
 
 def test_pages_show_user_errors(page_env, monkeypatch):

@@ -59,21 +59,26 @@ def _progress(path: Path) -> Iterator[Any]:
         yield update
 
 
+# How to read an episodes file: shared by every command that reads one (import, evaluate).
+FORMAT_OPTION = typer.Option("auto", "--format", "-f", help="openai, openai-legacy, tau2, bfcl, rwb, or auto (detect).")
+MESSAGES_KEY_OPTION = typer.Option(None, "--messages-key",
+                                   help="Dotted path of the message list in each record (openai).")
+REWARD_KEY_OPTION = typer.Option(None, "--reward-key",
+                                 help="Dotted path of the outcome: number → reward, bool → resolved.")
+ID_KEY_OPTION = typer.Option(None, "--id-key", help="Dotted path of the episode id (default: generated).")
+SKIP_INVALID_OPTION = typer.Option(False, "--skip-invalid", help="Read the good records; report the rejected ones.")
+
+
 @app.command("import")
 def import_cmd(
     file: Path = typer.Argument(..., help="File of recorded episodes (JSON, JSON Lines)."),
-    format: str = typer.Option("auto", "--format", "-f",
-                               help="openai, openai-legacy, tau2, bfcl, rwb, or auto (detect)."),
+    format: str = FORMAT_OPTION,
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
                                           help="Dataset to import into (default: the file stem)."),
-    messages_key: Optional[str] = typer.Option(
-        None, "--messages-key", help="Dotted path of the message list in each record (openai)."),
-    reward_key: Optional[str] = typer.Option(
-        None, "--reward-key", help="Dotted path of the outcome: number → reward, bool → resolved."),
-    id_key: Optional[str] = typer.Option(
-        None, "--id-key", help="Dotted path of the episode id (default: generated)."),
-    skip_invalid: bool = typer.Option(
-        False, "--skip-invalid", help="Import the good records; report the rejected ones."),
+    messages_key: Optional[str] = MESSAGES_KEY_OPTION,
+    reward_key: Optional[str] = REWARD_KEY_OPTION,
+    id_key: Optional[str] = ID_KEY_OPTION,
+    skip_invalid: bool = SKIP_INVALID_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
