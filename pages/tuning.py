@@ -141,18 +141,27 @@ with studies_tab:
         for note in report.notes:
             st.caption(note)
         if report.best is not None:
-            b1, b2 = st.columns(2)
+            b1, b2, b3 = st.columns(3)
             b1.metric(f"Best {report.metric} (training split)", f"{report.best['value']:.4f}",
                       delta=_delta(report.best["value"], report.baseline, "train", report.metric))
             held = report.best.get("held_out")
             b2.metric("Same weights on the held-out split", "–" if held is None else f"{held:.4f}",
                       delta=_delta(held, report.baseline, "held_out", report.metric))
+            held_auc = report.best.get("held_out_auc")
+            if held_auc is not None:
+                b3.metric("Held-out AUC (tasks never tuned on)", f"{held_auc:.4f}",
+                          delta=_delta(held_auc, report.baseline, "held_out", "auc"),
+                          help="The best trial is chosen by the task-grouped cross-validation of the other "
+                               "tasks; its AUC on the held-out tasks is read off, never chosen by.")
         elif counts.get("complete"):
             st.warning("No feasible trial yet: every completed trial breaks an expectation.")
         st.subheader("Best vs template weights")
         st.dataframe(report.weights, hide_index=True, width="stretch")
         if report.params:
             st.dataframe(report.params, hide_index=True, width="stretch")
+        if any(v is not None for v in report.held_out_series.get("held-out AUC", [])):
+            st.caption("Objective and held-out AUC per trial (a gap that widens is over-fitting)")
+            st.line_chart(report.held_out_series, x="trial", y=["objective", "held-out AUC"])
         if report.figures:
             for key, title in (("history", "Optimisation history"), ("importances", "Parameter importances"),
                                ("parallel", "Parallel coordinates")):

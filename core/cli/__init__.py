@@ -11,6 +11,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Optional
 
 import typer
@@ -48,6 +49,34 @@ def open_workspace(*, create: bool = True):
 def print_json(obj: Any) -> None:
     """Print one JSON object on stdout (the ``--json`` contract)."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+
+
+def progress_printer(title: str, unit: str, position: Callable[[dict[str, Any]], tuple[int, int | None]],
+                     describe: Callable[[dict[str, Any]], str]) -> tuple[Callable[[dict[str, Any]], None], Any]:
+    """``(update, bar)`` for a long command's progress on stderr (stdout stays for --json).
+
+    ``update(m)`` moves a rich progress bar to ``position(m)`` = (done, total) with
+    ``describe(m)`` beside it; when stderr is not a terminal (a log, a pipe) it writes one
+    plain line per call instead: ``<unit> done/total · describe(m)``.  ``bar`` is the rich
+    ``Progress`` to start and stop around the work, None for plain lines."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        def line(m: dict[str, Any]) -> None:
+            done, total = position(m)
+            sys.stderr.write(f"{unit} {done}/{'?' if total is None else total} · {describe(m)}\n")
+            sys.stderr.flush()
+        return line, None
+    bar = Progress(TextColumn(f"[bold]{title}"), BarColumn(), TextColumn(f"{{task.completed}}/{{task.total}} {unit}s"),
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    task = bar.add_task(title, total=None, info="")
+
+    def update(m: dict[str, Any]) -> None:
+        done, total = position(m)
+        bar.update(task, total=total, completed=done, info=describe(m))
+    return update, bar
 
 
 # (module, sub-command name or None for top-level commands registered by register(root))

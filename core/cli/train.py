@@ -15,8 +15,15 @@ from typing import Any, Optional
 
 import typer
 
-from core.cli import open_workspace, print_json
+from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
+from core.cli.episodes import (
+    FORMAT_OPTION,
+    ID_KEY_OPTION,
+    MESSAGES_KEY_OPTION,
+    REWARD_KEY_OPTION,
+    SKIP_INVALID_OPTION,
+)
 from core.errors import InputError
 
 runs_app = typer.Typer(help="Training runs: list, show, stop.", no_args_is_help=True)
@@ -47,32 +54,13 @@ def _config(steps: Optional[int], device: str, seed: int, settings: list[str]) -
 
 
 def _progress_printer(quiet: bool):
-    """A progress bar on stderr (rich), or a plain line per update when not a terminal."""
-    import sys
-
+    """A progress bar of the PPO updates on stderr (plain lines when not a terminal)."""
     if quiet:
         return None, None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        def line(m: dict[str, Any]) -> None:
-            sys.stderr.write(f"update {m['update']}/{m.get('total_updates', '?')} · {m['env_steps']} steps · "
-                             f"L{m.get('curriculum_level')} · return {_fmt(m.get('return_mean'))} · "
-                             f"KL {_fmt(m.get('kl'), '.4f')} · β {_fmt(m.get('beta'))}\n")
-            sys.stderr.flush()
-        return line, None
-    progress = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
-                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        console=console)
-    task = progress.add_task("train", total=None, info="")
-
-    def update(m: dict[str, Any]) -> None:
-        progress.update(task, total=m.get("total_updates"), completed=m["update"],
-                        info=f"L{m.get('curriculum_level')} return {_fmt(m.get('return_mean'))} "
-                             f"KL {_fmt(m.get('kl'), '.4f')} β {_fmt(m.get('beta'))}")
-    return update, progress
+    return progress_printer(
+        "training", "update", lambda m: (m["update"], m.get("total_updates")),
+        lambda m: (f"{m['env_steps']} steps · L{m.get('curriculum_level')} · return {_fmt(m.get('return_mean'))} · "
+                   f"KL {_fmt(m.get('kl'), '.4f')} · β {_fmt(m.get('beta'))}"))
 
 
 def train_cmd(
@@ -237,20 +225,38 @@ def doctor_cmd(
 
 def evaluate_cmd(
     run_id: str = typer.Argument(..., help="The run to evaluate."),
-    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Held-out episodes file (default: the run's "
-                                            "held-out split)."),
+    episodes: Optional[Path] = typer.Option(None, "--episodes", help="Evaluate on every episode of this file, "
+                                            "mapped onto the run's action catalog (default: the run's held-out "
+                                            "split)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluate on every episode of this workspace "
+                                          "dataset, mapped onto the run's action catalog."),
+    format: str = FORMAT_OPTION,
+    messages_key: Optional[str] = MESSAGES_KEY_OPTION,
+    reward_key: Optional[str] = REWARD_KEY_OPTION,
+    id_key: Optional[str] = ID_KEY_OPTION,
+    skip_invalid: bool = SKIP_INVALID_OPTION,
     repeats: int = typer.Option(3, "--repeats", help="Passes over every held-out episode."),
     device: str = typer.Option("cpu", "--device", help="auto, cpu or cuda."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Policy return on held-out episodes vs each logged behaviour and vs random-in-mask."""
-    from core.evaluation import evaluate
+    from core.evaluation import EpisodeFileOptions, evaluate
 
-    r = evaluate(open_workspace(), run_id, episodes=episodes, repeats=repeats, device=device)
+    if episodes is not None and dataset is not None:
+        raise InputError("give --episodes FILE or --dataset NAME, not both", field="dataset")
+    options = EpisodeFileOptions(format=format, messages_key=messages_key, reward_key=reward_key, id_key=id_key,
+                                 skip_invalid=skip_invalid)
+    r = evaluate(open_workspace(), run_id, episodes=episodes, dataset=dataset, import_options=options,
+                 repeats=repeats, device=device)
     if as_json:
         print_json(r)
         return
     typer.echo(f"{run_id} on {r['episodes']} held-out episodes ({r['source']}), {r['repeats']} passes:")
+    cov = r["catalog_coverage"]
+    kinds = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in cov["by_kind"].items() if n)
+    typer.echo(f"  run's catalog {r['catalog_version']}: {cov['off_catalog']} of {cov['tool_calls']} tool calls "
+               f"off-catalog ({_fmt(cov['share_of_tool_calls'], '.1%')} of calls, "
+               f"{_fmt(cov['share_of_steps'], '.1%')} of steps){f': {kinds}' if kinds else ''}")
     p, q = r["policy"], r["random_in_mask"]
     typer.echo(f"  policy (greedy)   return {_fmt(p['return_mean'])}  success {_fmt(p['success_rate'], '.2f')}  "
                f"off-support {_fmt(p['off_support_rate'], '.2f')}  mask violations {p['mask_violations']}")

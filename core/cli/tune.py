@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import typer
 
-from core.cli import open_workspace, print_json
+from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
 
@@ -51,7 +51,12 @@ def tune(
     split_by: str = typer.Option("task", "--split-by",
                                  help="Keep episodes with the same value on one side of the train/held-out "
                                       "split: task, episode, task_type, domain, behaviour or meta.KEY."),
-    heldout: float = typer.Option(0.5, "--heldout", help="Share of the episodes held out for reporting."),
+    heldout: float = typer.Option(0.5, "--heldout", help="Share of the episodes held out for reporting (whole "
+                                                        "tasks; the outcome objective never sees them)."),
+    group_key: Optional[str] = typer.Option(None, "--group-key",
+                                            help="Dotted key of the imported record holding the task id "
+                                                 "(default: task_id, else the user's request); split-by task."),
+    folds: int = typer.Option(5, "--folds", help="Outcome objective: task-grouped folds of the design tasks."),
     label: str = typer.Option("success", "--label",
                               help="Outcome label: success, resolved, final_reward, business_metric, sentiment."),
     threshold: float = typer.Option(0.0, "--threshold", help="A numeric label counts as success above this."),
@@ -78,6 +83,7 @@ def tune(
     run_id: Optional[int] = typer.Option(None, "--run-id", hidden=True),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: best value, best weights, train "
                                                        "and held-out figures."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar / per-trial lines on stderr."),
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Run a study: tune the template's weights on the data (see `rwb tune --help`)."""
@@ -99,7 +105,7 @@ def tune(
             raise InputError("--policy-config must be a JSON object", field="policy_config")
     config = tuning.TuneConfig(objective=objective, split_by=split_by, heldout_fraction=heldout, label=label,
                                success_threshold=threshold, metric=metric, withhold_outcome=withhold, seed=seed,
-                               sampler=sampler, policy=policy)
+                               sampler=sampler, policy=policy, group_key=group_key, cv_folds=folds)
     ws = open_workspace()
     actor = acting_user(ws, as_name)
     bounds = tuning.parse_bounds(bound)
@@ -111,12 +117,22 @@ def tune(
         else:
             typer.echo(f"study {started['study']}: worker {started['pid']} started (log {started['log']})")
         return
-    result = tuning.tune(ws, actor, template, dataset=dataset, episodes=episodes, config=config, trials=trials,
-                         storage=storage, study=study, bounds=bounds, fixed=fix, timeout=timeout, run_id=run_id)
+    update, bar = (None, None) if quiet or as_json else _trial_progress()
+    if bar is not None:
+        bar.start()
+    try:
+        result = tuning.tune(ws, actor, template, dataset=dataset, episodes=episodes, config=config, trials=trials,
+                             storage=storage, study=study, bounds=bounds, fixed=fix, timeout=timeout, run_id=run_id,
+                             progress=update)
+    finally:
+        if bar is not None:
+            bar.stop()
     if as_json:
         print_json(result.to_dict())
         return
     d = result.to_dict()
+    for warning in d["warnings"]:
+        typer.echo(f"warning: {warning}")
     typer.echo(f"study {d['study']} ({d['storage']}): {d['trials_run']} trials in {d['seconds']:.1f} s "
                f"({d['trials_per_min']:.0f}/min), {d['trials_total']} in the study, {d['feasible_trials']} feasible")
     base = (d["baseline"] or {}).get("figures") or {}
@@ -129,10 +145,29 @@ def tune(
             figs = ", ".join(f"{k} {_fmt(v)} (was {_fmt((base.get(side) or {}).get(k))})"
                              for k, v in best[side].items() if isinstance(v, float) or v is None)
             typer.echo(f"  {side:<9} {figs}")
+        if d["best"].get("held_out_auc") is not None:
+            typer.echo(f"  best trial {d['best']['trial']}: held-out AUC {_fmt(d['best']['held_out_auc'])} on "
+                       f"{len(d['split'].get('held_out_groups', []))} held-out "
+                       f"{'tasks' if d['split']['by'] == 'task' else 'groups'} (chosen by the "
+                       f"{d['split'].get('folds_used')}-fold task-grouped CV of the others)")
         typer.echo("  best weights: " + ", ".join(f"{k}={v:.3g}" for k, v in d["best"]["weights"].items()))
     for s in d["skipped_expectations"]:
         typer.echo(f"  expectation {s['name']!r}: {s['reason']}")
     typer.echo(f"apply with: rwb tune apply {d['study']}")
+
+
+def _trial_progress():
+    """The progress printer of a study: one step per trial, with its value and held-out AUC."""
+    def describe(m: dict[str, Any]) -> str:
+        row = m["trial"]
+        text = f"trial {row['trial']} {row['state']} · value {_fmt(row['value'])}"
+        if row.get("cv_auc") is not None or row.get("held_out_auc") is not None:
+            text += f" · CV AUC {_fmt(row.get('cv_auc'))} · held-out AUC {_fmt(row.get('held_out_auc'))}"
+        elif row.get("held_out") is not None:
+            text += f" · held out {_fmt(row['held_out'])}"
+        return text + f" · best {_fmt(m['best_value'])}"
+
+    return progress_printer("tuning", "trial", lambda m: (m["trials_done"], m["trials"]), describe)
 
 
 @app.command("apply")
