@@ -96,7 +96,10 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     off-support rate and mask violations, the logged behaviours' returns, the best of them,
     the verdicts ``beats_best_logged`` and ``margin_over_random``, the run's
     ``catalog_version`` and the ``catalog_coverage`` of the evaluation episodes
-    (:class:`core.catalog.CatalogCoverage` as a dict)."""
+    (:class:`core.catalog.CatalogCoverage` as a dict) — all from the simulator — and ``ope``:
+    the off-policy estimate of the policy's success and return on the logged evaluation
+    episodes themselves (:func:`core.ope.off_policy_report`; intervals over tasks, and
+    ``reliable: false`` with a note when the logs do not support the policy enough)."""
     from core import ppo
     from core.runs import open_run
     from core.sim import logged_returns
@@ -141,8 +144,26 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
         "mask_violations": pol["mask_violations"],
         "catalog_version": tables.catalog.version,
         "catalog_coverage": coverage.to_dict(),
+        # the figures above come from the recorded-episode simulator (a model of the world);
+        # this one re-weights the logged episodes themselves, with its own verdict on support
+        "ope": _off_policy(tables, agent, held, device=device, seed=seed),
     }
     return report
+
+
+def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, seed: int) -> dict[str, Any]:
+    """:func:`core.ope.off_policy_report` over the evaluation episodes, grouped by task; when
+    the episodes cannot carry an estimate at all, the same keys with no figures and why."""
+    from core.ope import METHOD, off_policy_report
+
+    try:
+        return off_policy_report(tables, agent, held, groups=np.array(tables.task_ids, dtype=object),
+                                 device=device, seed=seed)
+    except InputError as exc:
+        empty = ("policy_success", "logged_success", "policy_success_ci90", "policy_return", "logged_return",
+                 "support", "effective_sample_size")
+        return {"method": METHOD, **dict.fromkeys(empty), "episodes": int(held.numel()), "tasks": None,
+                "reliable": False, "verdict": "no estimate", "note": exc.reason}
 
 
 def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "CatalogCoverage":

@@ -164,6 +164,9 @@ class PPOConfig:
     """review items one run may queue at most"""
     heldout_fraction: float = 0.2
     """episodes kept out of training for evaluation"""
+    heldout_by: str = "episode"
+    """"episode" (drawn within each task type and behaviour) or "task" (whole tasks held out,
+    by the log's own task id: the honest split for real logs, where runs of one task look alike)"""
     train_encoder: bool = False
     """PPO trains the state encoder too; False (default) keeps it as behaviour cloning left it
     (seeded without a curriculum): the update then runs on stored states, 3-5× faster on a CPU"""
@@ -208,6 +211,8 @@ class PPOConfig:
         for name in ("epsilon", "critic_bootstrap", "heldout_fraction"):
             if not 0 <= float(getattr(self, name)) <= 1:
                 raise InputError(f"{name} must lie in [0, 1]", field=name)
+        if self.heldout_by not in ("episode", "task"):
+            raise InputError(f"heldout_by must be episode or task, not {self.heldout_by!r}", field="heldout_by")
         if self.gamma is not None and not 0 < float(self.gamma) <= 1:
             raise InputError("gamma must lie in (0, 1]", field="gamma")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -361,7 +366,7 @@ def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = 
         tables = build_sim_tables_from(parsed.episodes, parsed.tools, template, masks=rules,
                                        config=cfg.sim_config(), embedder=workspace_embedder(ws))
         source = f"file {episodes_file}"
-    train_idx, held_idx = split_episodes(tables, cfg.heldout_fraction, cfg.seed)
+    train_idx, held_idx = split_episodes(tables, cfg.heldout_fraction, cfg.seed, by=cfg.heldout_by)
     return TrainingData(tables=tables, train_episodes=train_idx, heldout_episodes=held_idx,
                         logged_returns=logged_returns(tables, train_idx),
                         approved=approved_examples(ws, dataset), dataset=dataset, source=source)

@@ -159,6 +159,9 @@ class SimTables:
     episode_ids: list[str]
     behaviours: list[str | None]
     task_types: list[str | None]
+    #: Task of each episode (``core.rewards.outcomes.episode_groups``: the log's own task id,
+    #: else task type and request): held-out splits by task and intervals over tasks use it.
+    task_ids: list[str]
     gamma: float
     a: float
     b: float
@@ -408,12 +411,16 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     for k in range(1, int(config.history_match) + 1):
         keys, steps = _history_tables(step_bucket, raw.trace_action, k, A)
         tensors[f"history_keys_{k}"], tensors[f"history_steps_{k}"] = t(keys, torch.int64), t(steps, torch.int64)
+    from core.rewards.outcomes import episode_groups
+
+    task_of = dict(zip((e.episode_id for e in episodes), episode_groups(episodes).tolist()))
     return SimTables(
         n_actions=A, n_components=len(template.step_components),
         component_names=[c.name for c in template.step_components], catalog=catalog, mask_rules=rules,
         compiled_masks=rules.compile(catalog), episode_ids=list(raw.episode_ids),
         behaviours=[None if b is None else str(b) for b in frame.behaviour.tolist()],
-        task_types=[task_names[c] for c in task_code], gamma=float(template.gamma), a=float(template.a),
+        task_types=[task_names[c] for c in task_code],
+        task_ids=[task_of.get(str(e), str(e)) for e in raw.episode_ids], gamma=float(template.gamma), a=float(template.a),
         b=float(template.b), config=config, raw=raw, state_columns=columns, task_names=task_names,
         n_clusters=K, template_name=template.name, device=dev, tensors=tensors)
 
@@ -926,24 +933,41 @@ def random_masked_actions(mask: torch.Tensor, generator: torch.Generator | None 
 
 
 # --------------------------------------------------------------------------- splits and baselines
-def split_episodes(tables: SimTables, heldout_fraction: float = 0.2, seed: int = 0
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(train, heldout)`` episode indices, drawn within each (task type, behaviour) group so
-    both halves see every kind of task and behaviour."""
+def split_episodes(tables: SimTables, heldout_fraction: float = 0.2, seed: int = 0, *,
+                   by: str = "episode") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, heldout)`` episode indices.
+
+    ``by="episode"``: drawn within each (task type, behaviour) group so both halves see every
+    kind of task and behaviour.  ``by="task"``: whole tasks (:attr:`SimTables.task_ids`) are
+    held out until about ``heldout_fraction`` of the episodes are, so no task is on both
+    sides — what an evaluation on real logs needs (many runs of one task look alike)."""
     if not 0.0 < float(heldout_fraction) < 1.0:
         raise InputError(f"heldout_fraction must lie strictly between 0 and 1, not {heldout_fraction}",
                          field="heldout_fraction")
+    if by not in ("episode", "task"):
+        raise InputError(f"heldout_by must be episode or task, not {by!r}", field="heldout_by")
     rng = np.random.default_rng(seed)
-    groups: dict[tuple, list[int]] = {}
-    for e, key in enumerate(zip(tables.task_types, tables.behaviours)):
-        groups.setdefault(key, []).append(e)
-    held: list[int] = []
-    for key in sorted(groups, key=str):
-        members = np.array(groups[key])
-        k = int(round(float(heldout_fraction) * len(members)))
-        held.extend(rng.permutation(members)[:k].tolist())
     heldout = np.zeros(tables.n_episodes, dtype=bool)
-    heldout[held] = True
+    if by == "task":
+        tasks = np.array(tables.task_ids, dtype=object)
+        names, sizes = np.unique(tasks, return_counts=True)
+        target = float(heldout_fraction) * tables.n_episodes
+        taken = 0
+        for i in rng.permutation(names.size):
+            if taken >= target:
+                break
+            heldout |= tasks == names[i]
+            taken += int(sizes[i])
+    else:
+        groups: dict[tuple, list[int]] = {}
+        for e, key in enumerate(zip(tables.task_types, tables.behaviours)):
+            groups.setdefault(key, []).append(e)
+        held: list[int] = []
+        for key in sorted(groups, key=str):
+            members = np.array(groups[key])
+            k = int(round(float(heldout_fraction) * len(members)))
+            held.extend(rng.permutation(members)[:k].tolist())
+        heldout[held] = True
     if heldout.all() or not heldout.any():
         raise InputError(f"{tables.n_episodes} episodes are too few for a held-out fraction of "
                          f"{heldout_fraction}", field="heldout_fraction")

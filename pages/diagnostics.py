@@ -94,5 +94,19 @@ with evaluate_tab:
                     {"who": "random-in-mask", **{k: ev["random_in_mask"][k] for k in
                                                 ("return_mean", "success_rate", "off_support_rate", "episodes")}}]
             rows += [{"who": f"logged {name}", "return_mean": value} for name, value in ev["logged"].items()]
+            st.markdown("**Simulator's estimate** (a model built from the recorded episodes)")
             st.dataframe(rows, hide_index=True, width="stretch")
             st.caption(f"{ev['episodes']} held-out episodes ({ev['source']}), {ev['repeats']} passes.")
+            ope = ev["ope"]
+            st.markdown(f"**Off-policy estimate on the logged episodes** ({ope['method']})")
+            if ope["reliable"]:
+                low, high = ope["policy_success_ci90"]
+                st.success(f"Success {ope['policy_success']:.2f} (90% {low:.2f}–{high:.2f}, over tasks) against "
+                           f"the logged agent's {ope['logged_success']:.2f}; return {ope['policy_return']:.3f} "
+                           f"against {ope['logged_return']:.3f}. {ope['note']}")
+            else:
+                # no number shown as if it meant something: the verdict and why
+                st.warning(f"No trustworthy off-policy figure ({ope['verdict']}). {ope['note']}")
+            st.caption(f"Off-policy: {ope['episodes']} logged episodes over {ope['tasks']} tasks; support "
+                       f"{'—' if ope['support'] is None else format(ope['support'], '.0%')}, effective sample size "
+                       f"{'—' if ope['effective_sample_size'] is None else format(ope['effective_sample_size'], '.1f')}.")

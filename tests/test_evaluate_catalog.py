@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from _real_logs import REAL, rwb_import_labelled
@@ -167,6 +168,10 @@ def test_evaluate_other_file_and_dataset_on_the_runs_catalog(finance_ws, capsys,
     assert by_file["catalog_coverage"] == by_dataset["catalog_coverage"]
     assert by_file["source"] == f"file {root / 'b.jsonl'}" and by_dataset["source"] == "dataset b"
 
+    for report in (by_file, by_dataset):
+        assert set(report["ope"]) >= {"method", "policy_success", "logged_success", "policy_success_ci90",
+                                      "policy_return", "logged_return", "support", "reliable", "note"}
+
     # The human output says it in one line.
     capsys.readouterr()
     assert main(["--workspace", str(root / "ws"), "evaluate", run_id, "--dataset", "b", "--repeats", "1"]) == 0
@@ -211,3 +216,17 @@ def test_real_run_evaluated_on_another_agents_logs(tmp_path, capsys, monkeypatch
     telecom = {s.action.tool for ep in other if ep.domain.startswith("telecom") for s in ep.steps
                if s.action.kind == "tool_call"} - set(run_catalog.tools)
     assert telecom and {row["tool"] for row in cov["top"]} & telecom
+    # the off-policy estimate on the logged Grok runs: every key, intervals over the real tasks,
+    # the logged figures are the logs' own, and a policy trained this briefly is not trusted
+    ope = report["ope"]
+    keys = {"method", "policy_success", "logged_success", "policy_success_ci90", "policy_return",
+            "logged_return", "support", "reliable", "note", "effective_sample_size", "tasks"}
+    assert keys <= set(ope)
+    assert "importance sampling" in ope["method"] or "WIS" in ope["method"]
+    outcomes = np.array([float(ep.outcome.final_reward) for ep in other])
+    assert ope["logged_success"] == pytest.approx(outcomes.mean())
+    assert ope["tasks"] == len({(ep.domain, ep.source.raw["task_id"]) for ep in other})
+    low, high = ope["policy_success_ci90"]
+    assert 0.0 <= low <= ope["policy_success"] <= high <= 1.0
+    assert 0.0 <= ope["support"] <= 1.0
+    assert ope["reliable"] is False and ope["note"]

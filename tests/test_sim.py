@@ -489,6 +489,24 @@ def test_training_split_keeps_starts_and_support_inside(tables):
         split_episodes(tables, 1.0)
 
 
+def test_split_by_task_never_puts_a_task_on_both_sides(tables):
+    from dataclasses import replace as replace_field
+
+    # four runs of each of 15 tasks (the shape of real logs: many runs per task)
+    tasks = [f"task-{i % 15}" for i in range(tables.n_episodes)]
+    by_task = replace_field(tables, task_ids=tasks)
+    train, held = split_episodes(by_task, 0.25, seed=3, by="task")
+    train_tasks = {tasks[i] for i in train.tolist()}
+    held_tasks = {tasks[i] for i in held.tolist()}
+    assert train_tasks.isdisjoint(held_tasks)
+    assert sorted(train.tolist() + held.tolist()) == list(range(tables.n_episodes))
+    assert len(held_tasks) == 4                        # whole tasks until a quarter of the episodes
+    assert split_episodes(by_task, 0.25, seed=4, by="task")[1].tolist() != held.tolist()
+    assert len(tables.task_ids) == tables.n_episodes   # the builder fills the task of every episode
+    with pytest.raises(InputError, match="heldout_by"):
+        split_episodes(tables, 0.25, by="tool")
+
+
 def test_logged_returns_per_behaviour(tables, scored):
     idx = torch.arange(0, tables.n_episodes, 2)
     got = logged_returns(tables, idx)

@@ -168,6 +168,20 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     assert "best logged behaviour" in messages and "random-in-mask" in messages
     assert any("policy (greedy)" in str(df.value) for df in at.dataframe)
     assert any(c.value.startswith("Off-catalog: ") for c in at.caption)
+    # the off-policy estimate beside the simulator's, with its verdict: a trusted figure or a
+    # warning that says why there is none (this short run on generated data gets the warning
+    # exactly when core's report says it is not reliable)
+    assert any(c.value.startswith("Off-policy: ") for c in at.caption)
+    from core.evaluation import evaluate
+
+    ws = Workspace.open(page_env[0])
+    ev = evaluate(ws, run_id, repeats=3)
+    ws.close()
+    verdicts = " ".join(e.value for e in (*at.success, *at.warning))
+    if ev["ope"]["reliable"]:
+        assert f"against the logged agent's {ev['ope']['logged_success']:.2f}" in verdicts
+    else:
+        assert f"No trustworthy off-policy figure ({ev['ope']['verdict']})" in verdicts
     # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
     # counts what the run's normalizer maps to INVALID.
     from core.catalog import catalog_for_dataset

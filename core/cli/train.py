@@ -258,6 +258,7 @@ def evaluate_cmd(
                f"off-catalog ({_fmt(cov['share_of_tool_calls'], '.1%')} of calls, "
                f"{_fmt(cov['share_of_steps'], '.1%')} of steps){f': {kinds}' if kinds else ''}")
     p, q = r["policy"], r["random_in_mask"]
+    typer.echo("  simulator's estimate (a model built from the recorded episodes):")
     typer.echo(f"  policy (greedy)   return {_fmt(p['return_mean'])}  success {_fmt(p['success_rate'], '.2f')}  "
                f"off-support {_fmt(p['off_support_rate'], '.2f')}  mask violations {p['mask_violations']}")
     typer.echo(f"  random-in-mask    return {_fmt(q['return_mean'])}  success {_fmt(q['success_rate'], '.2f')}  "
@@ -272,6 +273,19 @@ def evaluate_cmd(
         typer.echo(f"The policy {word} the best logged behaviour ({best}) on its own held-out requests: "
                    f"{_fmt(r['paired'][best]['policy'])} vs {_fmt(r['paired'][best]['logged'])}; "
                    f"margin over random {_fmt(r['margin_over_random'])}.")
+    _echo_ope(r["ope"])
+
+
+def _echo_ope(o: dict[str, Any]) -> None:
+    """The off-policy estimate on the logged episodes, and whether it can be trusted."""
+    low, high = o["policy_success_ci90"] or (None, None)
+    typer.echo(f"Off-policy on the logged episodes ({o['method']}): success {_fmt(o['policy_success'], '.2f')} "
+               f"[90% {_fmt(low, '.2f')}–{_fmt(high, '.2f')}, over tasks] vs logged {_fmt(o['logged_success'], '.2f')}; "
+               f"return {_fmt(o['policy_return'])} vs logged {_fmt(o['logged_return'])}; "
+               f"ESS {_fmt(o['effective_sample_size'], '.1f')} of {o['episodes']} episodes ({o['tasks']} tasks), "
+               f"support {_fmt(o['support'], '.0%')}")
+    if not o["reliable"]:
+        typer.echo(f"  NOT RELIABLE ({o['verdict']}): {o['note']}")
 
 
 def register(root: typer.Typer) -> None:
