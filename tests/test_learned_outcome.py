@@ -14,8 +14,9 @@ from core.importers import read_file
 from core.rewards.api import frame_from_episodes, score
 from core.rewards.calibration import outcome_columns
 from core.rewards.components import ScoringContext
-from core.rewards.learned import (STAT_FEATURES, LearnedOutcome, episode_stats, fit_outcome_model,
-                                  last_words, with_learned_outcome)
+from core.rewards.agent_signals import AnswerConsistency
+from core.rewards.learned import (ANSWER_FEATURES, SIGNAL_FEATURES, STAT_FEATURES, LearnedOutcome, episode_stats,
+                                  fit_outcome_model, last_words, signal_features, with_learned_outcome)
 from core.rewards.template import parse_template
 
 
@@ -58,7 +59,10 @@ def test_fit_is_grouped_and_predicts_as_the_model_fitted_directly(grok):
     json.dumps(fit.params)                                   # plain numbers: no pickle anywhere
 
     predicted = LearnedOutcome(**fit.params)(frame, ctx)
-    x = np.hstack([episode_stats(frame), np.asarray(HashEmbedder().encode(last_words(frame)))])
+    cosine, has = AnswerConsistency().cosines(frame, ctx)
+    x = np.hstack([episode_stats(frame), signal_features(frame), cosine[:, None], has[:, None],
+                   np.asarray(HashEmbedder().encode(last_words(frame)))])
+    assert fit.params["features"][10:14] == [*SIGNAL_FEATURES, *ANSWER_FEATURES]
     mean, scale = x.mean(axis=0), np.where(x.std(axis=0) > 1e-12, x.std(axis=0), 1.0)
     direct = LogisticRegression(C=1.0, max_iter=2000).fit((x - mean) / scale, (labels > 0.5).astype(int))
     assert np.allclose(predicted, direct.predict_proba((x - mean) / scale)[:, 1], atol=1e-5)
@@ -115,3 +119,17 @@ def test_rwb_reward_learn_reports_both_aucs_and_saves_a_version(tmp_path, capsys
     assert main(["--workspace", ws, "reward", "validate", "tiny@2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert "learned_outcome" in shown["episode_terms"]
+
+
+def test_the_hand_built_pyramid_is_the_template_without_its_learned_term(grok):
+    from core.rewards.learned import without_learned_outcome
+
+    _, frame, labels, groups = grok
+    fit = fit_outcome_model(frame, labels, groups, embed="none")
+    plain = parse_template(TINY)
+    learned = with_learned_outcome(plain, fit.params)
+    assert "learned_outcome" in [c.name for c in learned.episode_terms]
+    stripped = without_learned_outcome(learned)
+    assert [c.name for c in stripped.episode_terms] == [c.name for c in plain.episode_terms]
+    assert stripped.components_hash() == plain.components_hash()
+    assert without_learned_outcome(plain) is plain

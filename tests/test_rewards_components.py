@@ -10,7 +10,7 @@ from core.catalog import build_catalog
 from core.episodes import Action, Episode, Outcome, Step, Task
 from core.rewards import COMPONENTS, LEVELS, ScoringContext, build_frame
 from core.rewards.reference import REFERENCES
-from core.rewards.learned import STAT_FEATURES
+from core.rewards.learned import SIGNAL_FEATURES, STAT_FEATURES
 from _rewards_fixtures import TOOLS, FakeEmbedder, make_episodes, make_frame
 
 ALL = sorted(COMPONENTS)
@@ -137,8 +137,9 @@ VARIANTS = [
     ("answer_consistency", {}),
     ("answer_consistency", {"context_calls": 1, "threshold": 0.3, "ramp_from": -0.5, "low": -1.0,
                             "no_evidence_value": 0.0, "max_chars": 20}),
-    ("learned_outcome", {"embed": "none", "features": list(STAT_FEATURES), "mean": [1.0] * 10,
-                         "scale": [2.0] * 10, "coef": [0.3, -0.2, -0.5, -0.4, 0.1, -0.3, 0.05, 0.6, -1.0, -0.7],
+    ("learned_outcome", {"embed": "none", "features": [*STAT_FEATURES, *SIGNAL_FEATURES], "mean": [1.0] * 12,
+                         "scale": [2.0] * 12,
+                         "coef": [0.3, -0.2, -0.5, -0.4, 0.1, -0.3, 0.05, 0.6, -1.0, -0.7, -0.25, -0.8],
                          "intercept": 0.2, "low": -1.0, "high": 1.0}),
 ]
 

@@ -194,7 +194,7 @@ def learn(
 ) -> None:
     """Fit the learned_outcome term on labelled episodes (held-out AUC grouped by task)."""
     from core.rewards.calibration import calibrate_result, outcome_columns
-    from core.rewards.learned import learn as fit_learned
+    from core.rewards.learned import learn as fit_learned, without_learned_outcome
     from core.rewards.versions import get_template, parse_spec, resolve_template, save_template
 
     ws = open_workspace()
@@ -202,7 +202,8 @@ def learn(
     base_version = get_template(ws, *parse_spec(template)).version if save else None
     fitted, fit = fit_learned(ws, base, dataset=dataset, group_key=group_key, embed=embed, c=c)
     labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
-    pyramid = calibrate_result(rewards.score(ws, base, dataset=dataset), labels, groups, n_boot=20)
+    hand_built = without_learned_outcome(base)   # a term fitted earlier would have seen these labels
+    pyramid = calibrate_result(rewards.score(ws, hand_built, dataset=dataset), labels, groups, n_boot=20)
     body: dict[str, Any] = {"template": base.name, "dataset": dataset, "learned_heldout_auc": fit.heldout_auc,
                             "pyramid_heldout_auc": pyramid.heldout_auc, "pyramid_auc": pyramid.return_power.value,
                             "folds": fit.folds, "labelled": fit.n_labelled, "tasks": fit.n_tasks,

@@ -1,8 +1,9 @@
 """A learned outcome component: success probability fitted on labelled episodes.
 
 :func:`fit_outcome_model` fits an L2-regularised logistic regression (scikit-learn) from
-domain-free episode features — tool-use statistics of the steps frame and, optionally, the
-sentence embedding of the agent's last words — to the recorded outcomes, measures it with
+domain-free episode features — tool-use statistics of the steps frame, the success signals
+of :mod:`core.rewards.agent_signals` and, optionally, the agreement of the agent's last
+words with the tool results and their sentence embedding — to the recorded outcomes, measures it with
 cross-validation grouped by task (no task on both sides), then refits on every labelled
 episode.  The fitted model is plain numbers (feature names, standardisation, coefficients),
 kept in the template itself as the ``learned_outcome`` episode term's parameters: it is
@@ -28,6 +29,11 @@ from core.rewards.outcomes import auc, grouped_folds
 STAT_FEATURES: tuple[str, ...] = (
     "steps", "tool_calls", "tool_errors", "invalid_calls", "distinct_tools", "repeated_calls",
     "replies", "ends_with_answer", "error_share", "repeat_share")
+
+#: Domain-free success signals (core.rewards.agent_signals) per episode, after the statistics;
+#: the answer's agreement with the tool results only with the sentence model (``last_words``).
+SIGNAL_FEATURES: tuple[str, ...] = ("write_calls", "unrecovered_errors")
+ANSWER_FEATURES: tuple[str, ...] = ("answer_cosine", "answer_has_evidence")
 
 #: Fewest labelled episodes, and tasks, a model is fitted on.
 MIN_EPISODES, MIN_TASKS = 30, 5
@@ -73,14 +79,29 @@ def last_words(frame: StepsFrame) -> list[str]:
     return [str(frame.output_text[r]) if r >= 0 else "" for r in last]
 
 
+def signal_features(frame: StepsFrame) -> np.ndarray:
+    """[n_episodes, len(SIGNAL_FEATURES)]: write calls and unrecovered errors per episode."""
+    from core.rewards.agent_signals import UnrecoveredErrors, WriteActions
+
+    writes = WriteActions(per=1.0)(frame, None)
+    unrecovered = UnrecoveredErrors(per=1.0, cap=10 ** 9).unrecovered(frame)
+    return np.column_stack([-np.bincount(frame.episode, weights=writes, minlength=frame.n_episodes),
+                            _per_episode(frame, unrecovered)])
+
+
 def outcome_features(frame: StepsFrame, ctx: ScoringContext, embed: str) -> tuple[list[str], np.ndarray]:
-    """(feature names, [n_episodes, n_features]) of ``frame``: the tool-use statistics, then,
-    with ``embed="last_words"``, the sentence embedding of each episode's last words."""
-    names, x = list(STAT_FEATURES), episode_stats(frame)
+    """(feature names, [n_episodes, n_features]) of ``frame``: the tool-use statistics and the
+    domain-free signals, then, with ``embed="last_words"``, the last words' agreement with the
+    tool results before them (cosine, has evidence) and their sentence embedding."""
+    names = [*STAT_FEATURES, *SIGNAL_FEATURES]
+    x = np.hstack([episode_stats(frame), signal_features(frame)])
     if embed == "last_words":
+        from core.rewards.agent_signals import AnswerConsistency
+
+        cosine, has = AnswerConsistency().cosines(frame, ctx)
         vectors = ctx.encode(last_words(frame), what="learned_outcome").astype(np.float64)
-        names += [f"last_words_{i}" for i in range(vectors.shape[1])]
-        x = np.hstack([x, vectors])
+        names += [*ANSWER_FEATURES, *(f"last_words_{i}" for i in range(vectors.shape[1]))]
+        x = np.hstack([x, cosine[:, None], has[:, None].astype(np.float64), vectors])
     return names, x
 
 
@@ -187,6 +208,22 @@ def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
     entry = dict(terms.get("learned_outcome") or {"weight": float(weight)})
     entry["params"] = params
     terms["learned_outcome"] = entry
+    return parse_template(yaml.safe_dump(data, sort_keys=False), file=template.source)
+
+
+def without_learned_outcome(template):
+    """``template`` without its ``learned_outcome`` episode term (itself when it has none): the
+    hand-built pyramid a fitted term is compared with, never one that already learned the labels."""
+    import yaml
+
+    from core.rewards.template import parse_template
+
+    data = template.to_dict()
+    terms = data.get("episode_terms") or {}
+    kept = {k: v for k, v in terms.items() if (v or {}).get("component", k) != "learned_outcome"}
+    if len(kept) == len(terms):
+        return template
+    data["episode_terms"] = kept
     return parse_template(yaml.safe_dump(data, sort_keys=False), file=template.source)
 
 

@@ -289,6 +289,10 @@ def learned_outcome(frame: StepsFrame, c: LearnedOutcome, embedder) -> np.ndarra
             last_text[int(frame.episode[i])] = str(frame.output_text[i])
     vectors = (np.asarray(embedder.encode([last_text.get(e, "") for e in range(frame.n_episodes)]))
                if c.embed == "last_words" else np.zeros((frame.n_episodes, 0)))
+    writes = np.bincount(frame.episode, weights=-write_actions(frame, WriteActions(per=1.0)),
+                         minlength=frame.n_episodes)
+    unrecovered = -unrecovered_errors(frame, UnrecoveredErrors(per=1.0, cap=10 ** 9))
+    cosines = answer_cosines(frame, AnswerConsistency(), embedder) if c.embed == "last_words" else None
     out = np.empty(frame.n_episodes)
     for e in range(frame.n_episodes):
         mine = [s for s in steps if s["episode"] == e]
@@ -302,6 +306,8 @@ def learned_outcome(frame: StepsFrame, c: LearnedOutcome, embedder) -> np.ndarra
              len({s["tool"] for s in calls}), repeats,
              sum(s["kind"] in ("reply", "final_answer") for s in mine), float(answered),
              errors / n_calls if n_calls else 0.0, repeats / n_calls if n_calls else 0.0,
+             writes[e], unrecovered[e],
+             *([] if cosines is None else [cosines[e] or 0.0, float(cosines[e] is not None)]),
              *vectors[e].tolist()]
         z = c.intercept + sum((v - m) / sc * w for v, m, sc, w in zip(x, c.mean, c.scale, c.coef))
         out[e] = c.low + (c.high - c.low) / (1.0 + math.exp(-min(max(z, -50.0), 50.0)))
@@ -333,22 +339,30 @@ def unrecovered_errors(frame: StepsFrame, c: UnrecoveredErrors) -> np.ndarray:
     return _episode_values(frame, one)
 
 
-def answer_consistency(frame: StepsFrame, c: AnswerConsistency, embedder) -> np.ndarray:
+def answer_cosines(frame: StepsFrame, c: AnswerConsistency, embedder) -> list[float | None]:
+    """Per episode the best cosine of the last words to the last tool results (None: no evidence)."""
     steps = list(_steps(frame))
-    out = np.full(frame.n_episodes, c.no_evidence_value)
+    out: list[float | None] = []
     for e in range(frame.n_episodes):
         mine = [s for s in steps if s["episode"] == e]
         said = [s for s in mine if s["kind"] in ("reply", "final_answer") and len(s["output"]) > 0]
-        if not said:
-            continue
-        last = said[-1]
-        evidence = [s for s in mine if s["kind"] == "tool_call" and len(s["result"]) > 0 and s["i"] < last["i"]]
-        evidence = evidence[-c.context_calls:]
+        last = said[-1] if said else None
+        evidence = [s for s in mine if last is not None and s["kind"] == "tool_call" and len(s["result"]) > 0
+                    and s["i"] < last["i"]][-c.context_calls:]
         if not evidence:
+            out.append(None)
             continue
         texts = [str(last["output"])[:c.max_chars]] + [readable([str(s["result"])])[0][:c.max_chars] for s in evidence]
         vectors = np.asarray(embedder.encode(texts), dtype=np.float32).astype(np.float64)
-        cos = max(float(np.dot(vectors[0], v)) for v in vectors[1:])
+        out.append(max(float(np.dot(vectors[0], v)) for v in vectors[1:]))
+    return out
+
+
+def answer_consistency(frame: StepsFrame, c: AnswerConsistency, embedder) -> np.ndarray:
+    out = np.full(frame.n_episodes, c.no_evidence_value)
+    for e, cos in enumerate(answer_cosines(frame, c, embedder)):
+        if cos is None:
+            continue
         if cos > c.threshold:
             out[e] = c.high
         else:
