@@ -67,7 +67,8 @@ def postgres_url():
 
 
 def test_two_workers_share_one_study(postgres_url, tmp_path):
-    ws = finance_workspace(tmp_path / "ws", n_episodes=80, seed=9)
+    # enough labelled episodes that tuning neither warns nor pulls the weights to the template
+    ws = finance_workspace(tmp_path / "ws", n_episodes=240, seed=9)
     template = write_template(fin_fast(), tmp_path / "fin_fast.yaml")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RWB_WORKSPACE": str(ws.root)}
     env.pop("RWB_TUNE_STORAGE", None)
@@ -80,6 +81,7 @@ def test_two_workers_share_one_study(postgres_url, tmp_path):
         assert w.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["trials_run"] for r in results] == [12, 12]
+    assert all(not r["warnings"] for r in results)
     storage = open_rdb(postgres_url)       # a bare postgresql:// URL, given the installed driver
     study = optuna.load_study(study_name="shared", storage=storage)
     trials = study.trials
