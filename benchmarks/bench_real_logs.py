@@ -187,7 +187,7 @@ def main() -> None:
               f"{'—' if tuned is None else format(tuned, '.3f'):>18}"
               f"{'—' if learned is None else format(learned, '.3f'):>20}"
               f"{r['first_run']['process_wall_s']:>10.1f}s{'—' if ref is None else format(ref, '.1f') + 's':>11}"
-              f"{r.get('first_run_speedup', float('nan')):>7.2f}"
+              f"{'—' if ref is None else format(r['first_run_speedup'], '.2f'):>7}"
               f"{'—' if r['first_run_per_600_episodes_s'] is None else format(r['first_run_per_600_episodes_s'], '.1f') + 's':>13}")
         for w in r.get("tuned_warnings", []):
             print(f"  {r['dataset']}: tuning warned: {w}")
