@@ -60,7 +60,11 @@ def _check_finite(value: Any, where: str) -> None:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # str_max_length bounds every text field of every model below.  Texts inside the
+    # free-form JSON fields: params, observation, tool_result and meta are walked by
+    # _check_finite; every stored episode, outcome.extra and source.raw included, by
+    # core.importers.base.check_record_size.
+    model_config = ConfigDict(extra="forbid", frozen=False, str_max_length=MAX_TEXT_CHARS)
 
 
 class Action(_Model):
@@ -188,6 +192,20 @@ class Episode(_Model):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+def episode_from_body(body: str | bytes) -> Episode:
+    """The :class:`Episode` of a stored canonical body.
+
+    pydantic-core's JSON parser stops at 200 levels of nesting; imports refuse records
+    nested deeper than 64 (``core.importers.base.MAX_JSON_DEPTH``), but a workspace filled
+    before that rule may hold deeper ones, which Python's parser still reads."""
+    try:
+        return Episode.model_validate_json(body)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] != "json_invalid":
+            raise
+        return Episode.model_validate(json.loads(body))
+
+
 class ToolSchema(_Model):
     """A tool as an agent sees it: OpenAI function-calling JSON schema."""
 
@@ -197,6 +215,12 @@ class ToolSchema(_Model):
     #: Optional workbench extensions: risk level, parameter presets, etc.
     risk: Literal["low", "medium", "high"] = "low"
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("parameters", "meta")
+    @classmethod
+    def _bounded(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _check_finite(v, "value")
+        return v
 
     @classmethod
     def from_openai(cls, obj: dict[str, Any]) -> "ToolSchema":

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from core import safe_yaml
 from core.catalog import OTHER, RISK_LEVELS, UNSET, ActionToken, Catalog, value_key
 from core.errors import InputError
 
@@ -91,24 +92,14 @@ _TIME = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
 
 # --------------------------------------------------------------------------- YAML with line numbers
 def _located_load(text: str, file: str | None) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML and remember the line of every node by its path (for error messages)."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None, {}
-        lines: dict[tuple, int] = {}
-        _walk(node, (), lines, file)
-        data = loader.construct_document(node)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise InputError(f"not valid YAML: {exc.problem or exc}", file=file,
-                         line=mark.line + 1 if mark else None) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", file=file) from None
-    finally:
-        loader.dispose()
-    return data, lines
+    """Parse YAML (bounded: :mod:`core.safe_yaml`) and remember the line of every node by
+    its path (for error messages)."""
+    loaded = safe_yaml.load(text, file=file)
+    if loaded.node is None:
+        return None, {}
+    lines: dict[tuple, int] = {}
+    _walk(loaded.node, (), lines, file)
+    return loaded.data, lines
 
 
 def _walk(node: yaml.Node, path: tuple, lines: dict[tuple, int], file: str | None) -> None:
@@ -596,7 +587,7 @@ class MaskRules:
 
     def to_yaml(self) -> str:
         """The rules as YAML text (loads back to equal rules)."""
-        return yaml.safe_dump(self.to_data(), sort_keys=False, allow_unicode=True, width=100)
+        return safe_yaml.dump(self.to_data(), sort_keys=False, allow_unicode=True, width=100)
 
     def save(self, path: str | Path) -> Path:
         """Write the YAML atomically (temp file, then rename)."""

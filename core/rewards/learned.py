@@ -199,8 +199,7 @@ class LearnedOutcome(Component):
 def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
     """``template`` with its ``learned_outcome`` episode term set to the fitted ``params``
     (added with ``weight`` when the template has none, else its weight kept)."""
-    import yaml
-
+    from core import safe_yaml
     from core.rewards.template import parse_template
 
     data = template.to_dict()
@@ -208,14 +207,13 @@ def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
     entry = dict(terms.get("learned_outcome") or {"weight": float(weight)})
     entry["params"] = params
     terms["learned_outcome"] = entry
-    return parse_template(yaml.safe_dump(data, sort_keys=False), file=template.source)
+    return parse_template(safe_yaml.dump(data, sort_keys=False), file=template.source)
 
 
 def without_learned_outcome(template):
     """``template`` without its ``learned_outcome`` episode term (itself when it has none): the
     hand-built pyramid a fitted term is compared with, never one that already learned the labels."""
-    import yaml
-
+    from core import safe_yaml
     from core.rewards.template import parse_template
 
     data = template.to_dict()
@@ -224,7 +222,7 @@ def without_learned_outcome(template):
     if len(kept) == len(terms):
         return template
     data["episode_terms"] = kept
-    return parse_template(yaml.safe_dump(data, sort_keys=False), file=template.source)
+    return parse_template(safe_yaml.dump(data, sort_keys=False), file=template.source)
 
 
 def learn(ws, template, *, dataset: str, group_key: str | None = None, embed: str = "last_words",

@@ -50,6 +50,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from core import safe_yaml
 from core.errors import InputError
 from core.rewards.components import COMPONENTS, LEVEL_TITLES, LEVELS
 
@@ -264,7 +265,7 @@ class Template:
 
     def to_yaml(self) -> str:
         """YAML text that :func:`parse_template` reads back to an equal template."""
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+        return safe_yaml.dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
 
     def components_hash(self) -> str:
         """Hash of the component classes and parameters (not weights): equal hashes mean the
@@ -537,17 +538,24 @@ def _expectations(value: Any, names: set[str], ctx: _Ctx) -> tuple[ExpectationSp
     return tuple(out)
 
 
+def _yaml_error(exc: InputError, file: str | None) -> TemplateError:
+    """A refusal of :mod:`core.safe_yaml` worded the way template errors read."""
+    at = f" at line {exc.line}" if exc.line is not None else ""
+    prefix = "not valid YAML: "
+    if exc.reason.startswith(prefix):
+        message = f"not valid YAML{at}: {exc.reason[len(prefix):]}"
+    else:
+        message = f"{f'key {exc.field!r}' if exc.field else 'the template'}{at}: {exc.reason}"
+    return TemplateError(message, file=file, line=exc.line, field=exc.field)
+
+
 def parse_template(text: str, *, file: str | None = None) -> Template:
     """Validate YAML text into a :class:`Template`; :class:`TemplateError` names key and line."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise TemplateError(f"not valid YAML{f' at line {line}' if line else ''}: {problem}",
-                            file=file, line=line) from None
+        loaded = safe_yaml.load(text, file=file)
+    except InputError as exc:
+        raise _yaml_error(exc, file) from None
+    node, data = loaded.node, loaded.data
     if node is None:
         raise TemplateError("the template is empty", file=file)
     lines: dict[tuple, int] = {}

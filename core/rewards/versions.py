@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from core import safe_yaml
 from core.errors import ConflictError, InputError
 from core.rewards.template import Template, TemplateError, parse_template, templates_dir
 from core.users import Actor, authorize
@@ -271,8 +272,8 @@ def resolve_template(ws: "Workspace | None", spec: str) -> Template:
 def _key_line(text: str, key: str) -> int | None:
     """1-based line of a top-level key of a YAML mapping (None when absent or unparsable)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        node = safe_yaml.load(text).node
+    except InputError:
         return None
     if isinstance(node, yaml.MappingNode):
         for k, _ in node.value:

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import yaml
 
+from core import safe_yaml
 from core.errors import InputError
 from core.rewards.components import COMPONENTS
 from core.rewards.expectations import CheckReport, evaluate_expectations
@@ -155,7 +155,7 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
 
 
 def _yaml_text(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip()
+    return safe_yaml.dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip()
 
 
 def _param_field(name: str, annotation: Any, value: Any) -> ParamField:
@@ -230,10 +230,12 @@ def _parse_field(f: ParamField, raw: Any, component: str) -> Any:
     where = f"parameter '{f.name}' of '{component}'"
     if f.kind == "yaml":
         try:
-            return yaml.safe_load(str(raw)) if str(raw).strip() else None
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise TemplateError(f"{where} is not valid YAML: {problem}", field=f"{component}.{f.name}") from None
+            return safe_yaml.safe_load(str(raw)) if str(raw).strip() else None
+        except InputError as exc:
+            problem = exc.reason.removeprefix("not valid YAML: ")
+            at = f" (line {exc.line}{f', key {exc.field}' if exc.field else ''})" if exc.line else ""
+            raise TemplateError(f"{where} is not valid YAML: {problem}{at}",
+                                field=f"{component}.{f.name}") from None
     if f.kind == "text":
         return None if (raw is None or (f.optional and str(raw) == "")) else str(raw)
     if raw is None:

@@ -1,0 +1,25 @@
+"""Suite-wide pytest hooks: the fuzz tests' case counts in the terminal summary."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+#: kind of input ("template", "episode file") -> number of generated cases run.
+FUZZ_COUNTS: pytest.StashKey[Counter[str]] = pytest.StashKey()
+
+
+@pytest.fixture(scope="session")
+def fuzz_counts(pytestconfig: pytest.Config) -> Counter[str]:
+    """A session-wide counter the fuzz tests add their cases to (printed at the end)."""
+    return pytestconfig.stash.setdefault(FUZZ_COUNTS, Counter())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    counts = config.stash.get(FUZZ_COUNTS, None)
+    if counts:
+        terminalreporter.write_line(
+            f"fuzz: {counts['template']} template cases ({counts['template refused']} refused), "
+            f"{counts['episode file']} episode cases ({counts['episode file refused']} refused)")
