@@ -746,3 +746,45 @@ def export(ws: "Workspace", actor: Actor, out: str | Path, *, as_episodes: bool 
             tmp.unlink()
     return ExportResult(path=str(out), records=n_records, episodes=n_episodes,
                         as_episodes=as_episodes)
+
+
+# --------------------------------------------------------------------------- security events
+#: The security log: one JSON object per line, appended and never rewritten (key rotation,
+#: trust changes, refused bundles and refused promoted copies).  It lives beside the
+#: decision trail rather than in it: decision records have a fixed schema that auditors
+#: export as episodes; a refusal is not a decision.
+SECURITY_LOG = ("security", "events.jsonl")
+
+
+def security_log_path(ws: "Workspace") -> Path:
+    return ws.artifact_dir(SECURITY_LOG[0]) / SECURITY_LOG[1]
+
+
+def security_event(ws: "Workspace", actor: Actor | None, event: str, **detail: Any) -> dict[str, Any]:
+    """Append one security event (``event``, who, when, ``detail``) to the workspace's
+    security log with one ``O_APPEND`` write, flushed to disk before returning.  Never
+    holds a secret: callers pass fingerprints, digests and paths."""
+    record = {"at": now_iso(), "event": event, "actor": actor.name if actor else None,
+              "role": actor.role if actor else None, "detail": detail}
+    line = (json.dumps(record, ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8")
+    fd = os.open(security_log_path(ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return record
+
+
+def security_events(ws: "Workspace", event: str | None = None) -> list[dict[str, Any]]:
+    """The security log, oldest first (only ``event`` events when given)."""
+    path = security_log_path(ws)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if event is None or rec.get("event") == event:
+                out.append(rec)
+    return out

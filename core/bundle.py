@@ -20,9 +20,11 @@ A bundle is a flat zip (or, once promoted, a flat folder) of these files::
                            turns new requests into encoder inputs with it)
     smoke.safetensors      a smoke set of recorded held-out states (encoder inputs, action
     smoke.json             counts) and their scalar state features + task types
+    signature.json         the exporting workspace's Ed25519 signature of the manifest digest,
+                           with the signer's public key and fingerprint (core.keys)
 
 Nothing in a bundle is ever unpickled: weights load with ``safetensors``, metadata with
-``json`` and ``yaml.safe_load``.  :func:`verify_bundle` refuses — with the reason —
+``json`` and the bounded :func:`core.safe_yaml.load`.  :func:`verify_bundle` refuses — with the reason —
 
 * a changed byte anywhere (sha256 and size of every file; the manifest's own digest and
   canonical form, so an edited manifest is caught too);
@@ -37,11 +39,14 @@ Nothing in a bundle is ever unpickled: weights load with ``safetensors``, metada
 :func:`load_bundle` verifies first and refuses on any failure; it then builds the
 objects from the very bytes it verified (no second read of the file).
 
-Hashes catch corruption and edits; they are not signatures — whoever can write the file
-can also rewrite the hashes.  The registry (core.registry) keeps its own copy of each
-registered bundle and the digest of its manifest, and the policies index records the
-digest of every promoted version, so a bundle that changes after registration no longer
-matches them.
+Hashes catch corruption and edits, but whoever can write the file can also rewrite the
+hashes (:func:`seal_manifest`).  The signature closes that: it signs the manifest digest
+(which covers every file's sha256), so a re-sealed bundle carries a signature for another
+digest and is refused; and a verifier that passes its workspace's trust store
+(``trust=core.keys.trust_store(ws)``) refuses a valid signature by a key it does not
+trust.  ``allow_unsigned=True`` turns signature problems into warnings, for inspection
+only.  The registry (core.registry) keeps its own copy of each registered bundle and the
+digest of its manifest, and serving checks a promoted copy against that record.
 
 Example::
 
@@ -70,14 +75,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from core import safe_yaml
 from core.errors import ConflictError, InputError
+from core.keys import parse_signature, sign_digest, signature_problem, signing_key, trust_store
 from core.users import Actor, authorize
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from core.catalog import Catalog
     from core.masking import CompiledMasks, MaskRules
@@ -88,6 +95,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 BUNDLE_FORMAT = "rwb-bundle/1"
 MANIFEST = "manifest.json"
+#: The signature of the manifest digest (not listed in the manifest: it signs the manifest).
+SIGNATURE = "signature.json"
 #: Every file of a bundle besides the manifest: no more, no fewer.
 BUNDLE_FILES: tuple[str, ...] = (
     "policy.safetensors", "policy.json", "encoder.safetensors", "encoder.json", "catalog.json",
@@ -234,6 +243,10 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
+    #: Fingerprint of the key whose valid signature the bundle carries (None when unsigned or invalid).
+    signer: str | None = None
+    #: Signature problems let through by ``allow_unsigned`` (inspection only).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def reason(self) -> str:
@@ -243,6 +256,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest or {}
         return {"path": self.path, "ok": self.ok, "problems": self.problems, "checks": self.checks,
+                "signer": self.signer, "warnings": self.warnings,
                 "name": m.get("name"), "version": m.get("version"), "manifest": self.manifest}
 
 
@@ -482,9 +496,9 @@ def _no_constant(token: str) -> Any:
 def _yaml_file(name: str, data: bytes) -> str:
     text = _text(name, data)
     try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{name}: not valid YAML ({exc})") from None
+        safe_yaml.load(text, file=name)
+    except InputError as exc:
+        raise ValueError(f"not valid YAML ({exc})") from None
     return text
 
 
@@ -694,8 +708,34 @@ def _check_manifest(members: Mapping[str, bytes], v: _Verification) -> Manifest:
     return manifest
 
 
+def _check_signature(members: Mapping[str, bytes], manifest: Manifest, trust: Mapping[str, bytes] | None,
+                     allow_unsigned: bool, v: _Verification) -> None:
+    """The signature must be present, valid for this manifest's digest and, when a trust
+    store is given, by a trusted key.  Not a stopping stage: the integrity checks still run
+    so the report says everything that is wrong."""
+    problem, signer = None, None
+    raw = members.get(SIGNATURE)
+    if raw is None:
+        problem = f"the bundle is not signed (no {SIGNATURE}); export it again with `rwb bundle export`"
+    else:
+        try:
+            sig = parse_signature(_json_file(SIGNATURE, raw))
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            problem = signature_problem(sig, manifest.digest, trust)
+            signer = None if problem else sig.fingerprint
+    v.report.signer = signer
+    if problem and allow_unsigned:
+        v.report.warnings.append(problem)
+        v.check("signature", [], f"NOT ACCEPTED, inspection only: {problem}")
+        return
+    v.check("signature", [problem] if problem else [],
+            f"signed by {signer}" + (" (a trusted key)" if trust is not None else " (trust not checked)"))
+
+
 def _check_files(members: Mapping[str, bytes], manifest: Manifest, v: _Verification) -> None:
-    present = set(members) - {MANIFEST}
+    present = set(members) - {MANIFEST, SIGNATURE}
     listed = set(manifest.files)
     expected = set(BUNDLE_FILES)
     problems = [f"extra file {n!r} (not part of a bundle)" for n in sorted(present - expected)]
@@ -902,7 +942,8 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
     v.stage("smoke", problems, f"{len(bundle.smoke['states'])} held-out states: only unmasked actions")
 
 
-def _verify(path: str | Path) -> tuple[VerifyReport, LoadedBundle | None]:
+def _verify(path: str | Path, trust: Mapping[str, bytes] | None, allow_unsigned: bool
+            ) -> tuple[VerifyReport, LoadedBundle | None]:
     v = _Verification(str(path))
     bundle = None
     try:
@@ -911,6 +952,7 @@ def _verify(path: str | Path) -> tuple[VerifyReport, LoadedBundle | None]:
                 "no pickle headers, nested zips, .npy data or pickle-style names")
         manifest = _check_manifest(members, v)
         v.report.manifest = manifest.model_dump(mode="json")
+        _check_signature(members, manifest, trust, allow_unsigned, v)
         _check_files(members, manifest, v)
         parsed = _check_formats(members, v)
         bundle = _build(members, parsed, manifest, Path(path), v)
@@ -921,16 +963,28 @@ def _verify(path: str | Path) -> tuple[VerifyReport, LoadedBundle | None]:
     return v.report, (bundle if v.report.ok else None)
 
 
-def verify_bundle(path: str | Path) -> VerifyReport:
+def verify_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None,
+                  allow_unsigned: bool = False) -> VerifyReport:
     """Check a bundle (zip or promoted folder) without trusting any of it; see the module
-    docstring for the list.  Never raises for a bad bundle: the report says why."""
-    return _verify(path)[0]
+    docstring for the list.  Never raises for a bad bundle: the report says why.
+
+    ``trust`` (``core.keys.trust_store(ws)``) is the set of keys whose signatures are
+    accepted; without it the signature is checked but not its signer, which proves the
+    bundle is intact but not who made it — callers acting for a workspace pass it.
+    ``allow_unsigned`` reports signature problems as ``warnings`` instead (inspection only)."""
+    return _verify(path, trust, allow_unsigned)[0]
 
 
-def load_bundle(path: str | Path) -> LoadedBundle:
+def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bool = False) -> VerifyReport:
+    """:func:`verify_bundle` against ``ws``'s trust store (what ``rwb bundle verify`` runs)."""
+    return verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
+
+
+def load_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None) -> LoadedBundle:
     """Verify a bundle and return it loaded (:class:`LoadedBundle`); a bundle that fails
-    any check is refused with :class:`BundleError` naming every reason."""
-    report, bundle = _verify(path)
+    any check (a missing, invalid or — with ``trust`` — untrusted signature included) is
+    refused with :class:`BundleError` naming every reason."""
+    report, bundle = _verify(path, trust, False)
     if bundle is None:
         raise BundleError(f"bundle refused: {report.reason}", file=str(path))
     return bundle
@@ -945,9 +999,11 @@ def _zip_time(created_at: str) -> tuple[int, int, int, int, int, int]:
         return (1980, 1, 1, 0, 0, 0)
 
 
-def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, bytes]) -> Path:
-    """Seal ``body`` (manifest fields without ``files``/``digest``) over ``files`` and write
-    the zip atomically (temp file, then rename).  Returns the path written."""
+def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, bytes], *,
+                 key: "Ed25519PrivateKey | None" = None) -> Path:
+    """Seal ``body`` (manifest fields without ``files``/``digest``) over ``files``, sign the
+    digest with ``key`` (``signature.json``; none without a key) and write the zip
+    atomically (temp file, then rename).  Returns the path written."""
     if set(files) != set(BUNDLE_FILES):
         raise ValueError(f"a bundle needs exactly {BUNDLE_FILES}; got {sorted(files)}")
     entries = {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}
@@ -960,7 +1016,8 @@ def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, b
     try:
         with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             when = _zip_time(manifest.created_at)
-            for name, data in [(MANIFEST, manifest.to_bytes())] + [(n, files[n]) for n in BUNDLE_FILES]:
+            signed = [(SIGNATURE, _json_bytes(sign_digest(key, manifest.digest).to_dict()))] if key else []
+            for name, data in [(MANIFEST, manifest.to_bytes())] + [(n, files[n]) for n in BUNDLE_FILES] + signed:
                 info = zipfile.ZipInfo(name, date_time=when)
                 info.external_attr = (stat.S_IFREG | 0o644) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -973,14 +1030,18 @@ def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, b
     return out
 
 
-def write_folder(folder: str | Path, manifest: Manifest, files: Mapping[str, bytes]) -> Path:
-    """Write a verified bundle as a flat folder (the promoted form): files, then manifest.
-    The caller renames the folder into place (this writes into ``folder`` directly)."""
+def write_folder(folder: str | Path, manifest: Manifest, files: Mapping[str, bytes], *,
+                 key: "Ed25519PrivateKey | None" = None) -> Path:
+    """Write a verified bundle as a flat folder (the promoted form): files, then manifest,
+    then ``key``'s signature of the manifest digest.  The caller renames the folder into
+    place (this writes into ``folder`` directly)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=False)
     for name in BUNDLE_FILES:
         (folder / name).write_bytes(files[name])
     (folder / MANIFEST).write_bytes(manifest.to_bytes())
+    if key is not None:
+        (folder / SIGNATURE).write_bytes(_json_bytes(sign_digest(key, manifest.digest).to_dict()))
     return folder
 
 
@@ -1162,8 +1223,8 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
                                                                "config")} | {"heldout_expert": rde_eval},
         "approvals": [],
     }
-    path = write_bundle(out, _finite(body), files)
-    report = verify_bundle(path)
+    path = write_bundle(out, _finite(body), files, key=signing_key(ws))
+    report = verify_bundle(path, trust=trust_store(ws))
     if not report.ok:  # a bundle we cannot load ourselves must not leave this function
         path.unlink(missing_ok=True)
         raise BundleError(f"the exported bundle failed its own verification: {report.reason}", file=str(path))
@@ -1215,6 +1276,7 @@ def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[
 
 
 __all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BundleError", "FileEntry", "LoadedBundle",
-           "Manifest", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
+           "Manifest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
            "list_bundles", "load_bundle", "parse_semver", "pickle_signature", "read_members",
-           "safetensors_problem", "seal_manifest", "semver_key", "verify_bundle", "write_bundle", "write_folder"]
+           "safetensors_problem", "seal_manifest", "semver_key", "verify_bundle", "verify_in_workspace", "write_bundle",
+           "write_folder"]

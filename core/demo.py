@@ -308,11 +308,11 @@ def _step_episodes(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     folder = ws.artifact_dir("demo")
     out = folder / f"finance-{sizes.episodes}.jsonl"
     summary = datasets.generate_file("finance", sizes.episodes, ctx["seed"] + 2024, out)
-    result = import_file(ws, out, dataset=DEMO_DATASET)
+    result = import_file(ws, out, dataset=DEMO_DATASET, actor=_actor(ctx, "ana"))
     logs = folder / f"agent-logs-{sizes.agent_generated}.jsonl"
     agent = datasets.generate_file("finance", sizes.agent_generated, ctx["seed"] + 2025, logs,
                                    behaviours=AGENT_BEHAVIOUR)
-    agent_result = import_file(ws, logs, dataset=AGENT_DATASET)
+    agent_result = import_file(ws, logs, dataset=AGENT_DATASET, actor=_actor(ctx, "ana"))
     ctx["dataset"], ctx["train_dataset"] = DEMO_DATASET, AGENT_DATASET
     figures = {"file": str(out), "episodes": result.episodes, "steps": result.steps,
                "tool_calls": result.tool_calls, "invalid_tokens": result.invalid_tokens,
@@ -470,17 +470,17 @@ def _aucs(figures: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- 8. bundle
 def _step_bundle(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.bundle import export_bundle, verify_bundle
+    from core.bundle import export_bundle, verify_in_workspace
 
     path = export_bundle(ws, _actor(ctx, "ana"), ctx["run_id"])
-    verdict = verify_bundle(path)
+    verdict = verify_in_workspace(ws, path)   # signed with the workspace's key, which it trusts
     if not verdict.ok:
         raise RuntimeError(f"the exported bundle does not verify: {verdict.reason}")
     ctx["bundle"] = Path(path)
     m = verdict.manifest or {}
     ev = m.get("evaluation") or {}
     figures = {"bundle": str(path), "name": m.get("name"), "version": m.get("version"),
-               "files": len(m.get("files") or []), "verified": verdict.ok,
+               "files": len(m.get("files") or []), "verified": verdict.ok, "signer": verdict.signer,
                "heldout_return": _r((ev.get("policy") or {}).get("return_mean")),
                "best_logged": {k: _r(v) if isinstance(v, float) else v
                                for k, v in (ev.get("best_logged") or {}).items()}}

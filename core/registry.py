@@ -7,18 +7,28 @@ version moves through stages::
                      ▲                                             │
                      └──────── approve again ◀── rolled_back ◀─────┘ rollback
 
-* :func:`register` verifies a bundle zip, keeps a copy in the workspace
-  (``artifacts/registry/<name>/<version>-<sha>.zip``) and makes it a *candidate*.
+* :func:`register` verifies a bundle zip — its signature by a key this workspace trusts
+  included (core.keys) — keeps a copy in the workspace
+  (``artifacts/registry/<name>/<version>-<sha>.zip``) and makes it a *candidate*.  It
+  writes the registry's **own record** into the ``registered`` event: the bundle's sha256
+  and manifest digest, the signer's fingerprint, the registering user, the run's creator
+  as the workspace's run table has it, and the registry's own evaluation of the run on
+  its held-out episodes (:func:`core.evaluation.evaluate`), after checking that the
+  bundle's weights are the run's checkpoint.  Figures and names in the manifest are
+  never used for a decision: a bundle whose run is not in this workspace is refused,
+  since the registry could not evaluate it itself.
 * :func:`approve` needs the ``approve`` permission **and** a person other than the one
-  who trained the run and the one who exported the bundle (four-eyes,
-  :func:`core.users.check_four_eyes`; the embedded local admin can therefore never
-  approve its own work), plus a comment saying why, plus the **promotion gate**
-  (:func:`promotion_gate`): the bundle's offline evaluation must beat the current
-  production version's — or, when there is none, the logged expert behaviour's — on
-  held-out episodes.
+  who registered the bundle and the one who trained the run (four-eyes,
+  :func:`core.users.check_four_eyes`, on the registry's record; the embedded local admin
+  can therefore never approve its own work), plus a comment saying why, plus the
+  **promotion gate** (:func:`promotion_gate`): the registry's evaluation must beat the
+  current production version's — or, when there is none, the logged expert behaviour's —
+  on held-out episodes.
 * :func:`promote` writes the approved bundle into the policies folder
   (``core/policies/<name>/<version>/``, see :mod:`core.policies`) with its approvals in
-  the manifest, atomically (a temp folder renamed into place, then ``index.json``
+  the manifest, signed by the promoting workspace's key, and records the copy's manifest
+  digest in the ``promoted`` event (serving refuses a copy that does not match it),
+  atomically (a temp folder renamed into place, then ``index.json``
   replaced), so the ``core`` package production installs carries it.
 * :func:`rollback` makes the previous production version active again.
 
@@ -67,6 +77,7 @@ from core.bundle import (
     write_folder,
 )
 from core.errors import ConflictError, InputError
+from core.keys import signing_key, trust_store
 from core.policies import INDEX, policies_root, read_index
 from core.users import Actor, authorize, check_four_eyes
 
@@ -193,12 +204,25 @@ def _best_logged(ev: Mapping[str, Any]) -> str | None:
     return f"{best['behaviour']} {best['return_mean']:.4f}"
 
 
+def _record(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+    """The registry's own record of ``version`` (the detail of its ``registered`` event):
+    ``bundle_sha256``, ``manifest_digest``, ``signer``, ``trained_by`` (the run table's)
+    and ``evaluation`` (the registry's).  Empty for a version registered before the
+    registry kept its own records."""
+    for e in events:
+        if e["event"] == "registered" and e["version"] == version:
+            return e["detail"]
+    return {}
+
+
 def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     m = row["manifest"]
-    ev = m.get("evaluation") or {}
+    rec = _record(events, row["version"])
+    ev = rec.get("evaluation") or {}
     return {
         "name": row["name"], "version": row["version"], "stage": stage, "run_id": row["run_id"],
-        "created_by": row["created_by"], "trained_by": row["trained_by"], "created_at": m.get("created_at"),
+        "created_by": row["created_by"], "trained_by": rec.get("trained_by"), "created_at": m.get("created_at"),
+        "signer": rec.get("signer"), "evaluated_from": rec.get("evaluated_from"),
         "registered_by": row["registered_by"], "registered_at": row["registered_at"],
         "template": f"{m['template']['name']} v{m['template']['version']}", "dataset": m.get("dataset"),
         "return_mean": (ev.get("policy") or {}).get("return_mean"), "expert_return": ev.get("expert_return"),
@@ -255,7 +279,7 @@ def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[d
     rows = []
     for name, version in versions:
         v = get_version(ws, name, version)
-        ev = v["manifest"].get("evaluation") or {}
+        ev = _record(_events(ws.conn, name), version).get("evaluation") or {}
         pol, rnd = ev.get("policy") or {}, ev.get("random_in_mask") or {}
         rows.append({
             "policy": f"{name}@{version}", "stage": v["stage"], "run": v["run_id"],
@@ -297,14 +321,22 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         # verify the copy we keep, not the caller's file, which may change meanwhile
-        report = verify_bundle(tmp)
+        report = verify_bundle(tmp, trust=trust_store(ws))
         if not report.ok:
+            from core.audit import security_event
+
+            security_event(ws, actor, "bundle_refused", file=str(src), bundle_sha256=sha, reason=report.reason)
             raise BundleError(f"bundle refused: {report.reason}", file=str(src))
         m = Manifest.model_validate(report.manifest)
         if m.approvals:
             raise BundleError(f"{m.policy_version} arrives with approvals in its manifest; approvals are given in "
                               "the registry (register the exported bundle, not a promoted copy)", field="approvals")
         _check_run_record(ws, m)
+        have = ws.conn.execute("SELECT bundle_sha256 FROM policy_versions WHERE name=? AND version=?",
+                               (m.name, m.version)).fetchone()
+        own: dict[str, Any] = {}
+        if have is None:  # (the same bytes again are a no-op below, with nothing to evaluate)
+            own = _own_record(ws, m, read_members(tmp))
         with ws.transaction() as conn:
             have = conn.execute("SELECT bundle_sha256 FROM policy_versions WHERE name=? AND version=?",
                                 (m.name, m.version)).fetchone()
@@ -320,10 +352,54 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
                          (m.name, m.version, str(dest), sha, m.digest, _json(report.manifest), m.run_id,
                           m.created_by, m.trained_by, actor.name, _now_iso()))
             _event(conn, m.name, m.version, "registered", actor, comment,
-                   {"bundle_sha256": sha, "source": str(src.resolve())})
+                   {"bundle_sha256": sha, "source": str(src.resolve()), "manifest_digest": m.digest,
+                    "signer": report.signer, "registered_by": actor.name, **own})
     finally:
         tmp.unlink(missing_ok=True)
     return {**get_version(ws, m.name, m.version), "already_registered": False}
+
+
+def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> dict[str, Any]:
+    """The registry's own record of a bundle's run: who created the run (the workspace's
+    run table) and the run's evaluation on its held-out episodes, computed here
+    (:func:`core.evaluation.evaluate`, the protocol export uses), after checking that the
+    bundle's weights are the run's checkpoint — so the figures are the bundle's.  A run
+    that is not in this workspace cannot be evaluated here (its episodes and split live
+    in the workspace that trained it): refused."""
+    from core.bundle import heldout_identity
+    from core.evaluation import evaluate
+    from core.runs import get_run, open_run
+
+    if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (m.run_id,)).fetchone():
+        raise BundleError(f"run {m.run_id} of {m.policy_version} is not in this workspace: the registry evaluates "
+                          "every bundle itself on its run's held-out episodes and never takes the manifest's "
+                          "figures; register the bundle in the workspace that trained the run", field="run_id")
+    run = get_run(ws, m.run_id)
+    ctx = open_run(ws, m.run_id)
+    _check_weights(ctx.agent, members, m)
+    report = evaluate(ws, m.run_id)
+    evaluation = {**report, **heldout_identity(ctx.data.tables, ctx.data.heldout_episodes, run),
+                  "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),
+                  "evaluated_at": _now_iso()}
+    return {"trained_by": run.get("created_by"), "evaluation": json.loads(_json(evaluation)),
+            "evaluated_from": f"run {m.run_id} in this workspace (its held-out split)"}
+
+
+def _check_weights(agent: Any, members: Mapping[str, bytes], m: Manifest) -> None:
+    """The bundle's policy and encoder weights must be the run's checkpoint, tensor for tensor."""
+    import torch
+    from safetensors.torch import load as load_tensors
+
+    from core.bundle import ENCODER_PREFIX
+
+    ours = agent.state_dict()
+    theirs = {**load_tensors(members["policy.safetensors"]),
+              **{ENCODER_PREFIX + k: v for k, v in load_tensors(members["encoder.safetensors"]).items()}}
+    same = set(ours) == set(theirs) and all(
+        ours[k].shape == theirs[k].shape and torch.equal(ours[k].cpu(), theirs[k]) for k in ours)
+    if not same:
+        raise BundleError(f"the weights in {m.policy_version} are not the checkpoint of run {m.run_id}; the registry "
+                          "evaluates the run, so it registers only that run's own policy", field="policy.safetensors")
 
 
 def _check_run_record(ws: "Workspace", m: Manifest) -> None:
@@ -377,8 +453,9 @@ def policy_names(ws: "Workspace") -> list[str]:
 
 
 # --------------------------------------------------------------------------- the gate
-def _evaluation(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    return manifest.get("evaluation") or {}
+def _evaluation(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+    """The registry's own evaluation of ``version`` (never the manifest's figures)."""
+    return _record(events, version).get("evaluation") or {}
 
 
 def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = GATE_MARGIN) -> dict[str, Any]:
@@ -395,7 +472,8 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
     started from the start states of that behaviour's held-out episodes against what the
     behaviour's logs earned on them.  Returns the verdict with the numbers behind it."""
     cand = _row(ws.conn, name, version)
-    ev = _evaluation(cand["manifest"])
+    events = _events(ws.conn, name)
+    ev = _evaluation(events, version)
     pol = ev.get("policy") or {}
     out: dict[str, Any] = {"candidate": f"{name}@{version}", "metric": "mean template return on held-out episodes",
                            "candidate_return": pol.get("return_mean"), "episodes": ev.get("episodes"),
@@ -404,7 +482,8 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
     out["production"] = prod
     if prod is None or prod == version:
         out.update(baseline="logged expert behaviour", baseline_return=ev.get("expert_return"),
-                   baseline_source="the candidate's evaluation report")
+                   baseline_source="the registry's evaluation of the candidate")
+        out["baseline_source"] = "the registry's evaluation of the candidate"
         best = (ev.get("best_logged") or {}).get("behaviour")
         paired = (ev.get("paired") or {}).get(best) or {}
         if paired.get("policy") is not None:
@@ -417,16 +496,16 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
                        metric=f"mean template return from the start states of the held-out {best} episodes")
     else:
         prow = _row(ws.conn, name, prod)
-        pev = _evaluation(prow["manifest"])
+        pev = _evaluation(events, prod)
         out["baseline"] = f"production {name}@{prod}"
         same_set = (pev.get("heldout_fingerprint") == ev.get("heldout_fingerprint")
                     and pev.get("template_sha256") == ev.get("template_sha256"))
         if same_set:
             out.update(baseline_return=(pev.get("policy") or {}).get("return_mean"),
-                       baseline_source="the production version's evaluation report (same held-out episodes "
-                                       "and template)")
+                       baseline_source="the registry's evaluation of the production version (same held-out "
+                                       "episodes and template)")
         else:
-            out.update(_reevaluate_production(ws, cand, prow))
+            out.update(_reevaluate_production(ws, cand, prow, ev))
     out["passed"], out["reason"] = _verdict(out, pol, float(margin))
     return out
 
@@ -434,7 +513,8 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
 def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tuple[bool, str]:
     c, b = g.get("candidate_return"), g.get("baseline_return")
     if c is None:
-        return False, f"{g['candidate']} has no held-out evaluation (policy return_mean) in its manifest"
+        return False, (f"{g['candidate']} has no held-out evaluation in the registry's records (registered before "
+                       "the registry evaluated bundles itself: export and register it again as a new version)")
     if b is None:
         return False, (g.get("baseline_problem") or
                        f"the baseline ({g['baseline']}) has no return on the candidate's held-out episodes")
@@ -446,7 +526,8 @@ def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tup
     return True, f"{g['candidate']} beats {g['baseline']}: mean return {c:.4f} vs {b:.4f} on held-out episodes"
 
 
-def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mapping[str, Any]) -> dict[str, Any]:
+def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mapping[str, Any],
+                           ev: Mapping[str, Any]) -> dict[str, Any]:
     """The production policy re-run on the candidate's held-out episodes, with the protocol
     of the candidate's own evaluation (:func:`core.evaluation.evaluate`: greedy, every
     held-out episode once per repeat, the same seeds)."""
@@ -467,8 +548,7 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
                 "baseline_problem": f"the candidate's run {cm['run_id']} is not in this workspace, so the "
                                     "production policy cannot be re-run on its held-out episodes"}
     ctx = open_run(ws, cm["run_id"], need_policy=False)
-    agent = load_bundle(_registered_bundle(prod)).policy
-    ev = cm.get("evaluation") or {}
+    agent = load_bundle(_registered_bundle(prod), trust=trust_store(ws)).policy
     repeats, seed = int(ev.get("repeats") or 1), 0
     passes = [ppo.episode_stats(ctx.data.tables, agent, ctx.data.heldout_episodes, greedy=True,
                                 every_episode=True, seed=seed + 1000 * r, support_episodes="all")
@@ -486,7 +566,12 @@ def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
     if not isinstance(comment, str) or not comment.strip():
         raise InputError("say why you approve (a comment is required)", field="comment")
     row = _row(ws.conn, name, version)
-    check_four_eyes(actor, row["created_by"], row["trained_by"])
+    rec = _record(_events(ws.conn, name), version)
+    if "trained_by" not in rec:
+        raise ConflictError(f"{name}@{version} was registered before the registry kept its own records (who "
+                            "trained the run, its evaluation); export and register it again as a new version")
+    # the registry's record, never the manifest: who registered it, who trained the run
+    check_four_eyes(actor, row["registered_by"], rec["trained_by"])
     _registered_bundle(row)
     gate = promotion_gate(ws, name, version)
     if not gate["passed"]:
@@ -548,9 +633,10 @@ def _write_index(root: Path, index: Mapping[str, Any]) -> None:
         raise
 
 
-def _install(root: Path, row: Mapping[str, Any], approvals: list[dict[str, Any]]) -> Manifest:
+def _install(ws: "Workspace", root: Path, row: Mapping[str, Any], approvals: list[dict[str, Any]]) -> Manifest:
     """Write the registered bundle into ``root/<name>/<version>/`` with ``approvals`` in its
-    manifest: into a temp folder, verified there, then renamed into place."""
+    manifest, signed with ``ws``'s key: into a temp folder, verified there, then renamed
+    into place."""
     members = read_members(_registered_bundle(row))
     manifest = Manifest.model_validate_json(members[MANIFEST])
     body = manifest.model_dump(mode="json", exclude={"digest"})
@@ -561,8 +647,8 @@ def _install(root: Path, row: Mapping[str, Any], approvals: list[dict[str, Any]]
     tmp = Path(tempfile.mkdtemp(prefix=f".{row['version']}.", suffix=".tmp", dir=target_parent))
     tmp.rmdir()
     try:
-        write_folder(tmp, sealed, members)
-        report = verify_bundle(tmp)
+        write_folder(tmp, sealed, members, key=signing_key(ws))
+        report = verify_bundle(tmp, trust=trust_store(ws))
         if not report.ok:
             raise BundleError(f"the promoted copy failed verification: {report.reason}", file=str(tmp))
         target = target_parent / row["version"]
@@ -576,6 +662,23 @@ def _install(root: Path, row: Mapping[str, Any], approvals: list[dict[str, Any]]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return sealed
+
+
+def _promoted_digest(events: list[dict[str, Any]], version: str) -> str | None:
+    """The manifest digest of ``version``'s promoted copy as the registry last recorded it
+    (its latest ``promoted`` or ``rolled_back`` event), or None when never promoted."""
+    digest = None
+    for e in events:
+        if e["version"] == version and e["event"] in ("promoted", "rolled_back") and e["detail"].get("manifest_digest"):
+            digest = e["detail"]["manifest_digest"]
+    return digest
+
+
+def promoted_digest(ws: "Workspace", name: str, version: str) -> str | None:
+    """The manifest digest this workspace's registry recorded for the promoted copy of
+    ``name@version`` (None when this registry never promoted it).  Serving checks the copy
+    it loads against it."""
+    return _promoted_digest(_events(ws.conn, name), version)
 
 
 def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:
@@ -596,7 +699,7 @@ def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
         if stage.get(version) != "approved":
             raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an "
                                 "approved version can be promoted (approve it first)")
-        sealed = _install(base, row, _approvals(events, version))
+        sealed = _install(ws, base, row, _approvals(events, version))
         entry = _index_entry(index, name)
         previous = stack[-1] if stack else None
         entry["previous"] = ([previous] if previous else []) + [v for v in entry.get("previous", [])
@@ -631,21 +734,26 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
         folder = base / name / previous
         entry = _index_entry(index, name)
         recorded = entry["versions"].get(previous, {})
-        ok = folder.is_dir() and verify_bundle(folder).ok and \
+        # the copy must be the one this registry recorded (the index is a file anyone may edit)
+        ok = folder.is_dir() and verify_bundle(folder, trust=trust_store(ws)).ok and \
             Manifest.model_validate_json((folder / MANIFEST).read_bytes()).digest == \
-            recorded.get("manifest_digest")
+            _promoted_digest(events, previous)
         if not ok:
-            sealed = _install(base, row, _approvals(events, previous))
+            sealed = _install(ws, base, row, _approvals(events, previous))
             recorded = {**recorded, "manifest_digest": sealed.digest, "reinstalled_at": _now_iso()}
+        else:
+            recorded = {**recorded, "manifest_digest": recorded.get("manifest_digest")}
         entry["versions"][previous] = recorded
         entry["active"] = previous
         entry["previous"] = list(reversed(stack[:-2]))
         entry.setdefault("rolled_back", []).append({"version": current, "at": _now_iso(), "by": actor.name})
         entry["updated_at"] = _now_iso()
-        _event(conn, name, previous, "rolled_back", actor, comment, {"from": current, "reinstalled": not ok})
+        _event(conn, name, previous, "rolled_back", actor, comment,
+               {"from": current, "reinstalled": not ok, "path": str(folder),
+                "manifest_digest": recorded["manifest_digest"]})
     return {"name": name, **read_index(base)["policies"][name]}
 
 
 __all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "bundle_bytes",
            "compare_versions", "get_version", "history", "list_versions", "next_version", "policy_names",
-           "previous_version", "production_version", "promote", "promotion_gate", "register", "rollback"]
+           "previous_version", "production_version", "promote", "promoted_digest", "promotion_gate", "register", "rollback"]

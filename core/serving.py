@@ -1016,10 +1016,12 @@ class DecisionEngine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_bundle(cls, ws: "Workspace", path: str | Path, **options: Any) -> "DecisionEngine":
-        """An engine serving the bundle at ``path`` (zip or promoted folder; verified)."""
+        """An engine serving the bundle at ``path`` (zip or promoted folder; verified, its
+        signature by a key ``ws`` trusts)."""
         from core.bundle import load_bundle
+        from core.keys import trust_store
 
-        return cls(ws, load_bundle(path), **options)
+        return cls(ws, load_bundle(path, trust=trust_store(ws)), **options)
 
     @classmethod
     def from_policy(cls, ws: "Workspace", name: str, *, root: str | Path | None = None,
@@ -1027,10 +1029,9 @@ class DecisionEngine:
         """An engine serving the promoted policy ``name`` (``core/policies`` or
         ``$RWB_POLICIES_DIR`` or ``root``); newly promoted versions are picked up at the
         next episode start."""
-        from core.policies import load_bundle_for
-
         seen = _index_stat(root)  # taken before loading: a promotion meanwhile is picked up later
-        engine = cls(ws, load_bundle_for(name, root=root), policy_name=name, policies_root=root, **options)
+        engine = cls(ws, load_promoted(ws, name, root=root, actor=options.get("actor")), policy_name=name,
+                     policies_root=root, **options)
         engine._index_stat = seen
         return engine
 
@@ -1052,14 +1053,14 @@ class DecisionEngine:
         if stat == self._index_stat:
             return
         self._index_stat = stat
-        from core.policies import active_version, load_bundle_for
+        from core.policies import active_version
 
         try:
             version = active_version(self._policy_name, self._policies_root)
             if f"{self._policy_name}@{version}" == self.runtime.version:
                 return
-            self.runtime = PolicyRuntime(load_bundle_for(self._policy_name, root=self._policies_root,
-                                                         version=version))
+            self.runtime = PolicyRuntime(load_promoted(self.ws, self._policy_name, root=self._policies_root,
+                                                       version=version, actor=self.actor))
         except RwbError as exc:
             self.reload_error = str(exc)
             self.metrics.reloads.labels("failed").inc()
@@ -1569,6 +1570,42 @@ class DecisionEngine:
 
 
 # =========================================================================== entry points
+def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None, version: str | None = None,
+                  actor: Actor | None = None) -> "LoadedBundle":
+    """The promoted policy ``name`` (its active version, or ``version``), verified for ``ws``:
+    every hash, a signature by a key ``ws`` trusts, and — when ``ws``'s registry promoted
+    this policy — the manifest digest the registry recorded at promotion (the index in the
+    policies folder is a plain file; the registry's events are append-only).  A workspace
+    whose registry never saw ``name`` (a production workspace serving the installed
+    package) relies on the signature.  A refusal is written to the security log
+    (:func:`core.audit.security_event`, ``promoted_copy_refused``) and raised."""
+    from core.audit import security_event
+    from core.bundle import BundleError
+    from core.keys import trust_store
+    from core.policies import active_version, load_bundle_for, policies_root
+    from core.registry import policy_names, promoted_digest
+
+    version = version or active_version(name, root)
+    folder = policies_root(root) / name / version
+    try:
+        bundle = load_bundle_for(name, root=root, version=version, trust=trust_store(ws))
+        if name in policy_names(ws):
+            recorded = promoted_digest(ws, name, version)
+            if recorded is None:
+                raise BundleError(f"{name}@{version} in {folder.parent.parent} was never promoted by this workspace's "
+                                  "registry; refusing to serve it", file=str(folder))
+            if bundle.manifest.digest != recorded:
+                raise BundleError(f"{name}@{version} in {folder.parent.parent} is not the copy the registry promoted "
+                                  f"(manifest digest {bundle.manifest.digest[:12]}…, recorded {recorded[:12]}…); "
+                                  "it was swapped or edited — promote or roll back again from the registry",
+                                  file=str(folder))
+    except BundleError as exc:
+        security_event(ws, actor, "promoted_copy_refused", policy=f"{name}@{version}", path=str(folder),
+                       reason=str(exc))
+        raise
+    return bundle
+
+
 def _is_bundle_path(policy: str | Path) -> bool:
     p = Path(policy)
     return p.suffix.lower() == ".zip" or (p.is_dir() and (p / "manifest.json").is_file())

@@ -85,8 +85,10 @@ def ensure_samples(ws: Workspace) -> list[Any]:
 
     Returns the ``ImportResult`` of each file imported, or ``[]`` when the workspace
     already had data (it is never touched then).  Both files go in one transaction,
-    so a failure leaves the workspace empty and the next call tries again."""
-    from core.importers import import_file
+    so a failure leaves the workspace empty and the next call tries again.  Seeding is
+    part of setting the workspace up, so no acting user is checked (see
+    :func:`core.importers.api.seed_file`)."""
+    from core.importers.api import seed_file
 
     if ws.datasets():
         return []
@@ -96,12 +98,16 @@ def ensure_samples(ws: Workspace) -> list[Any]:
         # must not both import.
         if conn.execute("SELECT 1 FROM datasets LIMIT 1").fetchone() is not None:
             return []
-        return [import_file(ws, src.path, format="rwb", dataset=src.dataset) for src in sources]
+        return [seed_file(ws, src.path, format="rwb", dataset=src.dataset) for src in sources]
 
 
 def init_workspace(ws: Workspace, *, samples: bool = True) -> WorkspaceStatus:
-    """Create/migrate the workspace (opening it does) and import the samples into an
-    empty one; what the app does on first start and ``rwb workspace init`` does."""
+    """Create/migrate the workspace (opening it does), make its bundle-signing key (once:
+    :func:`core.keys.signing_key`) and import the samples into an empty one; what the app
+    does on first start and ``rwb workspace init`` does."""
+    from core.keys import signing_key
+
+    signing_key(ws)
     imported = [r.to_dict() for r in ensure_samples(ws)] if samples else []
     return workspace_status(ws, imported)
 

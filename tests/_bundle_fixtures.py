@@ -118,11 +118,40 @@ def write_zip(path: Path, files: dict[str, bytes], *, symlinks: tuple[str, ...] 
     return path
 
 
+def workspace_key(root: Path) -> Any:
+    """The signing key of the workspace at ``root`` (made on first need)."""
+    from core.keys import signing_key
+    from core.store import Workspace
+
+    ws = Workspace.open(root)
+    try:
+        return signing_key(ws)
+    finally:
+        ws.close()
+
+
+def relabel(ev: dict[str, Any], *, policy_return: float | None = None, expert_return: float | None = None) -> None:
+    """Set the held-out figures of an evaluation report (the headline and the paired ones
+    the gate reads) in place."""
+    # the gate reads the paired figures (the policy from the best logged behaviour's start
+    # states vs that behaviour's logs): relabel them with the headline ones
+    best = (ev.get("best_logged") or {}).get("behaviour") or "expert"
+    if policy_return is not None:
+        ev["policy"]["return_mean"] = policy_return
+        ev["paired"][best]["policy"] = policy_return
+    if expert_return is not None:
+        ev["expert_return"] = expert_return
+        ev["logged"]["expert"] = expert_return
+        ev["paired"]["expert"]["logged"] = expert_return
+
+
 def reseal(src: Path, dst: Path, *, name: str | None = None, version: str | None = None,
            policy_return: float | None = None, expert_return: float | None = None,
-           created_by: str | None = None, files: dict[str, bytes] | None = None) -> Path:
+           created_by: str | None = None, files: dict[str, bytes] | None = None, signer: Any = "run") -> Path:
     """A re-labelled copy of a bundle: a new manifest (name, version, evaluation numbers,
-    exporter) sealed over the same — or the given — files, as an exporter would write it."""
+    exporter) sealed over the same — or the given — files and signed with the private key
+    ``signer`` (default ``"run"``: the shared workspace's key, as its exporter would; None:
+    unsigned)."""
     from core.bundle import BUNDLE_FILES, write_bundle
 
     m = members(src)
@@ -135,16 +164,37 @@ def reseal(src: Path, dst: Path, *, name: str | None = None, version: str | None
         manifest["version"] = version
     if created_by is not None:
         manifest["created_by"] = created_by
-    ev = manifest["evaluation"]
-    # the gate reads the paired figures (the policy from the best logged behaviour's start
-    # states vs that behaviour's logs): relabel them with the headline ones
-    best = (ev.get("best_logged") or {}).get("behaviour") or "expert"
-    if policy_return is not None:
-        ev["policy"]["return_mean"] = policy_return
-        ev["paired"][best]["policy"] = policy_return
-    if expert_return is not None:
-        ev["expert_return"] = expert_return
-        ev["logged"]["expert"] = expert_return
-        ev["paired"]["expert"]["logged"] = expert_return
+    relabel(manifest["evaluation"], policy_return=policy_return, expert_return=expert_return)
     body_files = {n: (files or {}).get(n, m[n]) for n in BUNDLE_FILES}
-    return write_bundle(dst, manifest, body_files)
+    if isinstance(signer, str) and signer == "run":
+        signer = workspace_key(_CACHE["run"].root)
+    return write_bundle(dst, manifest, body_files, key=signer)
+
+
+#: The registry's real own record per run (computed once per process: an evaluation takes seconds).
+_OWN_RECORDS: dict[str, dict[str, Any]] = {}
+
+
+def registry_figures(mp: pytest.MonkeyPatch, returns: dict[tuple[str, str], float],
+                     changes: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
+    """Let tests choose the registry's own held-out figures per ``(name, version)``: the
+    registry's real record of the run (its own evaluation, who trained it), with the
+    policy's return set to ``returns[(name, version)]`` and ``changes`` merged into the
+    evaluation.  Tests of the gate's logic use it; tests of what the registry computes
+    (tests/test_signing.py) do not."""
+    import copy
+
+    from core import registry
+
+    real = registry._own_record
+
+    def own_record(ws, m, members):
+        if m.run_id not in _OWN_RECORDS:
+            _OWN_RECORDS[m.run_id] = real(ws, m, members)
+        rec = copy.deepcopy(_OWN_RECORDS[m.run_id])
+        if (m.name, m.version) in returns:
+            relabel(rec["evaluation"], policy_return=returns[(m.name, m.version)])
+        rec["evaluation"].update((changes or {}).get((m.name, m.version), {}))
+        return rec
+
+    mp.setattr(registry, "_own_record", own_record)

@@ -143,8 +143,12 @@ def test_workspace_init_command(tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)
     assert sorted(r["dataset"] for r in first["imported"]) == sorted(SAMPLE_DATASETS.values())
     assert {d["name"] for d in first["datasets"]} == set(SAMPLE_DATASETS.values())
+    key = tmp_path / "ws" / "keys" / "signing.key"          # the bundle-signing key, made at init
+    assert key.is_file() and key.stat().st_mode & 0o777 == 0o600
+    made = key.read_bytes()
     assert rwb(["--workspace", path, "workspace", "init", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["imported"] == []
+    assert key.read_bytes() == made                          # a second init keeps it
     assert rwb(["--workspace", path, "workspace", "info"]) == 0
     assert "finance-sample" in capsys.readouterr().out
 

@@ -24,6 +24,7 @@ from _bundle_fixtures import PASSWORDS, members, module_hash_embedder, reseal, t
 from core.bundle import (
     BUNDLE_FILES,
     MANIFEST,
+    SIGNATURE,
     BundleError,
     LoadedBundle,
     load_bundle,
@@ -60,7 +61,7 @@ def test_export_writes_a_bundle_a_person_can_open(run):
     from core.runs import get_run, run_template, template_hash
 
     files = members(run.bundle)
-    assert list(files) == [MANIFEST, *BUNDLE_FILES]
+    assert list(files) == [MANIFEST, *BUNDLE_FILES, SIGNATURE]
     manifest = json.loads(files[MANIFEST])
     ws = run.workspace()
     record = get_run(ws, run.run_id)
@@ -128,8 +129,8 @@ def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_pat
 def test_verify_accepts_the_exported_bundle(run):
     report = verify_bundle(run.bundle)
     assert report.ok, report.reason
-    assert [c["check"] for c in report.checks] == ["paths", "archive", "pickle", "manifest", "files", "hashes",
-                                                   "formats", "contents", "smoke"]
+    assert [c["check"] for c in report.checks] == ["paths", "archive", "pickle", "manifest", "signature", "files",
+                                                   "hashes", "formats", "contents", "smoke"]
     assert all(c["ok"] for c in report.checks)
 
 
@@ -161,7 +162,7 @@ POSITIONS = ("first", "middle", "last")
 
 
 @pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("name", [MANIFEST, *BUNDLE_FILES])
+@pytest.mark.parametrize("name", [MANIFEST, *BUNDLE_FILES, SIGNATURE])
 def test_flipping_a_byte_of_any_file_is_refused(run, tmp_path, name, position):
     files = members(run.bundle)
     data = bytearray(files[name])
@@ -368,12 +369,13 @@ def test_cli_export_includes_review_rules_and_verify_reports(run, loaded, tmp_pa
     masks = members(out)["masks.yaml"].decode()
     assert f"review_{item}" in masks and "never in a spike" in masks
 
-    assert main(["bundle", "verify", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["--workspace", str(ws_copy), "bundle", "verify", str(out), "--json"]) == 0
+    verified = json.loads(capsys.readouterr().out)
+    assert verified["ok"] is True and verified["signer"] == printed["signer"]
     files = members(out)
     files["masks.yaml"] = files["masks.yaml"] + b"\n"
     bad = write_zip(tmp_path / "bad.zip", files)
-    assert main(["bundle", "verify", str(bad)]) == 2
+    assert main(["--workspace", str(ws_copy), "bundle", "verify", str(bad)]) == 2
     assert "masks.yaml has" in capsys.readouterr().err
 
 

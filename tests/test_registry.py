@@ -2,7 +2,10 @@
 ``rwb registry`` commands and the Policies page.
 
 Roles and four-eyes are checked by calling ``core`` directly as the wrong person; the
-promotion gate with bundles whose evaluation beats, or does not beat, the baseline; every
+promotion gate with registry evaluations that beat, or do not beat, the baseline (the
+registry's own evaluation of the run, re-labelled per version by
+``_bundle_fixtures.registry_figures``; tests/test_signing.py checks that the registry
+computes it and never reads the manifest's); every
 promotion and rollback by reading ``index.json``; the event log by trying to change it.
 """
 
@@ -18,7 +21,14 @@ from pathlib import Path
 import pytest
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
-from _bundle_fixtures import PASSWORDS, module_hash_embedder, reseal, trained  # noqa: F401
+from _bundle_fixtures import (  # noqa: F401
+    PASSWORDS,
+    module_hash_embedder,
+    registry_figures,
+    reseal,
+    trained,
+    workspace_key,
+)
 from core import registry
 from core.bundle import BundleError, load_bundle, verify_bundle
 from core.errors import ConflictError, InputError, PermissionDenied
@@ -40,6 +50,19 @@ def policies(tmp_path, monkeypatch) -> Path:
     return root
 
 
+#: The registry's held-out return per (name, version) in the current test, and other changes
+#: to its evaluation (see registry_figures).
+FIGURES: dict[tuple[str, str], float] = {}
+CHANGES: dict[tuple[str, str], dict] = {}
+
+
+@pytest.fixture(autouse=True)
+def own_figures(monkeypatch):
+    FIGURES.clear()
+    CHANGES.clear()
+    registry_figures(monkeypatch, FIGURES, CHANGES)
+
+
 @pytest.fixture()
 def ws(run):
     w = run.workspace()
@@ -52,7 +75,9 @@ def _expert(run) -> float:
 
 
 def _registered(ws, run, tmp_path, name: str, version: str, policy_return: float) -> str:
-    """Register a re-labelled copy of the run's bundle whose held-out return is ``policy_return``."""
+    """Register a re-labelled copy of the run's bundle whose held-out return (as the registry
+    evaluates it) is ``policy_return``."""
+    FIGURES[(name, version)] = policy_return
     path = reseal(run.bundle, tmp_path / f"{name}-{version}.zip", name=name, version=version,
                   policy_return=policy_return)
     registry.register(ws, run.actor("ana"), path)
@@ -98,14 +123,15 @@ def test_register_refuses_a_manifest_that_contradicts_the_run_record(ws, run, tm
     m.pop("digest"), m.pop("files")
     m["trained_by"] = "cy"
     files = members(path)
-    liar = write_bundle(tmp_path / "liar2.zip", m, {n: files[n] for n in BUNDLE_FILES})
+    key = workspace_key(run.root)
+    liar = write_bundle(tmp_path / "liar2.zip", m, {n: files[n] for n in BUNDLE_FILES}, key=key)
     assert zipfile.is_zipfile(liar) and verify_bundle(liar).ok
     with pytest.raises(BundleError, match="trained by 'cy'"):
         registry.register(ws, run.actor("ana"), liar)
     # approvals are given in the registry, never brought along in a manifest
     m["trained_by"] = "ana"
     m["approvals"] = [{"by": "bob", "role": "approver", "at": "2025-01-01T00:00:00Z", "comment": "forged"}]
-    forged = write_bundle(tmp_path / "forged.zip", m, {n: files[n] for n in BUNDLE_FILES})
+    forged = write_bundle(tmp_path / "forged.zip", m, {n: files[n] for n in BUNDLE_FILES}, key=key)
     with pytest.raises(BundleError, match="approvals are given in the registry"):
         registry.register(ws, run.actor("ana"), forged)
 
@@ -140,11 +166,12 @@ def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
     from core.users import set_role
 
     expert = _expert(run)
-    # cy exported this one: cy may not approve it, bob may
-    path = reseal(run.bundle, tmp_path / "eyes.zip", name="eyes", policy_return=expert + 1.0, created_by="cy")
-    registry.register(ws, run.actor("ana"), path)
-    with pytest.raises(PermissionDenied, match="four-eyes rule: cy exported this policy"):
-        registry.approve(ws, run.actor("cy"), "eyes", "0.1.0", "my own work is great")
+    # ada (an admin, who may approve) registered this one: she may not approve it, bob may
+    FIGURES[("eyes", "0.1.0")] = expert + 1.0
+    path = reseal(run.bundle, tmp_path / "eyes.zip", name="eyes")
+    registry.register(ws, run.actor("ada"), path)
+    with pytest.raises(PermissionDenied, match="four-eyes rule: ada exported this policy"):
+        registry.approve(ws, run.actor("ada"), "eyes", "0.1.0", "my own work is great")
     # ana trained the run: even as an approver she may not approve it
     ada = run.actor("ada")
     set_role(ws, ada, "ana", "approver")
@@ -159,15 +186,29 @@ def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
         registry.approve(ws, run.actor("bob"), "eyes", "0.1.0", "  ")
     assert registry.approve(ws, run.actor("bob"), "eyes", "0.1.0", "independent check")["stage"] == "approved"
     with pytest.raises(ConflictError, match="only a candidate"):
-        registry.approve(ws, run.actor("ada"), "eyes", "0.1.0", "again")  # an admin may approve, not twice
+        registry.approve(ws, run.actor("cy"), "eyes", "0.1.0", "again")  # another approver may, not twice
 
 
-def test_the_embedded_local_admin_cannot_approve_its_own_bundle(run, tmp_path):
+def test_the_embedded_local_admin_cannot_approve_its_own_bundle(run, tmp_path, monkeypatch):
+    from core import keys
     from core.store import Workspace
     from core.users import LOCAL_ADMIN
 
     solo = Workspace.open(tmp_path / "solo")
-    path = reseal(run.bundle, tmp_path / "solo.zip", name="solo", policy_return=_expert(run) + 1, created_by="local")
+    path = reseal(run.bundle, tmp_path / "solo.zip", name="solo")
+    # another workspace's bundle: refused until its key is trusted, then because the registry
+    # cannot evaluate a run it does not have
+    with pytest.raises(BundleError, match="does not trust"):
+        registry.register(solo, LOCAL_ADMIN, path)
+    pem = tmp_path / "run.pem"
+    pem.write_text(keys.show(run.workspace()).public_key_pem)
+    keys.trust(solo, LOCAL_ADMIN, pem)
+    monkeypatch.undo()   # the registry's real own record, not registry_figures
+    with pytest.raises(BundleError, match="not in this workspace"):
+        registry.register(solo, LOCAL_ADMIN, path)
+    assert registry.list_versions(solo) == []
+    # a record naming someone else as the trainer: the registering local admin still may not approve
+    monkeypatch.setattr(registry, "_own_record", lambda ws, m, members: {"trained_by": "ana", "evaluation": {}})
     registry.register(solo, LOCAL_ADMIN, path)
     with pytest.raises(PermissionDenied, match="four-eyes rule: local exported"):
         registry.approve(solo, LOCAL_ADMIN, "solo", "0.1.0", "trust me")
@@ -216,20 +257,10 @@ def test_gate_later_versions_must_beat_production(ws, run, tmp_path, policies):
 
 def test_gate_reruns_production_on_the_candidates_heldout_episodes(ws, run, tmp_path, policies):
     """A production version evaluated on other held-out episodes is re-run on the candidate's."""
-    from _bundle_fixtures import members
-    from core.bundle import BUNDLE_FILES, write_bundle
-
     bob = run.actor("bob")
     expert = _expert(run)
-    m = json.loads(members(run.bundle)["manifest.json"])
-    m.pop("digest"), m.pop("files")
-    m.update(name="gate3", version="0.1.0")
-    m["evaluation"]["heldout_fingerprint"] = "f" * 64          # "evaluated on another split"
-    m["evaluation"]["policy"]["return_mean"] = expert + 5.0
-    m["evaluation"]["paired"]["expert"]["policy"] = expert + 5.0
-    files = members(run.bundle)
-    prod = write_bundle(tmp_path / "gate3-prod.zip", m, {n: files[n] for n in BUNDLE_FILES})
-    registry.register(ws, run.actor("ana"), prod)
+    CHANGES[("gate3", "0.1.0")] = {"heldout_fingerprint": "f" * 64}   # "evaluated on another split"
+    _registered(ws, run, tmp_path, "gate3", "0.1.0", expert + 5.0)
     registry.approve(ws, bob, "gate3", "0.1.0", "beats the expert")
     registry.promote(ws, bob, "gate3", "0.1.0")
     real = load_bundle(run.bundle).manifest.evaluation["policy"]["return_mean"]
@@ -254,7 +285,7 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     assert index["policies"]["prod"]["active"] == "0.1.0" and index["policies"]["prod"]["previous"] == []
     assert entry["versions"]["0.1.0"]["promoted_by"] == "cy" and entry["versions"]["0.1.0"]["approved_by"] == ["bob"]
     installed = policies / "prod" / "0.1.0"
-    assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", *__import__(
+    assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", "signature.json", *__import__(
         "core.bundle", fromlist=["BUNDLE_FILES"]).BUNDLE_FILES])
     b = load_bundle_for("prod")
     assert b.version == "0.1.0" and [(a.by, a.comment) for a in b.manifest.approvals] == [
@@ -327,6 +358,7 @@ def test_cli_register_approve_promote_rollback_history(run, tmp_path, policies, 
     from core.cli import main
 
     expert = _expert(run)
+    FIGURES.update({("cli", "1.0.0"): expert + 1, ("cli", "1.1.0"): expert + 2})
     a = reseal(run.bundle, tmp_path / "cli-a.zip", name="cli", version="1.0.0", policy_return=expert + 1)
     b = reseal(run.bundle, tmp_path / "cli-b.zip", name="cli", version="1.1.0", policy_return=expert + 2)
     w = ["--workspace", str(run.root)]

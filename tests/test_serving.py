@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
-from _bundle_fixtures import module_hash_embedder, reseal, trained  # noqa: F401
+from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, registry, review, serving
 from core.bundle import load_bundle
@@ -60,6 +60,18 @@ def ws(tmp_path):
     w = Workspace.open(tmp_path / "serving-ws")
     yield w
     w.close()
+
+
+def trust_run_key(target: Workspace, run) -> None:
+    """Let ``target`` trust the shared run's workspace key (what a deployment does once with
+    ``rwb keys trust``), so the bundles and promoted copies that workspace signed load here."""
+    from core import keys
+
+    source = run.workspace()
+    pem = Path(target.root) / "run-signing-key.pem"
+    pem.write_text(keys.show(source).public_key_pem)
+    source.close()
+    keys.trust(target, LOCAL_ADMIN, pem)
 
 
 class Clock:
@@ -484,17 +496,20 @@ def promoted(run, tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     w = run.workspace()
     expert = load_bundle(run.bundle).manifest.evaluation["expert_return"]
-    for version, gain in (("0.1.0", 1.0), ("0.2.0", 2.0)):
-        path = reseal(run.bundle, root.parent / f"svc-{version}.zip", name="svc", version=version,
-                      policy_return=expert + gain)
-        registry.register(w, run.actor("ana"), path)
-        registry.approve(w, run.actor("bob"), "svc", version, "beats the baseline on held-out episodes")
+    with pytest.MonkeyPatch.context() as mp:
+        # the registry's own evaluation, re-labelled: 0.2.0 beats 0.1.0, both beat the expert
+        registry_figures(mp, {("svc", "0.1.0"): expert + 1.0, ("svc", "0.2.0"): expert + 2.0})
+        for version in ("0.1.0", "0.2.0"):
+            path = reseal(run.bundle, root.parent / f"svc-{version}.zip", name="svc", version=version)
+            registry.register(w, run.actor("ana"), path)
+            registry.approve(w, run.actor("bob"), "svc", version, "beats the baseline on held-out episodes")
     registry.promote(w, run.actor("bob"), "svc", "0.1.0", root=root)
     w.close()
     return root
 
 
 def test_a_new_promoted_version_is_served_from_the_next_episode_start(run, promoted, ws):
+    trust_run_key(ws, run)
     engine = DecisionEngine.from_policy(ws, "svc", root=promoted, embedder=HashEmbedder())
     assert engine.decide(_request("old")).policy_version == "svc@0.1.0"
     w = run.workspace()
@@ -528,12 +543,15 @@ PRODUCTION = textwrap.dedent("""
 """)
 
 
-def test_a_production_process_serves_the_promoted_policy_with_audit_records(promoted, tmp_path):
+def test_a_production_process_serves_the_promoted_policy_with_audit_records(run, promoted, tmp_path):
     policies = tmp_path / "installed"
     shutil.copytree(promoted, policies)            # the package's core/policies, as installed
     reqs = [_request("p1"), _request("p2", task_type="urgent_reduce"),
             _request("p1", last_result={"result": {"price": 1712.3}})]
     env = {**__import__("os").environ, "RWB_POLICIES_DIR": str(policies), "RWB_WORKSPACE": str(tmp_path / "prod")}
+    prod = Workspace.open(tmp_path / "prod")
+    trust_run_key(prod, run)     # the deployment trusts the promoting workspace's key, once
+    prod.close()
     proc = subprocess.run([sys.executable, "-c", PRODUCTION], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=env, input="\n".join(json.dumps(r) for r in reqs))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -550,6 +568,9 @@ def test_cli_decide_and_metrics(run, tmp_path, capsys):
     from core.cli import main
 
     w = ["--workspace", str(tmp_path / "cli-ws")]
+    cli_ws = Workspace.open(tmp_path / "cli-ws")
+    trust_run_key(cli_ws, run)
+    cli_ws.close()
     reqs = tmp_path / "reqs.jsonl"
     reqs.write_text("\n".join(json.dumps(r) for r in [_request("c1"), _request("c2")]) + "\n")
     assert main([*w, "serve", "decide", "--policy", str(run.bundle), "--request", f"@{reqs}", "--json"]) == 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,10 +82,15 @@ def active_version(name: str, root: str | Path | None = None) -> str:
     return str(entry["active"])
 
 
-def load_bundle_for(name: str, *, root: str | Path | None = None, version: str | None = None) -> "LoadedBundle":
+def load_bundle_for(name: str, *, root: str | Path | None = None, version: str | None = None,
+                    trust: Mapping[str, bytes] | None = None) -> "LoadedBundle":
     """The verified bundle of ``name``'s active version (or ``version``, one the index
-    lists).  Refused when verification fails or when its manifest is not the one the
-    index recorded at promotion."""
+    lists).  Refused when verification fails (a missing or invalid signature, or — with
+    ``trust``, a workspace's trust store — one by an untrusted key), when it is not
+    ``name@version``, or when its manifest is not the one the index recorded at promotion.
+    Serving (core.serving) passes its workspace's trust store and also checks the digest
+    its registry recorded; the index alone is a file anyone who can write the folder can
+    edit."""
     from core.bundle import BundleError, load_bundle
 
     base = policies_root(root)
@@ -93,7 +99,9 @@ def load_bundle_for(name: str, *, root: str | Path | None = None, version: str |
     recorded = (entry.get("versions") or {}).get(version)
     if recorded is None:
         raise InputError(f"version {version!r} of {name!r} was never promoted into {base}", field="version")
-    bundle = load_bundle(base / name / version)
+    bundle = load_bundle(base / name / version, trust=trust)
+    if (bundle.name, bundle.version) != (name, version):
+        raise BundleError(f"the folder {name}/{version} holds {bundle.policy_version}", file=str(base / name / version))
     if bundle.manifest.digest != recorded.get("manifest_digest"):
         raise BundleError(f"{name} {version} in {base} is not the bundle that was promoted (its manifest "
                           "digest differs from the index)", file=str(base / name / version))
