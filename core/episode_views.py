@@ -34,6 +34,7 @@ from core.store import DatasetInfo, Workspace
 if TYPE_CHECKING:  # loaded lazily: browsing needs no importer, and the catalog is optional
     from core.catalog import Catalog
     from core.importers import ImportResult
+    from core.users import Actor
 
 ResolvedFilter = Literal["any", "resolved", "failed", "unknown"]
 
@@ -363,10 +364,30 @@ def import_formats() -> dict[str, str]:
     return formats
 
 
+#: Longest file name most file systems take, in UTF-8 bytes.
+MAX_FILE_NAME_BYTES = 255
+
+
 def _safe_name(filename: str) -> str:
+    """The last part of an uploaded file's name, refused (InputError) when it cannot be a
+    file name: empty, ``.``/``..``, control characters (NUL…), not valid Unicode, or over
+    ``MAX_FILE_NAME_BYTES``."""
+    if not isinstance(filename, str):
+        raise InputError("the uploaded file has no usable name", file="<upload>")
+    shown = filename.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
+    if any(ord(c) < 32 or ord(c) == 127 for c in filename):
+        raise InputError("the file name holds a control character (such as NUL); rename the file",
+                         file=repr(shown))
     name = Path(filename.replace("\\", "/")).name.strip()
     if not name or name in (".", ".."):
-        raise InputError("the uploaded file has no usable name", file=filename or "<upload>")
+        raise InputError("the uploaded file has no usable name", file=shown or "<upload>")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InputError("the file name is not valid Unicode; rename the file", file=shown) from None
+    if size > MAX_FILE_NAME_BYTES:
+        raise InputError(f"the file name is {size} bytes long, more than {MAX_FILE_NAME_BYTES}; "
+                         "rename the file", file=shown + "…")
     return name
 
 
@@ -374,15 +395,20 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
                   dataset: str | None = None, messages_key: str | None = None,
                   reward_key: str | None = None, id_key: str | None = None,
                   skip_invalid: bool = False,
-                  progress: Callable[[int, int], None] | None = None) -> ImportResult:
+                  progress: Callable[[int, int], None] | None = None,
+                  actor: Actor | None = None) -> ImportResult:
     """Import a file handed in through the browser; returns the ``ImportResult``.
 
     The bytes are kept in the workspace under ``artifacts/uploads/<sha256>/<original name>``
     (the dataset defaults to the original name's stem, and the import record points at the
     kept copy).  When the import fails the kept copy is removed again, so the workspace is
-    left as it was, and the error names the file by its original name."""
+    left as it was, and the error names the file by its original name.  ``actor`` as for
+    :func:`~core.importers.api.import_file` (checked before any byte is kept)."""
     from core.importers import import_file
+    from core.users import authorize, current_user
 
+    actor = current_user(ws) if actor is None else actor
+    authorize(ws, actor, "import")
     name = _safe_name(filename)
     if not data:
         raise InputError("the uploaded file is empty", file=name)
@@ -391,13 +417,14 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
     path = folder / name
     created = not path.exists()
     if created:
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp = folder / f".upload.{os.getpid()}.tmp"  # short: the name may take all 255 bytes
         tmp.write_bytes(data)
         os.replace(tmp, path)
     try:
         return import_file(ws, path, format=format, dataset=dataset or None,
                            messages_key=messages_key or None, reward_key=reward_key or None,
-                           id_key=id_key or None, skip_invalid=skip_invalid, progress=progress)
+                           id_key=id_key or None, skip_invalid=skip_invalid, progress=progress,
+                           actor=actor)
     except BaseException as exc:
         if created:
             path.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ st.caption("Recorded agent runs: import a log file, browse its episodes, and rea
            "and how the episode ended.")
 
 ws = resources.workspace()
+actor = resources.acting_user()
 browse_tab, import_tab = st.tabs(["Browse", "Import a file"])
 
 
@@ -31,6 +32,9 @@ browse_tab, import_tab = st.tabs(["Browse", "Import a file"])
 with import_tab:
     st.write("Upload a log file: the workbench's own JSONL, OpenAI chat-completions logs "
              "(new `tool_calls` or legacy `function_call`), tau2-bench tasks or BFCL questions.")
+    if actor is None or not actor.can("import"):
+        st.info("Importing needs the analyst or admin role: sign in as one (an import by anyone "
+                "else is refused). Browsing needs no sign-in.")
     with st.form("episodes_import", clear_on_submit=False):
         upload = st.file_uploader("Log file", key="episodes_upload",
                                   help="JSON or JSONL; one episode per record.")
@@ -64,7 +68,7 @@ with import_tab:
                 result = import_upload(
                     ws, upload.name, upload.getvalue(), format=fmt, dataset=dataset_name,
                     messages_key=messages_key, reward_key=reward_key, id_key=id_key,
-                    skip_invalid=skip_invalid,
+                    skip_invalid=skip_invalid, actor=actor,
                     progress=lambda done, total: bar.progress(done / max(total, 1),
                                                               text=f"Importing {upload.name}…"))
             except USER_ERRORS as exc:

@@ -7,7 +7,6 @@ import streamlit as st
 from app import charts, resources
 from core.rewards import views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
-from core.users import current_user
 
 USER_ERRORS = resources.USER_ERRORS
 
@@ -17,6 +16,7 @@ st.caption("Pick a reward template and a dataset, move the weights, change compo
            "whether hacks still rank below honest work. Save your edit as a new template version.")
 
 ws = resources.workspace()
+actor = resources.acting_user()
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 if not datasets:
     st.info("No dataset with steps yet: import episodes on the Episodes page "
@@ -197,14 +197,19 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
         base = work["base_version"]
         st.caption(f"You are editing {work['name']}@{base}. Saving writes a new version; if someone "
                    "saved a newer one meanwhile, the save is refused and you can reload theirs.")
-        with st.form("rp_save"):
-            name = st.text_input("Save as template", value=work["name"], key=f"rp_save_name{gen}")
-            message = st.text_input("Message", key=f"rp_save_message{gen}",
-                                    placeholder="why this change (shown in the version history)")
-            save = st.form_submit_button("Save as new version", type="primary")
+        if actor is None or not actor.can("edit_template"):
+            st.info("Saving a version needs the analyst or admin role: sign in as one. "
+                    "Edits can still be tried out here.")
+            save = False
+        else:
+            with st.form("rp_save"):
+                name = st.text_input("Save as template", value=work["name"], key=f"rp_save_name{gen}")
+                message = st.text_input("Message", key=f"rp_save_message{gen}",
+                                        placeholder="why this change (shown in the version history)")
+                save = st.form_submit_button("Save as new version", type="primary")
         if save:
             try:
-                saved = save_template(ws, current_user(ws), name, edited,
+                saved = save_template(ws, actor, name, edited,
                                       base if name == work["name"] else None, message)
             except TemplateConflict as exc:
                 st.session_state["rp_conflict"] = {

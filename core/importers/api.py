@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.episodes import Episode, ToolSchema
+from core.episodes import ToolSchema, episode_from_body
 from core.errors import InputError
 from core.importers.base import (
     IMPORTERS,
@@ -45,6 +45,7 @@ from core.importers.base import (
 from core.importers import parallel
 from core.importers.parallel import Call, Rows, import_workers, read_rwb_rows, rows_of
 from core.importers.rwb import header_line
+from core.users import Actor, authorize, current_user
 
 if TYPE_CHECKING:  # the store (sqlite-utils) is imported by the functions that need it
     from core.store import Workspace
@@ -246,9 +247,19 @@ def _merge_tools(existing: list[ToolSchema], new: list[ToolSchema]) -> list[Tool
 def _check_dataset_name(name: Any, file: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise InputError("dataset name is empty", file=file, field="dataset")
-    if len(name) > MAX_DATASET_NAME or any(ord(c) < 32 for c in name):
+    if len(name) > MAX_DATASET_NAME or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise InputError(f"dataset name must be at most {MAX_DATASET_NAME} printable characters",
                          file=file, field="dataset")
+    # The name becomes a folder under artifacts/ (import reports): one path part, ≤ 255 bytes.
+    if "/" in name or "\\" in name or name.strip() in (".", ".."):
+        raise InputError("dataset name must not contain / or \\ or be . or ..", file=file,
+                         field="dataset")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InputError("dataset name is not valid Unicode", file=file, field="dataset") from None
+    if size > 255:
+        raise InputError(f"dataset name takes {size} bytes, more than 255", file=file, field="dataset")
     return name
 
 
@@ -322,7 +333,7 @@ def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]
         new = next_free_id(original, taken)
         taken.add(new)
         renamed[new] = original
-        ep = Episode.model_validate_json(row[-1])  # its own canonical body: valid by construction
+        ep = episode_from_body(row[-1])  # its own canonical body: valid by construction
         ep.episode_id = new
         rows.episodes[i] = episode_row(ep, *canonical_body(ep))
     return duplicates, renamed
@@ -331,7 +342,7 @@ def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]
 def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", dataset: str | None = None,
                 messages_key: str | None = None, reward_key: str | None = None,
                 id_key: str | None = None, skip_invalid: bool = False,
-                progress: ProgressFn | None = None) -> ImportResult:
+                progress: ProgressFn | None = None, actor: Actor | None = None) -> ImportResult:
     """Import one file of recorded episodes into a dataset, all or nothing.
 
     ``format``: a registered importer name or ``"auto"`` (detected from the content).
@@ -342,7 +353,24 @@ def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", datase
     rejected ones are listed in the result and in a JSON report under the artifacts.
     Importing the same bytes into the same dataset again changes nothing
     (``already_imported``).  Big ``rwb`` files are validated by several processes when cores
-    are idle (``$RWB_IMPORT_WORKERS`` to choose; see :mod:`core.importers.parallel`)."""
+    are idle (``$RWB_IMPORT_WORKERS`` to choose; see :mod:`core.importers.parallel`).
+    ``actor`` needs the ``import`` permission (:mod:`core.users`); None stands for
+    :func:`~core.users.current_user`: the local admin of a workspace without users, a
+    refusal in a workspace with users (there the caller must say who imports)."""
+    authorize(ws, current_user(ws) if actor is None else actor, "import")
+    return seed_file(ws, path, format=format, dataset=dataset, messages_key=messages_key,
+                     reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
+                     progress=progress)
+
+
+def seed_file(ws: Workspace, path: str | Path, *, format: str = "auto", dataset: str | None = None,
+              messages_key: str | None = None, reward_key: str | None = None,
+              id_key: str | None = None, skip_invalid: bool = False,
+              progress: ProgressFn | None = None) -> ImportResult:
+    """:func:`import_file` without an acting user, for setting up a workspace: the bundled
+    samples an empty workspace is seeded with when it is first opened
+    (:func:`core.workspace_setup.ensure_samples`), like the schema migration.  Whatever a
+    person imports goes through :func:`import_file`, which checks their role."""
     with gc_paused():  # millions of short-lived dicts: see gc_paused
         return _import_file(ws, Path(path), format=format, dataset=dataset, messages_key=messages_key,
                             reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
