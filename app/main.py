@@ -61,6 +61,7 @@ def _who_acts() -> bool:
     except (RwbError, WorkspaceError):
         return False
     if actor is None:
+        resources.show_flash(resources.SESSION_FLASH)
         st.sidebar.caption("Not signed in: pages are read-only.")
     else:
         st.sidebar.caption(f"Acting as **{actor.name}** ({actor.role}).")

@@ -181,16 +181,34 @@ def calibration(dataset: str, template: "Template", n_boot: int = 100) -> "Calib
 
 
 # --------------------------------------------------------------------------- acting user
+#: Where acting_user() keeps the reason a session ended, for the next page to show.
+SESSION_FLASH = "session_flash"
+
+
 def acting_user() -> "Actor | None":
     """Who acts in this session: the signed-in user (stored under ``"actor"`` in the session
-    state by the sign-in), else the local admin of a workspace without users; None when the
-    workspace has users and nobody signed in (pages then only read).  ``core`` checks the
-    permission again on every call."""
-    from core.users import current_user, multi_user
+    state by the sign-in, with its session token under ``"session_token"``), else the local
+    admin of a workspace without users; None when the workspace has users and nobody signed
+    in (pages then only read).  The session is checked against the workspace on every run:
+    once it has expired or was revoked (password or role changed), the user is signed out
+    and the reason kept under :data:`SESSION_FLASH`.  ``core`` checks the permission again
+    on every call."""
+    from core.users import SessionEnded, current_user, multi_user, session_actor
 
     actor = st.session_state.get("actor")
+    token = st.session_state.get("session_token")
+    if actor is not None and token is not None:
+        try:
+            actor = session_actor(workspace(), token)
+        except SessionEnded as exc:
+            for key in ("actor", "session_token"):
+                st.session_state.pop(key, None)
+            flash(SESSION_FLASH, "info", str(exc))
+            actor = None
+        else:
+            st.session_state["actor"] = actor
     if actor is not None:
-        return actor
+        return actor  # a session without a token is one that code set up (tests, notebooks)
     ws = workspace()
     return None if multi_user(ws) else current_user(ws)
 

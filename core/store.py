@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlite_utils
 
-from core.episodes import Episode, ToolSchema
+from core.episodes import Episode, ToolSchema, episode_from_body
 from core.errors import RwbError
 
 DEFAULT_WORKSPACE = "workspace"
@@ -436,9 +436,41 @@ def _m6_tuning(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m7_sign_in(conn: sqlite3.Connection) -> None:
+    """Failed sign-ins (the back-off of core.users reads them) and app sessions (idle and
+    absolute expiry, revocation).  Times are POSIX seconds; a session is kept by the SHA-256
+    of its token, never the token itself."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS sign_in_failures (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user TEXT NOT NULL,
+            address TEXT NOT NULL,
+            at REAL NOT NULL,
+            -- 1 once the user signed in successfully: no longer counts for the user,
+            -- still counts for the address
+            user_cleared INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX IF NOT EXISTS idx_sign_in_failures_user ON sign_in_failures(user, at);
+        CREATE INDEX IF NOT EXISTS idx_sign_in_failures_address ON sign_in_failures(address, at);
+        CREATE TABLE IF NOT EXISTS sessions (
+            token_sha256 TEXT PRIMARY KEY,
+            user TEXT NOT NULL,
+            address TEXT NOT NULL,
+            method TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            ended_at REAL,
+            ended_why TEXT
+        );
+        CREATE INDEX IF NOT EXISTS idx_sessions_user ON sessions(user)
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
                                                           _m4_template_versions, _m5_policy_registry,
-                                                          _m6_tuning]
+                                                          _m6_tuning, _m7_sign_in]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -687,14 +719,14 @@ class Workspace:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [Episode.model_validate_json(r[0]) for r in self.conn.execute(sql, args)]
+        return [episode_from_body(r[0]) for r in self.conn.execute(sql, args)]
 
     def get_episode(self, dataset: str, episode_id: str) -> Episode:
         row = self.conn.execute("SELECT body FROM episodes WHERE dataset=? AND episode_id=?",
                                 (dataset, episode_id)).fetchone()
         if row is None:
             raise WorkspaceError(f"no episode {episode_id!r} in dataset {dataset!r}")
-        return Episode.model_validate_json(row[0])
+        return episode_from_body(row[0])
 
     def episode_summaries(self, dataset: str | None = None) -> list[dict[str, Any]]:
         sql = ("SELECT dataset, episode_id, domain, task_type, behaviour, n_steps, resolved, "

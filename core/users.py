@@ -11,10 +11,24 @@ Two modes
   :func:`current_user` returns it.
 * **Multi-user**: as soon as the workspace holds one user (``rwb users add``),
   the local admin is gone and every actor must sign in: with a password
-  (:func:`authenticate`, scrypt with a per-user salt, constant-time compare) or
-  through the app's OIDC login (:func:`oidc_user` maps the identity provider's
-  ``sub``/e-mail to a workspace user).  The first user added must be an admin,
-  so the workspace can never lock its owner out.
+  (:func:`authenticate`, argon2id with a per-user salt; older scrypt hashes still
+  verify and are re-hashed on the next sign-in) or through the app's OIDC login
+  (:func:`oidc_user` maps the identity provider's ``sub``, or its *verified*
+  e-mail, to a workspace user).  The first user added must be an admin, so the
+  workspace can never lock its owner out.
+
+Signing in
+----------
+Failed password sign-ins are recorded (user, address, time).  After
+:data:`BACKOFF_FREE_FAILURES` failures in a row for a user name, or from an
+address (failures less than :data:`BACKOFF_WINDOW_S` apart), the next attempt is
+refused without looking at the password until a delay has passed that starts at
+:data:`BACKOFF_BASE_S` and doubles with each further failure, up to
+:data:`BACKOFF_CAP_S`; the refusal (:class:`SignInThrottled`) says how long to
+wait.  A successful sign-in clears the user's failures.  The app keeps a
+server-side session (:func:`sign_in`, :func:`session_actor`) that ends after
+:data:`SESSION_IDLE_S` without activity, :data:`SESSION_MAX_S` after sign-in, and
+at once when the user's password or role changes or the user is disabled.
 
 Roles and permissions
 ---------------------
@@ -37,6 +51,11 @@ permission          what it allows                                      roles
 
 Reading (datasets, runs, the review queue, audit records) needs no permission:
 whoever can open the workspace file can read it anyway.
+
+Every ``core`` function that changes the workspace is listed in :data:`ACTIONS`
+with the permission it checks first, before it reads or writes anything else
+(``tests/test_roles.py`` calls each one as every role and checks the refusals
+against this table, and that no function taking an ``actor`` is missing from it).
 
 *service* is not a role a person can hold: it is the principal of a process
 that has no person behind it (the production decision engine).  Build one with
@@ -70,12 +89,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import math
 import re
 import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import argon2
 
 from core.errors import ConflictError, InputError, PermissionDenied
 
@@ -103,6 +126,47 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "manage_users": frozenset({"admin"}),
 }
 
+#: Every core function that changes the workspace -> the permission it checks first.
+#: Functions that write on behalf of an action authorised earlier (a run's trainer
+#: recording its metrics, a tuning run's heartbeat) and the seeding of an empty workspace
+#: with the bundled samples (``core.importers.api.seed_file``) take no actor.
+ACTIONS: dict[str, str] = {
+    "core.importers.api.import_file": "import",
+    "core.episode_views.import_upload": "import",
+    "core.rewards.versions.save_template": "edit_template",
+    "core.tuning.apply_study": "edit_template",
+    "core.tuning.add_preference": "edit_template",
+    "core.tuning.tune": "train",
+    "core.tuning.launch_tuning": "train",
+    "core.tuning.stop_tuning": "train",
+    "core.runs.create_run": "train",
+    "core.runs.train": "train",
+    "core.runs.launch_run": "train",
+    "core.runs.stop_run": "train",
+    "core.review.enqueue": "enqueue_review",
+    "core.review.enqueue_many": "enqueue_review",
+    "core.review.claim": "review",
+    "core.review.release": "review",
+    "core.review.decide": "review",
+    "core.bundle.export_bundle": "export_bundle",
+    "core.registry.register": "export_bundle",
+    "core.registry.approve": "approve",
+    "core.registry.promote": "promote",
+    "core.registry.rollback": "rollback",
+    "core.audit.AuditWriter": "write_audit",
+    "core.audit.write_record": "write_audit",
+    "core.audit.recover_unflushed": "write_audit",
+    "core.audit.export": "export_audit",
+    "core.users.list_users": "manage_users",
+    "core.users.add_user": "manage_users",
+    "core.users.set_role": "manage_users",
+    "core.users.set_password": "manage_users",
+    "core.users.disable_user": "manage_users",
+    "core.keys.rotate": "manage_users",
+    "core.keys.trust": "manage_users",
+    "core.keys.untrust": "manage_users",
+}
+
 #: Words used in refusals ("… may not <verb>").
 _VERBS: dict[str, str] = {
     "import": "import data",
@@ -120,9 +184,31 @@ _VERBS: dict[str, str] = {
 }
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@+-]{0,63}$")
-#: scrypt cost: 16 MiB of memory and ~50 ms per hash; stored with each hash so it can grow later.
-_SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _SCRYPT_DKLEN = 2**14, 8, 1, 32
+#: argon2id at the OWASP password-storage parameters (19 MiB, 2 passes, 1 lane); the
+#: parameters are stored in each hash, and a hash made with others is re-hashed on sign-in.
+_ARGON2 = argon2.PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_len=32,
+                                salt_len=16, type=argon2.Type.ID)
 MIN_PASSWORD_CHARS = 8
+
+#: Failures in a row (each less than BACKOFF_WINDOW_S after the one before) that are free.
+BACKOFF_FREE_FAILURES = 5
+#: Seconds between failures that still chain them into one run of failures.
+BACKOFF_WINDOW_S = 15 * 60.0
+#: The wait after BACKOFF_FREE_FAILURES failures; it doubles with each further failure …
+BACKOFF_BASE_S = 30.0
+#: … up to this many seconds.
+BACKOFF_CAP_S = 15 * 60.0
+#: Failures older than this are deleted when a new one is recorded.
+_FAILURE_MEMORY_S = 24 * 3600.0
+
+#: A session ends after this many seconds without activity …
+SESSION_IDLE_S = 8 * 3600.0
+#: … and this many seconds after sign-in, whatever the activity.
+SESSION_MAX_S = 7 * 24 * 3600.0
+#: A session's last activity is written at most this often (not on every page rerun).
+_SESSION_TOUCH_S = 60.0
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -209,7 +295,16 @@ def authorize(ws: "Workspace", actor: Actor, permission: str) -> Actor:
     role the table gives it *now* (a disabled or demoted user is refused at once, even
     with an Actor obtained before).  Services need no row.  In embedded mode there is no
     table to check: the actor's stated role counts.  Core functions that change the
-    workspace call this."""
+    workspace call this (:data:`ACTIONS`); every refusal is logged as a warning on the
+    ``core.users`` logger (who, which permission, why)."""
+    try:
+        return _authorize(ws, actor, permission)
+    except PermissionDenied as exc:
+        _log.warning("permission refused: actor=%s permission=%s: %s", actor, permission, exc)
+        raise
+
+
+def _authorize(ws: "Workspace", actor: Actor, permission: str) -> Actor:
     require(actor, permission)
     if actor.kind == "service" or not multi_user(ws):
         return actor
@@ -242,15 +337,31 @@ def check_four_eyes(actor: Actor, created_by: str | None, trained_by: str | None
 
 # --------------------------------------------------------------------------- passwords
 def hash_password(password: str) -> str:
-    """scrypt hash with a fresh 16-byte salt: ``scrypt$n$r$p$salt_hex$hash_hex``."""
-    salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R,
-                            p=_SCRYPT_P, dklen=_SCRYPT_DKLEN)
-    return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${salt.hex()}${digest.hex()}"
+    """argon2id hash with a fresh 16-byte salt, in the PHC string format
+    (``$argon2id$v=19$m=19456,t=2,p=1$salt$hash``)."""
+    return _ARGON2.hash(password)
+
+
+def password_needs_rehash(stored: str) -> bool:
+    """True for a hash that is not argon2id at today's parameters (an older scrypt hash)."""
+    if not stored.startswith("$argon2id$"):
+        return True
+    try:
+        return _ARGON2.check_needs_rehash(stored)
+    except argon2.exceptions.InvalidHashError:
+        return True
 
 
 def verify_password(password: str, stored: str) -> bool:
-    """Constant-time check of ``password`` against a :func:`hash_password` string."""
+    """Check ``password`` against a :func:`hash_password` string, or against an older
+    ``scrypt$n$r$p$salt_hex$hash_hex`` one (both compare in constant time)."""
+    if stored.startswith("$argon2"):
+        try:
+            return _ARGON2.verify(stored, password)
+        except argon2.exceptions.VerificationError:  # wrong password or damaged hash
+            return False
+        except argon2.exceptions.InvalidHashError:
+            return False
     try:
         scheme, n, r, p, salt_hex, digest_hex = stored.split("$")
         if scheme != "scrypt":
@@ -404,6 +515,8 @@ def set_role(ws: "Workspace", actor: Actor, name: str, role: str) -> User:
         if user.role == "admin" and role != "admin" and _admins_left(conn, user.name) == 0:
             raise ConflictError(f"{user.name} is the last admin; make another admin first")
         conn.execute("UPDATE users SET role=? WHERE name=?", (role, user.name))
+        if role != user.role:
+            _end_sessions(conn, user.name, f"role changed from {user.role} to {role}")
     return get_user(ws, user.name)
 
 
@@ -416,6 +529,7 @@ def set_password(ws: "Workspace", actor: Actor, name: str, password: str) -> Non
     hashed = hash_password(password)
     with ws.transaction() as conn:
         conn.execute("UPDATE users SET password_hash=? WHERE name=?", (hashed, user.name))
+        _end_sessions(conn, user.name, "password changed")
 
 
 def disable_user(ws: "Workspace", actor: Actor, name: str) -> User:
@@ -427,27 +541,119 @@ def disable_user(ws: "Workspace", actor: Actor, name: str) -> User:
         if user.role == "admin" and _admins_left(conn, user.name) == 0:
             raise ConflictError(f"{user.name} is the last admin; make another admin first")
         conn.execute("UPDATE users SET disabled=1 WHERE name=?", (user.name,))
+        _end_sessions(conn, user.name, "user disabled")
     return get_user(ws, user.name)
 
 
 # --------------------------------------------------------------------------- signing in
 _REFUSED = "unknown user or wrong password"
+#: Where a sign-in comes from when the caller cannot tell (the CLI, a script, an app
+#: behind a proxy that hides the client address).
+LOCAL_ADDRESS = "local"
 
 
-def authenticate(ws: "Workspace", name: str, password: str) -> Actor:
+class SignInThrottled(PermissionDenied):
+    """Too many failed sign-ins for a user name or from an address: the attempt was refused
+    without looking at the password; ``wait_s`` is how long to wait before the next one."""
+
+    def __init__(self, message: str, wait_s: float):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+def _span(seconds: float) -> str:
+    """A duration for people: ``30 s``, ``4 min``, ``8 h``, ``7 days``."""
+    s = math.ceil(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 2 * 3600:
+        return f"{math.ceil(s / 60)} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:g} h"
+    return f"{s / 86400:g} days"
+
+
+def backoff_wait(failure_times: list[float], now: float) -> float:
+    """Seconds still to wait before the next sign-in attempt, given the times of recorded
+    failures (of one user name, or from one address); 0 when an attempt may go ahead.
+
+    Only the latest run of failures counts: walking back from the newest, a failure joins
+    the run while it is less than :data:`BACKOFF_WINDOW_S` older than the one after it.
+    A run of :data:`BACKOFF_FREE_FAILURES` imposes :data:`BACKOFF_BASE_S` after its last
+    failure; each further failure doubles that, up to :data:`BACKOFF_CAP_S`.
+
+    >>> backoff_wait([0.0, 1.0, 2.0, 3.0, 4.0], now=10.0)   # 5 failures: 30 s after t=4
+    24.0
+    """
+    run, after = 0, None
+    for at in sorted(failure_times, reverse=True):
+        if after is not None and after - at >= BACKOFF_WINDOW_S:
+            break
+        run, after = run + 1, at
+    if run < BACKOFF_FREE_FAILURES:
+        return 0.0
+    doublings = min(run - BACKOFF_FREE_FAILURES, 32)  # the cap is reached long before
+    delay = min(BACKOFF_BASE_S * 2.0**doublings, BACKOFF_CAP_S)
+    return max(0.0, max(failure_times) + delay - now)
+
+
+def _clean_address(address: str | None) -> str:
+    text = address.strip()[:200] if isinstance(address, str) else ""
+    return text or LOCAL_ADDRESS
+
+
+def _check_backoff(ws: "Workspace", key: str, address: str, now: float) -> None:
+    """Raise :class:`SignInThrottled` while ``key`` or ``address`` is backed off."""
+    since = now - _FAILURE_MEMORY_S
+    for where, value, whose in (("user=? AND user_cleared=0", key, f"for the user name {key!r}"),
+                                ("address=?", address, "from this address")):
+        times = [r[0] for r in ws.conn.execute(
+            f"SELECT at FROM sign_in_failures WHERE {where} AND at>?", (value, since))]
+        wait = backoff_wait(times, now)
+        if wait > 0:
+            _log.warning("sign-in refused, backing off %.0f s: user=%r address=%r",
+                         wait, key, address)
+            raise SignInThrottled(f"too many failed sign-ins {whose}; wait {_span(wait)} and "
+                                  "try again", wait_s=wait)
+
+
+def authenticate(ws: "Workspace", name: str, password: str, *, address: str | None = None,
+                 now: float | None = None) -> Actor:
     """Sign in with a password; returns the user's :class:`Actor`.
 
     Unknown user, wrong password, disabled user and password-less (OIDC-only) user all
-    raise :class:`PermissionDenied`; the first two with the same message and timing."""
+    raise :class:`PermissionDenied`; the first two with the same message and timing.
+    Every failure is recorded with the user name, ``address`` (where the attempt comes
+    from; :data:`LOCAL_ADDRESS` when not given) and the time; while the name or the
+    address is backed off (:func:`backoff_wait`) the attempt is refused with
+    :class:`SignInThrottled`, even with the right password.  A success clears the user's
+    failures (not its address's) and re-hashes a password stored with an older scheme
+    (scrypt) as argon2id.
+    ``now`` (POSIX seconds) is for tests; it defaults to the clock."""
+    now = time.time() if now is None else now
     key = name.strip().lower() if isinstance(name, str) else ""
+    address = _clean_address(address)
+    _check_backoff(ws, key, address, now)
     row = ws.conn.execute(f"SELECT {_COLUMNS} FROM users WHERE name=?", (key,)).fetchone()
     stored = row[4] if row is not None and row[4] is not None else _dummy_hash()
-    ok = verify_password(password if isinstance(password, str) else "", stored)
+    password = password if isinstance(password, str) else ""
+    ok = verify_password(password, stored)
     if row is None or row[4] is None or not ok:
+        with ws.transaction() as conn:
+            conn.execute("DELETE FROM sign_in_failures WHERE at<?", (now - _FAILURE_MEMORY_S,))
+            conn.execute("INSERT INTO sign_in_failures(user, address, at) VALUES (?,?,?)",
+                         (key, address, now))
+        _log.warning("failed sign-in: user=%r address=%r", key, address)
         raise PermissionDenied(_REFUSED)
     user = _row_user(row)
     if user.disabled:
         raise PermissionDenied(f"user {user.name!r} is disabled; ask an admin")
+    rehashed = hash_password(password) if password_needs_rehash(stored) else None
+    with ws.transaction() as conn:
+        conn.execute("UPDATE sign_in_failures SET user_cleared=1 WHERE user=?", (user.name,))
+        if rehashed is not None:  # only if nobody changed the password meanwhile
+            conn.execute("UPDATE users SET password_hash=? WHERE name=? AND password_hash=?",
+                         (rehashed, user.name, stored))
     return user.actor()
 
 
@@ -455,9 +661,9 @@ def oidc_user(ws: "Workspace", identity: Mapping[str, Any]) -> Actor:
     """Map an OIDC identity (e.g. Streamlit's ``st.user``) to a workspace user.
 
     Matches the identity's ``sub`` against users' ``oidc_sub`` first, then its ``email``
-    against users' e-mail (only when the provider did not mark it unverified).  Unknown
-    identities are refused: an admin must add them (``rwb users add NAME --role R
-    --email E``)."""
+    against users' e-mail, only when the provider vouches for the address
+    (``email_verified`` is true; a missing claim is not).  Unknown identities are refused:
+    an admin must add them (``rwb users add NAME --role R --email E`` or ``--oidc-sub S``)."""
     if not multi_user(ws):
         raise PermissionDenied("this workspace has no users (embedded mode): single sign-on "
                                "maps identities to workspace users; add users first")
@@ -467,7 +673,13 @@ def oidc_user(ws: "Workspace", identity: Mapping[str, Any]) -> Actor:
     if sub:
         row = ws.conn.execute(f"SELECT {_COLUMNS} FROM users WHERE oidc_sub=?",
                               (str(sub),)).fetchone()
-    if row is None and email and identity.get("email_verified", True) is not False:
+    verified = identity.get("email_verified") is True
+    if row is None and email and not verified:
+        raise PermissionDenied(
+            f"{email}: the identity provider did not confirm this e-mail address "
+            "(email_verified), so it cannot stand for a workspace user; ask an admin to add "
+            f"you by your OIDC subject: `rwb users add NAME --role ROLE --oidc-sub {sub or 'SUB'}`")
+    if row is None and email:
         row = ws.conn.execute(f"SELECT {_COLUMNS} FROM users WHERE email=?",
                               (str(email).strip().lower(),)).fetchone()
     if row is None:
@@ -493,3 +705,101 @@ def resolve_actor(ws: "Workspace", name: str | None, password: str | None) -> Ac
     if password is None:
         raise PermissionDenied(f"a password is needed to act as {name!r} (RWB_PASSWORD or stdin)")
     return authenticate(ws, name, password)
+
+
+# --------------------------------------------------------------------------- app sessions
+@dataclass(frozen=True)
+class Session:
+    """A signed-in app session.  ``token`` is the secret the app keeps for it (the
+    workspace stores only its SHA-256); :func:`session_actor` turns it back into the
+    acting user while the session lasts."""
+
+    token: str
+    actor: Actor
+    created_at: float
+
+
+class SessionEnded(PermissionDenied):
+    """The session expired or was ended (sign-out, password or role change): sign in again."""
+
+
+def _token_key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def open_session(ws: "Workspace", actor: Actor, *, address: str | None = None,
+                 method: str = "password", now: float | None = None) -> Session:
+    """Start a session for ``actor`` (a user who has just signed in by ``method``)."""
+    now = time.time() if now is None else now
+    token = secrets.token_urlsafe(32)
+    with ws.transaction() as conn:
+        conn.execute("INSERT INTO sessions(token_sha256, user, address, method, created_at, "
+                     "last_seen) VALUES (?,?,?,?,?,?)",
+                     (_token_key(token), actor.name, _clean_address(address), method, now, now))
+    return Session(token=token, actor=actor, created_at=now)
+
+
+def sign_in(ws: "Workspace", name: str, password: str, *, address: str | None = None,
+            now: float | None = None) -> Session:
+    """:func:`authenticate` (with its back-off) and, on success, a new session."""
+    actor = authenticate(ws, name, password, address=address, now=now)
+    return open_session(ws, actor, address=address, method="password", now=now)
+
+
+def sso_sign_in(ws: "Workspace", identity: Mapping[str, Any], *, address: str | None = None,
+                now: float | None = None) -> Session:
+    """:func:`oidc_user` and, on success, a new session."""
+    actor = oidc_user(ws, identity)
+    return open_session(ws, actor, address=address, method="oidc", now=now)
+
+
+def _end_sessions(conn: Any, user: str, why: str, now: float | None = None) -> None:
+    """End every open session of ``user`` (inside the caller's transaction)."""
+    conn.execute("UPDATE sessions SET ended_at=?, ended_why=? WHERE user=? AND ended_at IS NULL",
+                 (time.time() if now is None else now, why, user))
+
+
+def end_session(ws: "Workspace", token: str, *, why: str = "signed out",
+                now: float | None = None) -> None:
+    """End one session (sign-out); an unknown or already ended session is left as it is."""
+    with ws.transaction() as conn:
+        conn.execute("UPDATE sessions SET ended_at=?, ended_why=? WHERE token_sha256=? "
+                     "AND ended_at IS NULL",
+                     (time.time() if now is None else now, why, _token_key(token)))
+
+
+def session_actor(ws: "Workspace", token: str, *, now: float | None = None) -> Actor:
+    """The acting user of a session, read from the users table now.
+
+    Raises :class:`SessionEnded` (saying why) when the session is unknown or was ended,
+    has seen no activity for :data:`SESSION_IDLE_S`, began more than
+    :data:`SESSION_MAX_S` ago, or its user no longer exists or is disabled; an expired
+    session is ended in the table.  Otherwise records the activity (at most every
+    minute) and returns the user's :class:`Actor`."""
+    now = time.time() if now is None else now
+    key = _token_key(token) if isinstance(token, str) else ""
+    row = ws.conn.execute("SELECT user, created_at, last_seen, ended_at, ended_why FROM sessions "
+                          "WHERE token_sha256=?", (key,)).fetchone()
+    if row is None:
+        raise SessionEnded("this session is not known to the workspace; sign in again")
+    name, created_at, last_seen, ended_at, ended_why = row
+    if ended_at is not None:
+        raise SessionEnded(f"your session was ended ({ended_why}); sign in again")
+    user_row = ws.conn.execute(f"SELECT {_COLUMNS} FROM users WHERE name=?", (name,)).fetchone()
+    why = None
+    if now - created_at >= SESSION_MAX_S:
+        why = f"expired {_span(SESSION_MAX_S)} after sign-in"
+    elif now - last_seen >= SESSION_IDLE_S:
+        why = f"expired after {_span(SESSION_IDLE_S)} without activity"
+    elif user_row is None:
+        why = "user removed"
+    elif user_row[5]:
+        why = "user disabled"
+    if why is not None:
+        end_session(ws, token, why=why, now=now)
+        said = why if why.startswith("expired") else f"ended ({why})"
+        raise SessionEnded(f"your session {said}; sign in again")
+    if now - last_seen >= _SESSION_TOUCH_S:
+        with ws.transaction() as conn:
+            conn.execute("UPDATE sessions SET last_seen=? WHERE token_sha256=?", (now, key))
+    return _row_user(user_row).actor()

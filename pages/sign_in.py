@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import resources
 from core.errors import RwbError
-from core.users import authenticate, multi_user, oidc_user
+from core.users import LOCAL_ADDRESS, Session, end_session, multi_user, sign_in, sso_sign_in
 
 st.title("Sign in")
 st.caption("Sign in to act with your role: analysts import, design rewards and train; reviewers "
@@ -15,6 +15,16 @@ st.caption("Sign in to act with your role: analysts import, design rewards and t
 
 ws = resources.workspace()
 actor = st.session_state.get("actor")
+# Failed sign-ins back off per user name and per client address (the server's view of the
+# peer; behind a proxy that hides it, every attempt counts as the one local address).
+address = st.context.ip_address
+address = address if isinstance(address, str) and address else LOCAL_ADDRESS
+
+
+def _start(session: Session) -> None:
+    st.session_state["actor"] = session.actor
+    st.session_state["session_token"] = session.token
+
 
 if not multi_user(ws):
     st.info("This workspace has no users: everyone who opens it is the local admin, no sign-in needed. "
@@ -28,6 +38,8 @@ signed_in_sso = sso and bool(st.user.is_logged_in)
 if actor is not None:
     st.success(f"Signed in as **{actor.name}** ({actor.role}).")
     if st.button("Sign out", key="sign_out"):
+        if "session_token" in st.session_state:
+            end_session(ws, st.session_state.pop("session_token"))
         del st.session_state["actor"]
         if signed_in_sso:
             st.logout()
@@ -37,7 +49,7 @@ if actor is not None:
 if signed_in_sso:
     # The identity provider says who this is; the workspace says which user (and role) that is.
     try:
-        st.session_state["actor"] = oidc_user(ws, st.user.to_dict())
+        _start(sso_sign_in(ws, st.user.to_dict(), address=address))
     except RwbError as exc:
         st.error(str(exc))
         st.button("Sign out of single sign-on", key="sso_sign_out", on_click=st.logout)
@@ -51,7 +63,7 @@ with st.form("sign_in_form"):
     submitted = st.form_submit_button("Sign in", type="primary")
 if submitted:
     try:
-        st.session_state["actor"] = authenticate(ws, name, password)
+        _start(sign_in(ws, name, password, address=address))
     except RwbError as exc:
         st.error(str(exc))
     else:

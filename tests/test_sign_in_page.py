@@ -100,14 +100,16 @@ def test_single_sign_on_maps_the_identity_to_a_workspace_user(users_ws):
     ws.close()
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     at.secrets["auth"] = AUTH
-    at.user = {"is_logged_in": True, "email": "cy@example.com", "sub": "idp|123"}
+    at.user = {"is_logged_in": True, "email": "cy@example.com", "email_verified": True,
+               "sub": "idp|123"}
     _sign_in_page(at.run())
     assert not at.exception
     assert at.session_state["actor"] == Actor("cy", "reviewer", email="cy@example.com")
 
     stranger = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     stranger.secrets["auth"] = AUTH
-    stranger.user = {"is_logged_in": True, "email": "eve@example.com", "sub": "idp|666"}
+    stranger.user = {"is_logged_in": True, "email": "eve@example.com", "email_verified": True,
+                     "sub": "idp|666"}
     _sign_in_page(stranger.run())
     assert not stranger.exception
     assert "actor" not in stranger.session_state

@@ -57,10 +57,11 @@ def test_first_user_must_be_admin_and_retires_the_local_admin(ws):
 
 
 # --------------------------------------------------------------------------- passwords
-def test_passwords_are_scrypt_hashed_with_their_own_salt(ws, team):
+def test_passwords_are_argon2id_hashed_with_their_own_salt(ws, team):
     users.add_user(ws, team, "bea", "analyst", password=PASSWORD)  # same password as ada
     hashes = dict(ws.conn.execute("SELECT name, password_hash FROM users"))
-    assert all(h.startswith("scrypt$") for h in hashes.values())
+    # OWASP's argon2id parameters: 19 MiB, 2 passes, 1 lane
+    assert all(h.startswith("$argon2id$v=19$m=19456,t=2,p=1$") for h in hashes.values())
     assert PASSWORD not in "".join(hashes.values())
     assert hashes["ada"].split("$")[4] != hashes["bea"].split("$")[4]  # salts differ
     assert hashes["ada"] != hashes["bea"]
@@ -221,18 +222,17 @@ def test_oidc_identity_maps_to_a_workspace_user(ws, team):
         users.oidc_user(ws, {"email": "x@example.com"})
     users.add_user(ws, team, "olga", "reviewer", email="Olga@Example.com")
     users.add_user(ws, team, "otto", "approver", oidc_sub="google|123")
-    assert users.oidc_user(ws, {"email": "olga@example.com", "sub": "s-9"}) == Actor(
+    assert users.oidc_user(ws, {"email": "olga@example.com", "sub": "s-9",
+                                "email_verified": True}) == Actor(
         "olga", "reviewer", "user", "olga@example.com")
     assert users.oidc_user(ws, {"sub": "google|123", "email": "other@x.org"}).name == "otto"
     with pytest.raises(PermissionDenied, match="not a user"):
-        users.oidc_user(ws, {"email": "olga@example.com", "email_verified": False})
-    with pytest.raises(PermissionDenied, match="rwb users add"):
-        users.oidc_user(ws, {"email": "stranger@example.com"})
+        users.oidc_user(ws, {"email": "stranger@example.com", "email_verified": True})
     with pytest.raises(PermissionDenied, match="unknown user or wrong password"):
         users.authenticate(ws, "olga", "")  # an SSO-only user has no password
     users.disable_user(ws, team, "olga")
     with pytest.raises(PermissionDenied, match="disabled"):
-        users.oidc_user(ws, {"email": "olga@example.com"})
+        users.oidc_user(ws, {"email": "olga@example.com", "email_verified": True})
 
 
 def test_oidc_in_embedded_mode_is_refused(ws):
