@@ -3,6 +3,12 @@
 Each area lives in its own module (``core/cli/<area>.py``) exposing a ``typer.Typer``
 named ``app`` (or top-level commands registered by ``register(root)``); the list
 below is the one place that wires them together.
+
+The modules import only the standard library, typer and ``core.errors`` at the top; each
+command imports the ``core`` function it calls (and with it torch, pandas, sentence
+models …) when it runs, so that ``rwb --help``, ``rwb --version`` and a usage error
+answer at once.  :func:`main` turns every error into one line on stderr (a JSON object
+under ``--json``) and an exit code: 2 for a usage error, ``RwbError.exit_code`` otherwise.
 """
 
 from __future__ import annotations
@@ -22,11 +28,34 @@ root = typer.Typer(
     name="rwb",
     help="Reward Workbench: reward engineering for tool-using agents.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion
     pretty_exceptions_enable=False,
 )
 
+#: The distribution whose version ``rwb --version`` prints.
+DISTRIBUTION = "reward-workbench"
+
 _STATE: dict[str, Any] = {"workspace": None}
+
+
+def version() -> str:
+    """The installed package's version, else the checkout's pyproject.toml's (run from a
+    source tree that was never installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rwb {version()}")
+        raise typer.Exit()
 
 
 @root.callback()
@@ -34,6 +63,8 @@ def _main(
     workspace: Optional[Path] = typer.Option(
         None, "--workspace", "-w", envvar="RWB_WORKSPACE",
         help="Workspace folder (default ./workspace)."),
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version of Reward Workbench and exit."),
 ) -> None:
     _STATE["workspace"] = workspace
 
@@ -94,6 +125,7 @@ AREAS: list[tuple[str, str | None]] = [
     ("reward_versions", None),
     ("bundle", "bundle"),
     ("registry", "registry"),
+    ("keys", "keys"),
     ("tune", "tune"),
     ("train", None),
     ("serve", "serve"),
@@ -113,29 +145,74 @@ def _wire() -> None:
 _wire()
 
 
+def _has_json_option(command: Any) -> bool:
+    return any("--json" in getattr(p, "opts", ()) for p in getattr(command, "params", ()))
+
+
+def _json_requested(args: list[str]) -> bool:
+    """``--json`` among the options (not after a ``--``)."""
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _usage_line(exc: Any) -> str:
+    """One line: what was wrong, and the ``rwb … --help`` to read."""
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    command = exc.ctx.command_path if exc.ctx is not None else "rwb"
+    return f"{message}. See '{command} --help'."
+
+
+def _usage_field(exc: Any) -> str | None:
+    """The option or argument a usage error is about, when it names one."""
+    if getattr(exc, "param", None) is not None:
+        return exc.param.name
+    return getattr(exc, "option_name", None)
+
+
+def _fail(exc: BaseException, message: str, exit_code: int, as_json: bool, *,
+          kind: str | None = None, field: str | None = None) -> int:
+    """Report an error on stderr, as ``Error: message`` or, under ``--json``, as
+    ``{"error": {type, message, file, line, record, field}}``; returns the exit code."""
+    if as_json:
+        error = {"type": kind or type(exc).__name__, "message": message,
+                 "file": getattr(exc, "file", None), "line": getattr(exc, "line", None),
+                 "record": getattr(exc, "record", None), "field": getattr(exc, "field", None) or field}
+        sys.stderr.write(json.dumps({"error": error}, ensure_ascii=False, default=str) + "\n")
+    else:
+        sys.stderr.write(f"Error: {message}\n")
+    sys.stderr.flush()
+    return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; user errors print a message and exit non-zero."""
+    """Entry point of the console script: runs ``rwb ARGV`` and returns its exit code.
+
+    A usage error (unknown command or option, missing argument, bad value) exits 2, an
+    ``RwbError`` with its ``exit_code``; neither prints a traceback."""
+    from typer._click import exceptions as usage
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = _json_requested(args)
     try:
-        # With standalone_mode=False click returns a command's exit code (typer.Exit(n))
-        # instead of raising SystemExit.
-        rv = root(args=argv, standalone_mode=False)
+        # With standalone_mode=False the command's exit code (typer.Exit(n)) is returned
+        # and errors are raised here instead of printed and exited on.
+        rv = root(args=args, prog_name="rwb", standalone_mode=False)
     except RwbError as exc:
-        typer.echo(f"Error: {exc}", err=True)
+        return _fail(exc, str(exc), exc.exit_code, as_json)
+    except usage.NoArgsIsHelpError as exc:  # a group without its command: its help, on stdout
+        if exc.message.strip():  # typer's rich help has printed itself already
+            typer.echo(exc.message)
         return exc.exit_code
+    except usage.UsageError as exc:
+        return _fail(exc, _usage_line(exc), exc.exit_code, as_json and _has_json_option(exc.cmd),
+                     kind="UsageError", field=_usage_field(exc))
+    except usage.ClickException as exc:
+        return _fail(exc, exc.format_message(), exc.exit_code, as_json)
     except typer.Exit as exc:
         return exc.exit_code
-    except SystemExit as exc:  # typer/click usage errors already printed
-        return int(exc.code or 0)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            typer.echo("Aborted.", err=True)
-            return 1
-        raise
+    except typer.Abort as exc:
+        return _fail(exc, "Aborted.", 1, as_json)
+    except SystemExit as exc:  # shell completion and --install-completion exit on their own
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return rv if isinstance(rv, int) else 0
 
 

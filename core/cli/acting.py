@@ -12,12 +12,14 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from core.errors import InputError
-from core.users import Actor, multi_user, resolve_actor
+
+if TYPE_CHECKING:
+    from core.users import Actor
 
 AS_HELP = ("Act as this workspace user (multi-user mode); the password comes from "
            "RWB_PASSWORD or stdin.  Not needed in a workspace without users.")
@@ -43,6 +45,8 @@ def acting_user(ws, as_name: Optional[str], *, stdin_free: bool = True) -> Actor
 
     ``stdin_free=False`` when the command itself reads stdin (e.g. a new password): the
     acting user's password must then come from ``RWB_PASSWORD``."""
+    from core.users import multi_user, resolve_actor
+
     if not multi_user(ws):
         return resolve_actor(ws, as_name, None)
     password = os.environ.get("RWB_PASSWORD")

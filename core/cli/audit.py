@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 
-from core import audit
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
@@ -29,6 +28,8 @@ def tail(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The last records, oldest first (one JSON record per line)."""
+    from core import audit
+
     records = audit.tail(open_workspace(), n, episode_id=episode, policy_version=policy)
     if as_json:
         print_json({"records": records})
@@ -64,6 +65,8 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Export records (or served episodes) to a JSONL file."""
+    from core import audit
+
     ws = open_workspace()
     result = audit.export(ws, acting_user(ws, as_name), out, as_episodes=as_episodes,
                           episode_id=episode, policy_version=policy, since=since, until=until,
@@ -80,6 +83,8 @@ def export(
 @app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """How many records and episodes, first and last time, records per policy version."""
+    from core import audit
+
     s = audit.stats(open_workspace())
     if as_json:
         print_json(s)
@@ -96,6 +101,8 @@ def recover(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Re-insert records a writer could not commit at exit (artifacts/audit_unflushed/)."""
+    from core import audit
+
     ws = open_workspace()
     result = audit.recover_unflushed(ws, acting_user(ws, as_name))
     if as_json:

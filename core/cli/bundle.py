@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 
-from core import bundle
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 
@@ -30,16 +29,18 @@ def export_bundle(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write RUN's policy, encoder, catalog, masks, template, evaluation and RDE tree as a bundle zip."""
+    from core import bundle
+
     ws = open_workspace()
     path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version)
-    report = bundle.verify_bundle(path)
+    report = bundle.verify_in_workspace(ws, path)
     m = report.manifest or {}
     if as_json:
         print_json({"path": str(path), "name": m.get("name"), "version": m.get("version"),
-                    "manifest": m, "verified": report.ok})
+                    "manifest": m, "verified": report.ok, "signer": report.signer})
         return
     ev = m.get("evaluation") or {}
-    typer.echo(f"wrote {path}: {m.get('name')} {m.get('version')} from {run_id}")
+    typer.echo(f"wrote {path}: {m.get('name')} {m.get('version')} from {run_id}, signed by key {report.signer}")
     typer.echo(f"  held-out return {ev.get('policy', {}).get('return_mean')} vs logged expert "
                f"{ev.get('expert_return')} over {ev.get('episodes')} episodes")
 
@@ -47,17 +48,28 @@ def export_bundle(
 @app.command("verify")
 def verify(
     file: Path = typer.Argument(..., help="Bundle zip (or a promoted bundle folder)."),
+    allow_unsigned: bool = typer.Option(
+        False, "--allow-unsigned",
+        help="Inspection only: report a missing, invalid or untrusted signature as a warning and exit 0 "
+             "(registering and promoting still refuse such a bundle)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Check hashes, schema, paths, pickle payloads and a smoke run; exit 2 when refused."""
-    report = bundle.verify_bundle(file)
+    """Check the signature (by a key this workspace trusts), hashes, schema, paths, pickle payloads
+    and a smoke run; exit 2 when refused."""
+    from core import bundle
+
+    ws = open_workspace()
+    report = bundle.verify_in_workspace(ws, file, allow_unsigned=allow_unsigned)
     if as_json:
         print_json(report.to_dict())
     else:
         for c in report.checks:
             typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']:<9} {c['detail']}")
+        for w in report.warnings:
+            typer.echo(f"warning: {w} (accepted for inspection only: --allow-unsigned)", err=True)
         if report.ok:
             m = report.manifest or {}
-            typer.echo(f"bundle ok: {m.get('name')} {m.get('version')}")
+            signer = f"signed by key {report.signer}" if report.signer else "NOT signed by a trusted key"
+            typer.echo(f"bundle ok: {m.get('name')} {m.get('version')}, {signer}")
     if not report.ok:  # the CLI prints it and exits 2
         raise bundle.BundleError(f"bundle refused: {report.reason}", file=str(file))

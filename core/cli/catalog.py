@@ -7,9 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from core.catalog import show_catalog
 from core.cli import open_workspace, print_json
-from core.masking import check_masks
 
 app = typer.Typer(help="Action catalog (tool × parameter-preset tokens) and mask rules.",
                   no_args_is_help=True)
@@ -26,6 +24,8 @@ def _workspace(dataset: str | None):
 @app.command("show")
 def show(dataset: Optional[str] = _DATASET, tools: Optional[Path] = _TOOLS, as_json: bool = _JSON) -> None:
     """List the tokens (A12T3 …) with their labels and risk, and the catalog version."""
+    from core.catalog import show_catalog
+
     summary = show_catalog(_workspace(dataset), dataset=dataset, tools_file=tools)
     if as_json:
         print_json(summary)
@@ -42,6 +42,8 @@ def show(dataset: Optional[str] = _DATASET, tools: Optional[Path] = _TOOLS, as_j
 def masks(file: Path = typer.Argument(..., help="Mask rules YAML."), dataset: Optional[str] = _DATASET,
           tools: Optional[Path] = _TOOLS, as_json: bool = _JSON) -> None:
     """Check a mask-rules file against a catalog: what each rule targets and needs."""
+    from core.masking import check_masks
+
     report: dict[str, Any] = check_masks(file, _workspace(dataset), dataset=dataset, tools_file=tools)
     if as_json:
         print_json(report)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import typer
 
 from core.cli import open_workspace, print_json
+from core.cli.acting import acting_user, as_option
 from core.errors import InputError
 
 app = typer.Typer(help="Recorded episodes: import, list, show, export.", no_args_is_help=True)
@@ -80,15 +81,17 @@ def import_cmd(
     id_key: Optional[str] = ID_KEY_OPTION,
     skip_invalid: bool = SKIP_INVALID_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_name: Optional[str] = as_option(),
 ) -> None:
     """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
     from core.importers import import_file
 
     ws = open_workspace()
+    actor = acting_user(ws, as_name)
     with _progress(file) as progress:
         result = import_file(ws, file, format=format, dataset=dataset, messages_key=messages_key,
                              reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
-                             progress=progress)
+                             progress=progress, actor=actor)
     if as_json:
         print_json(result.to_dict())
         return

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import typer
 
-from core import registry
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 
@@ -37,6 +36,8 @@ def list_versions(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List registered versions with their stage, held-out return and approvals."""
+    from core import registry
+
     ws = open_workspace()
     versions = registry.list_versions(ws, name)
     if as_json:
@@ -57,6 +58,8 @@ def register(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Verify a bundle and register it as a candidate version."""
+    from core import registry
+
     ws = open_workspace()
     v = registry.register(ws, acting_user(ws, as_name), file, comment=comment)
     if as_json:
@@ -74,6 +77,8 @@ def gate(
     """Run the promotion gate without approving: does VERSION beat its baseline on held-out episodes?
 
     Exits non-zero when it does not."""
+    from core import registry
+
     result = registry.promotion_gate(open_workspace(), name, version)
     if as_json:
         print_json(result)
@@ -92,6 +97,8 @@ def approve(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Approve a candidate (approver role, four-eyes, promotion gate)."""
+    from core import registry
+
     ws = open_workspace()
     v = registry.approve(ws, acting_user(ws, as_name), name, version, comment)
     if as_json:
@@ -109,6 +116,8 @@ def promote(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write an approved version into core/policies/NAME/ and make it active."""
+    from core import registry
+
     ws = open_workspace()
     entry = registry.promote(ws, acting_user(ws, as_name), name, version, comment)
     if as_json:
@@ -125,6 +134,8 @@ def rollback(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Make the previous production version of NAME active again."""
+    from core import registry
+
     ws = open_workspace()
     entry = registry.rollback(ws, acting_user(ws, as_name), name, comment)
     if as_json:
@@ -139,6 +150,8 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Every registry event, oldest first: who did what, when and why."""
+    from core import registry
+
     events = registry.history(open_workspace(), name)
     if as_json:
         print_json({"events": events})

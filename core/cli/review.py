@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import typer
 
-from core import review
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
@@ -51,6 +50,8 @@ def list_items(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List review items, oldest first."""
+    from core import review
+
     ws = open_workspace()
     items = review.list_items(ws, status=status, origin=origin, dataset=dataset, limit=limit)
     if as_json:
@@ -68,6 +69,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one item with its state, reward components and event log."""
+    from core import review
+
     item = review.get_item(open_workspace(), item_id)
     if as_json:
         print_json(item)
@@ -80,15 +83,18 @@ def show(
 @app.command("claim")
 def claim(
     item_id: Optional[int] = typer.Argument(None, help="Item to claim (default: oldest open)."),
-    lease: float = typer.Option(review.DEFAULT_LEASE_SECONDS, "--lease",
-                                help="Seconds the claim lasts."),
+    lease: Optional[float] = typer.Option(None, "--lease",
+                                          help="Seconds the claim lasts (default 300)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Only from this dataset."),
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Claim an item to decide it (atomic; the claim expires after --lease seconds)."""
+    from core import review
+
     ws = open_workspace()
-    item = review.claim(ws, acting_user(ws, as_name), item_id, lease, dataset=dataset)
+    item = review.claim(ws, acting_user(ws, as_name), item_id,
+                        review.DEFAULT_LEASE_SECONDS if lease is None else lease, dataset=dataset)
     if as_json:
         print_json({"item": item})
     elif item is None:
@@ -110,6 +116,8 @@ def decide(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Decide a claimed item once: approve (training data) or reject (mask rule)."""
+    from core import review
+
     ws = open_workspace()
     when = None
     if pattern is not None:
@@ -134,6 +142,8 @@ def release(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Give a claimed item back to the queue undecided."""
+    from core import review
+
     ws = open_workspace()
     item = review.release(ws, acting_user(ws, as_name), item_id)
     print_json(item) if as_json else typer.echo(f"#{item['id']} is back in the queue")
@@ -145,6 +155,8 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Queue statistics: pending, claimed, decided, oldest open age, approve rate."""
+    from core import review
+
     s = review.stats(open_workspace(), dataset)
     if as_json:
         print_json(s)

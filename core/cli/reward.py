@@ -12,14 +12,15 @@ outcomes (components' power, ROC, calibration; grouped by task); ``learn`` fits 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from core import rewards
 from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
-from core.rewards.expectations import ExpectationsFailed
+
+if TYPE_CHECKING:
+    from core.rewards import ScoreResult
 
 app = typer.Typer(help="Reward pyramids: validate templates, score episodes, check expectations.",
                   no_args_is_help=True)
@@ -68,6 +69,8 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Validate a template; errors name the key and the line."""
+    from core import rewards
+
     info = rewards.validate(template, ws=_workspace_for(template))
     if as_json:
         print_json(info)
@@ -87,7 +90,7 @@ def validate(
         typer.echo("  episode terms: " + ", ".join(f"{k}={v:g}" for k, v in info["episode_terms"].items()))
 
 
-def _summary_json(result: rewards.ScoreResult) -> dict[str, Any]:
+def _summary_json(result: ScoreResult) -> dict[str, Any]:
     out = result.summary()
     out["episode_returns"] = result.episode_returns
     return out
@@ -102,6 +105,8 @@ def score(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary + episode returns)."),
 ) -> None:
     """Score episodes: per-step component values, gated level totals, rewards, episode returns."""
+    from core import rewards
+
     update, bar = _scoring_progress()
     with bar:
         result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes, progress=update)
@@ -134,6 +139,9 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Evaluate the template's expectations; exit 1 when one fails."""
+    from core import rewards
+    from core.rewards.expectations import ExpectationsFailed
+
     report = rewards.check(open_workspace(), template, dataset=dataset, episodes=episodes)
     if as_json:
         print_json(report.to_dict())
@@ -193,6 +201,7 @@ def learn(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Fit the learned_outcome term on labelled episodes (held-out AUC grouped by task)."""
+    from core import rewards
     from core.rewards.calibration import calibrate_result, outcome_columns
     from core.rewards.learned import learn as fit_learned, without_learned_outcome
     from core.rewards.versions import get_template, parse_spec, resolve_template, save_template

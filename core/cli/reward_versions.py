@@ -8,17 +8,19 @@ edited from and is refused (exit 4) when someone saved a newer one since.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
-from core.rewards import versions as tv
+
+if TYPE_CHECKING:
+    from core.rewards.versions import TemplateVersion
 
 
-def _short(v: tv.TemplateVersion) -> str:
+def _short(v: TemplateVersion) -> str:
     base = "-" if v.base_version is None else str(v.base_version)
     return (f"{v.version:>4}  {v.saved_at or 'shipped':<20}  {v.saved_by:<16}  {base:>4}  "
             f"{v.sha256[:12]}  {v.message}")
@@ -29,6 +31,8 @@ def versions(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List the versions of a template (version 0 is the shipped file)."""
+    from core.rewards import versions as tv
+
     rows = tv.list_versions(open_workspace(), name)
     if as_json:
         print_json({"name": name, "latest": rows[-1].version, "versions": [v.to_dict() for v in rows]})
@@ -49,6 +53,8 @@ def save(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Save FILE as a new version of template NAME (refused when NAME moved past --base)."""
+    from core.rewards import versions as tv
+
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -69,6 +75,8 @@ def diff(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """What changed between two versions: weights, parameters, gating …, then the YAML diff."""
+    from core.rewards import versions as tv
+
     d = tv.diff_versions(open_workspace(), name, a, b)
     if as_json:
         print_json(d.to_dict())
@@ -89,6 +97,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with the YAML)."),
 ) -> None:
     """Print the YAML of a template version (to edit it and `rwb reward save` it back)."""
+    from core.rewards import versions as tv
+
     name, version = tv.parse_spec(template)
     v = tv.get_template(open_workspace(), name, version)
     if as_json:

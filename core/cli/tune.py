@@ -33,11 +33,16 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def _quiet_optuna() -> None:
+def _tuning() -> Any:
+    """``core.tuning``, imported when a tuning command runs (optuna and the numpy stacks stay out
+    of ``rwb --help``), with optuna's INFO lines off: one per trial at ~1,000 trials/min would
+    drown the output and the worker logs."""
     import optuna
 
-    # one INFO line per trial at ~1,000 trials/min would drown the output and the worker logs
+    from core import tuning
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return tuning
 
 
 @app.callback()
@@ -87,11 +92,9 @@ def tune(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Run a study: tune the template's weights on the data (see `rwb tune --help`)."""
-    from core import tuning  # optuna and numpy stacks load only for tuning commands
-
-    _quiet_optuna()
     if ctx.invoked_subcommand is not None:
-        return
+        return  # the subcommand loads core.tuning itself, once its own options have parsed
+    tuning = _tuning()
     if template is None:
         typer.echo(ctx.get_help())
         raise InputError("give a template to tune (--template NAME or FILE)", field="template")
@@ -180,8 +183,7 @@ def apply(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Write the study's best weights as a new version of its template (never overwrites)."""
-    from core import tuning
-
+    tuning = _tuning()
     ws = open_workspace()
     out = tuning.apply_study(ws, acting_user(ws, as_name), study, storage=storage, trial=trial, message=message)
     if as_json:
@@ -202,8 +204,7 @@ def prefer(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Label one episode as better than another (the preferences objective)."""
-    from core import tuning
-
+    tuning = _tuning()
     ws = open_workspace()
     out = tuning.add_preference(ws, acting_user(ws, as_name), dataset, better, worse, comment)
     if as_json:
@@ -218,8 +219,7 @@ def preferences(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List the preference labels."""
-    from core import tuning
-
+    tuning = _tuning()
     prefs = tuning.list_preferences(open_workspace(), dataset)
     if as_json:
         print_json({"preferences": prefs})
@@ -234,8 +234,7 @@ def preferences(
 @app.command("list")
 def list_studies(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Studies started from this workspace, newest first."""
-    from core import tuning
-
+    tuning = _tuning()
     studies = tuning.list_studies(open_workspace())
     if as_json:
         print_json({"studies": studies})
@@ -256,8 +255,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """A study's trials, best vs template weights and the status of each expectation."""
-    from core import tuning
-
+    tuning = _tuning()
     report = tuning.study_report(open_workspace(), study, storage)
     body = {k: v for k, v in report.__dict__.items() if k != "figures"}
     if as_json:
@@ -284,8 +282,7 @@ def stop(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Ask the study's running workers to stop after their current trial."""
-    from core import tuning
-
+    tuning = _tuning()
     ws = open_workspace()
     out = tuning.stop_tuning(ws, acting_user(ws, as_name), study)
     if as_json:

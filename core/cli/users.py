@@ -10,7 +10,6 @@ from typing import Optional
 
 import typer
 
-from core import users
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option, read_secret
 
@@ -33,6 +32,8 @@ def add(
 ) -> None:
     """Add a user.  Without --password-stdin and without --email/--oidc-sub you are asked
     for the password."""
+    from core import users
+
     ws = open_workspace()
     actor = acting_user(ws, as_name, stdin_free=not password_stdin)
     password = None
@@ -55,6 +56,8 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List users and their roles."""
+    from core import users
+
     ws = open_workspace()
     rows = users.list_users(ws, acting_user(ws, as_name))
     if as_json:
@@ -76,6 +79,8 @@ def set_role(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Change a user's role."""
+    from core import users
+
     ws = open_workspace()
     user = users.set_role(ws, acting_user(ws, as_name), name, role)
     print_json(user.to_dict()) if as_json else typer.echo(f"{user.name} is now {user.role}")
@@ -88,6 +93,8 @@ def disable(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Disable a user (their name stays on past decisions)."""
+    from core import users
+
     ws = open_workspace()
     user = users.disable_user(ws, acting_user(ws, as_name), name)
     print_json(user.to_dict()) if as_json else typer.echo(f"{user.name} is disabled")
@@ -101,6 +108,8 @@ def passwd(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Set a user's password (your own, or anyone's as an admin)."""
+    from core import users
+
     ws = open_workspace()
     actor = acting_user(ws, as_name, stdin_free=not password_stdin)
     password = (read_secret("New password: ") if password_stdin else

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from core.cli import open_workspace, print_json
-from core.workspace_setup import WorkspaceStatus, init_workspace, workspace_status
+
+if TYPE_CHECKING:
+    from core.workspace_setup import WorkspaceStatus
 
 app = typer.Typer(help="Create and describe the workspace.", no_args_is_help=True)
 
@@ -29,6 +33,8 @@ def init(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Create (or migrate) the workspace and import the sample datasets into an empty one."""
+    from core.workspace_setup import init_workspace
+
     status = init_workspace(open_workspace(), samples=samples)
     print_json(status.to_dict()) if as_json else _print(status)
 
@@ -36,5 +42,7 @@ def init(
 @app.command("info")
 def info(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show the workspace folder, its schema version and its datasets."""
+    from core.workspace_setup import workspace_status
+
     status = workspace_status(open_workspace())
     print_json(status.to_dict()) if as_json else _print(status)
