@@ -1,10 +1,21 @@
-"""Suite-wide pytest hooks: the fuzz tests' case counts in the terminal summary."""
+"""Suite-wide pytest fixtures and hooks: a fresh workspace per test, and the fuzz tests'
+case counts in the terminal summary."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+
+@pytest.fixture
+def ws(tmp_path):
+    """A fresh workspace in the test's temporary folder (a module may define its own)."""
+    from core.store import Workspace
+
+    w = Workspace.open(tmp_path / "ws")
+    yield w
+    w.close()
+
 
 #: kind of input ("template", "episode file") -> number of generated cases run.
 FUZZ_COUNTS: pytest.StashKey[Counter[str]] = pytest.StashKey()

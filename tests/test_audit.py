@@ -28,13 +28,6 @@ ENGINE = Actor.service()
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def ws(tmp_path):
-    w = Workspace.open(tmp_path / "ws")
-    yield w
-    w.close()
-
-
 def _count(ws: Workspace) -> int:
     """Committed records, seen through a separate connection (what another process sees)."""
     con = sqlite3.connect(ws.root / DB_NAME)

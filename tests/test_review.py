@@ -27,13 +27,6 @@ RITA, ROB = Actor("rita", "reviewer"), Actor("rob", "reviewer")
 ENGINE = Actor.service()
 
 
-@pytest.fixture
-def ws(tmp_path):
-    w = Workspace.open(tmp_path / "ws")
-    yield w
-    w.close()
-
-
 def _req(i: int = 0, **kw) -> ReviewRequest:
     base = dict(
         origin="serving", reason="high-risk final action, confidence 0.41",

@@ -24,13 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def ws(tmp_path):
-    w = Workspace.open(tmp_path / "ws")
-    yield w
-    w.close()
-
-
-@pytest.fixture
 def team(ws):
     users.add_user(ws, LOCAL_ADMIN, "ada", "admin", password=PASSWORD)
     admin = Actor("ada", "admin")

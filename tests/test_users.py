@@ -10,17 +10,9 @@ from typer.testing import CliRunner
 from core import audit, review, users
 from core.cli import main, root
 from core.errors import ConflictError, InputError, PermissionDenied
-from core.store import Workspace
 from core.users import LOCAL_ADMIN, PERMISSIONS, ROLES, Actor
 
 PASSWORD = "correct horse battery"
-
-
-@pytest.fixture
-def ws(tmp_path):
-    w = Workspace.open(tmp_path / "ws")
-    yield w
-    w.close()
 
 
 @pytest.fixture
