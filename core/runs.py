@@ -240,12 +240,15 @@ def resolve_run_template(ws: "Workspace", template: "Template | str | Path") -> 
 
 def create_run(ws: "Workspace", actor: Actor, *, template: "Template", config: "PPOConfig",
                dataset: str | None = None, episodes_file: str | Path | None = None,
-               masks: str | Path | None = None, template_version: str | None = None) -> str:
+               masks: str | Path | None = None, template_version: str | None = None,
+               refuse_twin: bool = False) -> str:
     """Record a new run (status ``running``, no process yet) and return its id.  Needs ``train``.
 
     ``masks``: a mask-rules YAML file; default the committed rules of the data's domain
     (``datasets/<domain>/masks.yaml``).  The rules' text is stored with the run, so a resume
-    trains under the same rules."""
+    trains under the same rules.  ``refuse_twin``: raise :class:`ConflictError` naming the run
+    when an identical run is in flight (checked in the same write transaction as the insert,
+    so two launches racing each other cannot both pass)."""
     from core.masking import MaskRules
 
     authorize(ws, actor, "train")
@@ -273,17 +276,49 @@ def create_run(ws: "Workspace", actor: Actor, *, template: "Template", config: "
         MaskRules.from_yaml(masks_yaml)  # refuse broken rules before the run exists
     run_id = new_run_id()
     cfg = asdict(config)
+    file_json = None if file_info is None else _json(file_info)
     with ws.transaction() as conn:
+        if refuse_twin:
+            twin = in_flight_twin(ws, template_hash=template_hash(template), dataset=dataset,
+                                  episodes_file=file_json, masks_yaml=masks_yaml, config=_json(cfg))
+            if twin is not None:
+                raise ConflictError(
+                    f"run {twin} is already training {template.name} {template_version or template.version} on "
+                    "the same data with the same settings: watch it or stop it first, or change a setting "
+                    "(the seed, say) to start another run")
         conn.execute(
             "INSERT INTO runs (id, status, dataset, episodes_file, template_name, template_version, "
             "template_hash, template_yaml, masks_source, masks_yaml, device, config, total_steps, created_by, "
             "created_at, log_path) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (run_id, "running", dataset, None if file_info is None else _json(file_info), template.name,
+            (run_id, "running", dataset, file_json, template.name,
              template_version or str(template.version), template_hash(template), template.to_yaml(),
              None if masks_path is None else str(masks_path), masks_yaml, config.device,
              _json(cfg), int(config.total_steps), actor.name, _now_iso(),
              str(run_dir(ws, run_id) / "train.log")))
     return run_id
+
+
+#: Seconds a launched run may sit without a recorded trainer process and still count as in flight.
+LAUNCH_GRACE_S = 60
+
+
+def in_flight_twin(ws: "Workspace", *, template_hash: str, dataset: str | None, episodes_file: str | None,
+                   masks_yaml: str | None, config: str) -> str | None:
+    """The id of a run in flight (status running: its trainer alive, on another host, or
+    launched under :data:`LAUNCH_GRACE_S` ago and not yet recorded) that trains exactly this:
+    the same template text, data, mask rules and settings (``config`` as stored, canonical
+    JSON).  None when there is none."""
+    recent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - LAUNCH_GRACE_S))
+    rows = ws.conn.execute(
+        "SELECT id, pid, host, created_at FROM runs WHERE status='running' AND template_hash=? AND dataset IS ? "
+        "AND episodes_file IS ? AND masks_yaml IS ? AND config=? ORDER BY created_at DESC, id DESC",
+        (template_hash, dataset, episodes_file, masks_yaml, config)).fetchall()
+    for run_id, pid, host, created_at in rows:
+        if pid is None and created_at >= recent:
+            return run_id                      # queued: launched, its process not recorded yet
+        if pid is not None and process_alive(pid, host) is not False:
+            return run_id
+    return None
 
 
 def run_dir(ws: "Workspace", run_id: str) -> Path:
@@ -658,7 +693,7 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
         cfg = config
     cfg.validate()
     run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
-                        masks=masks, template_version=label)
+                        masks=masks, template_version=label, refuse_twin=True)
     log_path = run_dir(ws, run_id) / "train.log"
     cmd = [sys.executable, "-m", "core.cli", "--workspace", str(ws.root), "train", "--resume", run_id, "--quiet"]
     root = Path(__file__).resolve().parents[1]

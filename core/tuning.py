@@ -1497,11 +1497,23 @@ def _process_alive(pid: int | None, host: str | None) -> bool | None:
     return process_alive(pid, host)
 
 
+#: Seconds a launched worker may sit without a recorded process and still count as running.
+LAUNCH_GRACE_S = 60
+
+
 def _running_local(ws: "Workspace", name: str, exclude_run: int | None) -> dict[str, Any] | None:
+    """The worker run (id, pid, host) that tunes study ``name`` on the workspace's storage now:
+    its process alive (or on another host), or launched under :data:`LAUNCH_GRACE_S` ago and its
+    process not recorded yet.  None when there is none."""
+    recent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - LAUNCH_GRACE_S))
     for row in ws.conn.execute(
-            "SELECT r.id, r.pid, r.host FROM tuning_runs r JOIN tuning_studies s ON s.name = r.study "
-            "WHERE r.study=? AND r.status IN ('starting','running') AND s.storage IS NULL", (name,)):
-        if row[0] != exclude_run and _process_alive(row[1], row[2]) is not False and row[1] != os.getpid():
+            "SELECT r.id, r.pid, r.host, r.status, r.started_at FROM tuning_runs r JOIN tuning_studies s "
+            "ON s.name = r.study WHERE r.study=? AND r.status IN ('starting','running') AND s.storage IS NULL",
+            (name,)):
+        if row[0] == exclude_run or (row[1] is not None and row[1] == os.getpid()):
+            continue
+        queued = row[1] is None and row[3] == "starting" and (row[4] or "") >= recent
+        if queued or (row[1] is not None and _process_alive(row[1], row[2]) is not False):
             return {"run": row[0], "pid": row[1], "host": row[2]}
     return None
 
@@ -2019,13 +2031,15 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
     space = SearchSpace.for_template(ref.template, bounds, fixed,
                                      exclude=outcome_readers if cfg.withholds else ())
     name = study or default_study_name(ref, cfg, _data_name(dataset, episodes), space)
-    if storage is None:
-        other = _running_local(ws, name, None)
-        if other is not None:
-            raise ConflictError(f"study {name!r} is already running (process {other['pid']})")
     logs = ws.artifact_dir("tuning", "logs")
     log_path = logs / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
     with ws.transaction() as conn:
+        # checked in the write transaction that adds the worker, so two launches cannot both pass
+        other = _running_local(ws, name, None) if storage is None else None
+        if other is not None:
+            process = "not started yet" if other["pid"] is None else f"process {other['pid']}"
+            raise ConflictError(f"study {name!r} is already running (tuning run {other['run']}, {process}): "
+                                "watch it or stop it first, or give another study name to start a new one")
         # the study row exists before the worker starts, so lists show it at once
         conn.execute(
             "INSERT OR IGNORE INTO tuning_studies(name, storage, objective, template_name, template_version, "

@@ -4,82 +4,87 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources
+from app import charts, resources
+from app.messages import cli_equivalent
 from core import runs
+from core.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
-FLASH = "train_flash"
 #: Seconds between refreshes of the live curves while a shown run is running.
 REFRESH_S = 2.0
 
 st.title("Training")
 st.caption("Train a masked PPO policy against a reward template on a dataset: the run goes on in a "
            "background process (it survives closing this page), its curves update live, and runs can be "
-           "compared side by side. `rwb train` does the same from a terminal.")
+           "compared side by side.")
+cli_equivalent("rwb train --template NAME --dataset NAME", "the same from a terminal")
 
 ws = resources.workspace()
 actor = resources.acting_user()
-resources.show_flash(FLASH)
 
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 
 # --------------------------------------------------------------------------- launch
 with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
     if not datasets:
-        st.info("No dataset with steps yet: import episodes on the Episodes page (or `rwb episodes import "
-                "FILE`), then come back to train on them.")
+        st.info("No dataset with steps yet: import episodes on the Episodes page, then come back to train on them.")
+        cli_equivalent("rwb episodes import FILE")
     elif actor is None or not actor.can("train"):
         st.info("Launching needs the analyst or admin role: sign in as one. Runs can still be watched.")
     else:
         templates = resources.template_specs()
-        with st.form("train_launch"):
-            c1, c2 = st.columns(2)
-            template = c1.selectbox("Reward template", templates, key="train_template",
-                                    help="name@N is version N saved in this workspace; @0 is the shipped file.")
-            dataset = c2.selectbox("Dataset", datasets, key="train_dataset")
-            c3, c4, c5 = st.columns(3)
-            steps = c3.number_input("Environment steps", min_value=1_000, max_value=100_000_000, value=200_000,
-                                    step=10_000, key="train_steps")
-            device = c4.radio("Device", ["auto", "cpu", "cuda"], horizontal=True, key="train_device",
-                              help="auto: CUDA when the server has a GPU, else CPU.")
-            seed = c5.number_input("Seed", min_value=0, value=0, key="train_seed")
-            with st.expander("Settings"):
-                s1, s2, s3 = st.columns(3)
-                n_envs = s1.number_input("Parallel environments", min_value=1, max_value=65_536, value=128,
-                                         key="train_n_envs")
-                gating = s2.radio("Encoder gating", ["on", "off"], index=1, horizontal=True, key="train_gating",
-                                  help="off (default): intent, tool context and trace get equal weights; on: "
-                                       "state-dependent gates (it generalised worse to new requests on the "
-                                       "finance data).")
-                adaptive = s3.radio("KL penalty β", ["adaptive", "fixed"], horizontal=True, key="train_adaptive",
-                                    help="adaptive: β ×1.5 when KL > 1.5·target, ×0.5 when KL < 0.5·target.")
-                s4, s5, s6 = st.columns(3)
-                curriculum = s4.radio("Curriculum", ["on", "off"], horizontal=True, key="train_curriculum",
-                                      help="L0 behaviour cloning → L1 ε-exploration → L2 UCB → L3 review.")
-                train_encoder = s5.radio("Train the encoder with PPO", ["yes", "no"], index=1, horizontal=True,
-                                         key="train_encoder",
-                                         help="no: behaviour cloning trains it, PPO keeps it (much faster on CPU).")
-                threads = s6.number_input("CPU threads (0 = default)", min_value=0, max_value=256, value=0,
-                                          key="train_threads")
-            submitted = st.form_submit_button("Launch", type="primary")
-        if submitted:
+        # No form: Enter in a field must never launch a run, only the Launch button does.
+        c1, c2 = st.columns(2)
+        template = c1.selectbox("Reward template", templates, key="train_template",
+                                help="name@N is version N saved in this workspace; @0 is the shipped file.")
+        dataset = c2.selectbox("Dataset", datasets, key="train_dataset")
+        c3, c4, c5 = st.columns(3)
+        steps = c3.number_input("Environment steps", min_value=1_000, max_value=100_000_000, value=200_000,
+                                step=10_000, key="train_steps")
+        device = c4.radio("Device", ["auto", "cpu", "cuda"], horizontal=True, key="train_device",
+                          help="auto: CUDA when the server has a GPU, else CPU.")
+        seed = c5.number_input("Seed", min_value=0, value=0, key="train_seed")
+        with st.expander("Settings"):
+            s1, s2, s3 = st.columns(3)
+            n_envs = s1.number_input("Parallel environments", min_value=1, max_value=65_536, value=128,
+                                     key="train_n_envs")
+            gating = s2.radio("Encoder gating", ["on", "off"], index=1, horizontal=True, key="train_gating",
+                              help="off (default): intent, tool context and trace get equal weights; on: "
+                                   "state-dependent gates (it generalised worse to new requests on the "
+                                   "finance data).")
+            adaptive = s3.radio("KL penalty β", ["adaptive", "fixed"], horizontal=True, key="train_adaptive",
+                                help="adaptive: β ×1.5 when KL > 1.5·target, ×0.5 when KL < 0.5·target.")
+            s4, s5, s6 = st.columns(3)
+            curriculum = s4.radio("Curriculum", ["on", "off"], horizontal=True, key="train_curriculum",
+                                  help="L0 behaviour cloning → L1 ε-exploration → L2 UCB → L3 review.")
+            train_encoder = s5.radio("Train the encoder with PPO", ["yes", "no"], index=1, horizontal=True,
+                                     key="train_encoder",
+                                     help="no: behaviour cloning trains it, PPO keeps it (much faster on CPU).")
+            threads = s6.number_input("CPU threads (0 = default)", min_value=0, max_value=256, value=0,
+                                      key="train_threads")
+        st.markdown(f"Launch trains **{template}** on **{dataset}** for **{int(steps):,}** environment steps "
+                    f"on **{device}** ({int(n_envs)} parallel environments, seed {int(seed)}), in the background.")
+        if st.button("Launch", type="primary", key="train_launch"):
             settings = {"total_steps": int(steps), "device": device, "seed": int(seed), "n_envs": int(n_envs),
                         "encoder": {"gating": gating}, "adaptive_kl": adaptive == "adaptive",
                         "curriculum": curriculum == "on", "train_encoder": train_encoder == "yes",
                         "threads": int(threads)}
             try:
                 started = runs.launch_run(ws, actor, template=template, dataset=dataset, config=settings)
+            except ConflictError as exc:
+                st.warning(f"Not launched: {exc}")
             except USER_ERRORS as exc:
-                resources.flash(FLASH, "error", f"Could not launch: {exc}")
+                st.error(f"Could not launch: {exc}")
             else:
-                resources.flash(FLASH, "success", f"Launched {started['run_id']} (process {started['pid']}).")
+                st.success(f"Started run {started['run_id']} (process {started['pid']}): it is shown below, "
+                           "its curves fill in as it trains.")
                 st.session_state["train_show"] = started["run_id"]
-            st.rerun()
 
 # --------------------------------------------------------------------------- runs
 all_runs = runs.list_runs(ws, limit=200)
 if not all_runs:
-    st.info("No runs yet: launch one above (or `rwb train --template finance_risk --dataset NAME`).")
+    st.info("No runs yet: launch one above with **Launch**.")
+    cli_equivalent("rwb train --template finance_risk --dataset NAME")
     st.stop()
 
 st.subheader("Runs")
@@ -110,18 +115,26 @@ def live_run(run_id: str) -> None:
     left.markdown(f"**{run_id}** · {status} · {run['env_steps']:,}/{run['total_steps']:,} env steps · "
                   f"{run['updates']} updates · {run['device']}")
     if run["interrupted"]:
-        st.warning(f"Its trainer process is gone (killed?). Resume it with `rwb train --resume {run_id}`.")
+        st.warning("Its trainer process is gone (killed?). It resumes from its last checkpoint with the "
+                   "command below.")
+        cli_equivalent(f"rwb train --resume {run_id}")
     if run["error"]:
         st.error(f"The run failed: {run['error']}")
     if run["status"] == "running" and actor is not None and actor.can("train"):
         if right.button("Stop", key=f"train_stop_{run_id}", disabled=run["stop_requested"],
                         help="Stops after the current update, with a checkpoint."):
             try:
-                runs.stop_run(ws, actor, run_id)
+                stopped = runs.stop_run(ws, actor, run_id)
             except USER_ERRORS as exc:
                 st.error(str(exc))
             else:
-                st.toast(f"Stop requested for {run_id}.")
+                if stopped["status"] == "stopped":
+                    st.success(f"Stopped {run_id} (its trainer process was already gone).")
+                else:
+                    run = stopped
+    if run["status"] == "running" and run["stop_requested"]:
+        # shown on every refresh until the trainer ends, so the request is never silent
+        st.info(f"Stop requested for {run_id}: it stops after the current update, with a checkpoint.")
     if not curves:
         st.info("No update recorded yet: the first one comes after the warm start (behaviour cloning).")
         return
@@ -131,7 +144,8 @@ def live_run(run_id: str) -> None:
         cols = st.columns(3)
         for col, metric in zip(cols, shown[row:row + 3]):
             col.caption(titles[metric])
-            col.line_chart(curves[metric], height=200)
+            col.plotly_chart(charts.curve_figure(curves[metric], height=200), width="stretch",
+                             key=f"train_curve_{metric}")
     log = runs.run_log(ws, run_id)
     if log:
         with st.expander("Trainer log (tail)"):
@@ -155,4 +169,5 @@ if len(picked) >= 1:
         metric = st.selectbox("Metric", [m for m in titles if m in curves], format_func=titles.get,
                               key="train_compare_metric")
         if metric:
-            st.line_chart(curves[metric], height=300)
+            st.plotly_chart(charts.curve_figure(curves[metric], titles[metric]), width="stretch",
+                            key="train_compare_chart")

@@ -5,21 +5,22 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent
 from core import tuning
+from core.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
-FLASH = "tune_flash"
 #: Seconds between refreshes of a running study.
 REFRESH_S = 2.0
 
 st.title("Tuning")
 st.caption("Let Optuna search the pyramid's weights so that its returns rank successful episodes above failed "
            "ones (or follow your preference labels); the template's expectations are constraints, and the best "
-           "weights become a new template version. `rwb tune` does the same from a terminal.")
+           "weights become a new template version.")
+cli_equivalent("rwb tune --template NAME --dataset NAME", "the same from a terminal")
 
 ws = resources.workspace()
 actor = resources.acting_user()
-resources.show_flash(FLASH)
 
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 studies_tab, start_tab, prefs_tab = st.tabs(["Studies", "Start a study", "Preference labels"])
@@ -57,6 +58,12 @@ with start_tab:
                                 disabled=["component", "level", "weight", "reads_outcome"])
         study_name = st.text_input("Study name", key="tune_study", placeholder="default: from the template, "
                                    "data and settings (running again adds trials to it)")
+        n_tuned = sum(1 for r in edited if r["tune"])
+        shown_name = study_name.strip() or "named from these settings"
+        scored_by = f" ({metric})" if objective == "outcome" else ""
+        st.markdown(f"Start runs **{int(trials):,}** trials of the **{objective}** objective{scored_by} on "
+                    f"**{dataset}**, tuning {n_tuned} of **{template}**'s weights (seed {int(seed)}), as study "
+                    f"**{shown_name}**, in a background worker.")
         if st.button("Start", type="primary", key="tune_start", disabled=not rows):
             bounds = {r["component"]: (float(r["low"]), float(r["high"])) for r in edited if r["tune"]}
             fixed = [r["component"] for r in edited if not r["tune"] and not r["reads_outcome"]]
@@ -65,13 +72,14 @@ with start_tab:
                 started = tuning.launch_tuning(ws, actor, template, dataset=dataset, config=config,
                                                trials=int(trials), study=study_name.strip() or None,
                                                bounds=bounds, fixed=fixed)
+            except ConflictError as exc:
+                st.warning(f"Not started: {exc}")
             except USER_ERRORS as exc:
-                resources.flash(FLASH, "error", f"Could not start: {exc}")
+                st.error(f"Could not start: {exc}")
             else:
-                resources.flash(FLASH, "success", f"Started study {started['study']} "
-                                                      f"(worker process {started['pid']}).")
+                st.success(f"Started study {started['study']} (tuning run {started['run_id']}, worker process "
+                           f"{started['pid']}): watch it in the Studies tab.")
                 st.session_state["tune_show"] = started["study"]
-            st.rerun()
 
 # --------------------------------------------------------------------------- preference labels
 with prefs_tab:
@@ -105,7 +113,8 @@ with prefs_tab:
 with studies_tab:
     studies = tuning.list_studies(ws)
     if not studies:
-        st.info("No study yet: start one in the next tab (or `rwb tune --template finance_risk --dataset NAME`).")
+        st.info("No study yet: start one in the next tab.")
+        cli_equivalent("rwb tune --template finance_risk --dataset NAME")
         st.stop()
     names = [s["name"] for s in studies]
     wanted = st.session_state.pop("tune_show", None)
@@ -133,11 +142,16 @@ with studies_tab:
         if report.status == "running" and actor is not None and actor.can("train"):
             if right.button("Stop", key=f"tune_stop_{name}", help="Workers stop after their current trial."):
                 try:
-                    tuning.stop_tuning(ws, actor, name)
+                    stopped = tuning.stop_tuning(ws, actor, name)
                 except USER_ERRORS as exc:
                     st.error(str(exc))
                 else:
-                    st.toast(f"Stop requested for {name}.")
+                    if stopped["status"] != "running":
+                        st.success(f"Stopped {name} (its worker process was already gone).")
+        if any(r["stop_requested"] and r["status"] in ("starting", "running") and r["process_alive"] is not False
+               for r in tuning.study_runs(ws, name)):
+            # shown on every refresh until the workers end, so the request is never silent
+            st.info(f"Stop requested for {name}: its workers stop after their current trial.")
         for note in report.notes:
             st.caption(note)
         if report.best is not None:

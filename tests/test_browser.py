@@ -332,8 +332,8 @@ def test_main_path_in_a_real_browser(page, workspace):
     _fill(pg, "Parallel environments", "32")      # 2 updates of 32 envs × 16 steps
     _fill(pg, "CPU threads (0 = default)", "1")   # one thread: fastest on a busy 2-core machine
     _main(pg).get_by_role("button", name="Launch").click()
-    _see(pg, re.compile(r"Launched run-"))
-    launched = re.search(r"Launched (run-[\w-]+)", _main(pg).inner_text()).group(1)
+    _see(pg, re.compile(r"Started run run-"))
+    launched = re.search(r"Started run (run-[\w-]+)", _main(pg).inner_text()).group(1)
     # The first update comes after the trainer process has loaded the data and cloned the
     # logged behaviour; the curves then appear on their own (the fragment refreshes).
     _see(pg, re.compile(rf"{launched}.* [1-9]\d* updates"), timeout=4 * WAIT_MS)
