@@ -7,6 +7,33 @@ import plotly.graph_objects as go
 
 from core.rewards.calibration import CalibrationReport
 
+#: A series with fewer points than this is drawn with markers too: a run of one update shows a dot.
+MARKERS_BELOW = 20
+
+
+def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300) -> go.Figure:
+    """One line per column of a wide frame indexed by env steps (a value of
+    :func:`core.runs.run_curves`): each run, or each key of a grouped metric.
+
+    Every column gets a trace, even one with a single recorded update (its own missing
+    values are dropped, so runs recorded at different steps each keep their points); a
+    series shorter than :data:`MARKERS_BELOW` points gets markers; the step axis shows
+    whole numbers (``2,048``, never ``2,048.000000``)."""
+    fig = go.Figure()
+    steps: set[int] = set()
+    for column in curves.columns:
+        series = pd.to_numeric(curves[column], errors="coerce").dropna()
+        steps.update(int(x) for x in series.index)
+        fig.add_trace(go.Scatter(x=[int(x) for x in series.index], y=series.to_list(), name=str(column),
+                                 mode="lines+markers" if len(series) < MARKERS_BELOW else "lines"))
+    xaxis: dict = {"title": "env steps", "tickformat": ",d"}
+    if len(steps) == 1:  # one step: a tick exactly there, not fractional ticks around it
+        xaxis.update(tickmode="array", tickvals=sorted(steps))
+    fig.update_layout(title=title or None, xaxis=xaxis, height=height, hovermode="x unified",
+                      margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 10},
+                      showlegend=len(curves.columns) > 1)
+    return fig
+
 
 def calibration_table(cal: CalibrationReport) -> pd.DataFrame:
     """One row per score (the return first, then each component): power and its interval."""

@@ -48,9 +48,21 @@ LOW_ENTROPY = 1.0
 FIDELITY_SAMPLE = 3000
 
 
-def _step(number: int, name: str, verdict: str, value: Any, message: str, **details: Any) -> dict[str, Any]:
-    return {"step": number, "name": name, "verdict": verdict, "value": value, "message": message,
-            "details": details}
+#: The plain word for each verdict, as the pages and the CLI say it.
+VERDICT_WORDS = {"ok": "passes", "warn": "needs a look", "fail": "fails"}
+
+
+def _step(number: int, name: str, verdict: str, value: Any, message: str, *, figure: str, unit: str,
+          threshold: str, action: str, **details: Any) -> dict[str, Any]:
+    """One step's result: ``value`` is the figure named ``figure`` in ``unit`` (``"share"`` is a
+    fraction shown as a percentage), judged against ``threshold``; ``action`` is what to do next."""
+    return {"step": number, "name": name, "verdict": verdict, "plain_verdict": VERDICT_WORDS[verdict],
+            "value": value, "figure": figure, "unit": unit, "threshold": threshold, "action": action,
+            "message": message, "details": details}
+
+
+_AT_MIN = {"figure": "steps at the minimum reward", "unit": "share",
+           "threshold": f"at most {MIN_FLOOD_SHARE:.0%} of steps"}
 
 
 def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dict[str, Any]:
@@ -59,7 +71,9 @@ def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dic
     n = int(r.size)
     bad = int((~np.isfinite(r)).sum())
     if n == 0:
-        return _step(1, "reward integrity", "fail", None, "the rollout produced no rewards to check")
+        return _step(1, "reward integrity", "fail", None, "the rollout produced no rewards to check",
+                     figure="step rewards checked", unit="steps", threshold="at least 1",
+                     action="Check that the run's dataset has training episodes with steps, then diagnose again.")
     finite = r[np.isfinite(r)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (float("nan"), float("nan"))
     at_min = float(np.isclose(finite, lo, rtol=0, atol=1e-6).mean()) if finite.size else 0.0
@@ -67,24 +81,39 @@ def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dic
                "share_at_min": at_min, "mean_allowed_actions": allowed, "n_actions": n_actions}
     if bad:
         return _step(1, "reward integrity", "fail", bad, f"{bad} of {n} step rewards are NaN or infinite — check the "
-                     "reward template's components", **details)
+                     "reward template's components", figure="NaN or infinite step rewards", unit="steps",
+                     threshold="must be 0",
+                     action="Open the run's template on the Reward Pyramid page, find the component that gives NaN "
+                            "or infinite values (a division or log on a missing field), fix it, and retrain.",
+                     **details)
     if allowed <= MIN_ALLOWED_ACTIONS:
         return _step(1, "reward integrity", "fail", allowed,
                      f"the masks leave {allowed:.1f} of {n_actions} actions per state on average — masks too strict",
-                     **details)
+                     figure="allowed actions per state (mean)", unit="actions",
+                     threshold=f"more than {MIN_ALLOWED_ACTIONS:g}",
+                     action="Loosen the run's action masks so that more than "
+                            f"{MIN_ALLOWED_ACTIONS:g} actions stay allowed per state, then retrain.", **details)
     if at_min > MIN_FLOOD_SHARE and hi > lo:
         return _step(1, "reward integrity", "warn", at_min,
                      f"{at_min:.0%} of steps earn the minimum reward {lo:.3f} — a flood of the floor: masks too "
                      f"strict or the policy stuck off-support ({allowed:.1f} of {n_actions} actions allowed on "
-                     "average)", **details)
+                     "average)", **_AT_MIN,
+                     action=f"Look at which component gives {lo:.3f} on the Reward Pyramid page: lower an "
+                            "off-support penalty or loosen the masks, then retrain.", **details)
     return _step(1, "reward integrity", "ok", at_min,
-                 f"rewards are finite in [{lo:.3f}, {hi:.3f}]; {at_min:.0%} of steps at the minimum", **details)
+                 f"rewards are finite in [{lo:.3f}, {hi:.3f}]; {at_min:.0%} of steps at the minimum", **_AT_MIN,
+                 action="Nothing to fix here.", **details)
+
+
+_GRAD_RANGE = f"between {DEAD_GRAD:g} and {EXPLODING_GRAD:g}"
 
 
 def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
     """Step 3 on the per-layer gradient norms of one update."""
     if not grad_norms:
-        return _step(3, "gradient flow", "warn", None, "no policy update with gradient norms recorded yet")
+        return _step(3, "gradient flow", "warn", None, "no policy update with gradient norms recorded yet",
+                     figure="smallest layer gradient norm", unit="L2 norm", threshold=_GRAD_RANGE,
+                     action="Train the run past its warm start (at least one policy update), then diagnose again.")
     dead = sorted(k for k, v in grad_norms.items() if v is None or not math.isfinite(v) or v < DEAD_GRAD)
     exploding = sorted(k for k, v in grad_norms.items() if v is not None and math.isfinite(v) and v > EXPLODING_GRAD)
     finite = [v for v in grad_norms.values() if v is not None and math.isfinite(v)]
@@ -94,27 +123,41 @@ def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
     if dead:
         return _step(3, "gradient flow", "fail", len(dead),
                      f"{len(dead)} of {len(grad_norms)} layers have a gradient norm ≈ 0: {', '.join(dead[:6])}"
-                     + (" …" if len(dead) > 6 else ""), **details)
+                     + (" …" if len(dead) > 6 else ""), figure="layers without gradient", unit="layers",
+                     threshold=f"must be 0 (a norm below {DEAD_GRAD:g} counts)",
+                     action="Check that these layers are used in the forward pass and not frozen (e.g. an intent "
+                            "encoder fed empty queries), then retrain.", **details)
     if exploding:
         return _step(3, "gradient flow", "warn", len(exploding),
                      f"{len(exploding)} layers have gradient norms above {EXPLODING_GRAD:g}: {', '.join(exploding[:6])}",
+                     figure="layers with exploding gradient", unit="layers",
+                     threshold=f"must be 0 (a norm above {EXPLODING_GRAD:g} counts)",
+                     action="Lower the learning rate or the reward scale (large reward weights), then retrain.",
                      **details)
     return _step(3, "gradient flow", "ok", details["min"],
-                 f"all {len(grad_norms)} layers receive gradient (smallest norm {details['min']:.2e})", **details)
+                 f"all {len(grad_norms)} layers receive gradient (smallest norm {details['min']:.2e})",
+                 figure="smallest layer gradient norm", unit="L2 norm", threshold=_GRAD_RANGE,
+                 action="Nothing to fix here.", **details)
+
+
+_ENTROPY = {"figure": "entropy of the actions taken", "unit": "nats", "threshold": f"at least {LOW_ENTROPY:g}"}
 
 
 def exploration_quality(entropy: float | None, per_state: float | None) -> dict[str, Any]:
     """Step 4 on the entropy of the policy's action distribution over visited states."""
     if entropy is None or not math.isfinite(entropy):
-        return _step(4, "exploration quality", "warn", None, "no action distribution measured yet")
-    details = {"entropy": entropy, "mean_state_entropy": per_state, "threshold": LOW_ENTROPY}
+        return _step(4, "exploration quality", "warn", None, "no action distribution measured yet", **_ENTROPY,
+                     action="Train the run for at least one update so that it has a policy, then diagnose again.")
+    details = {"entropy": entropy, "mean_state_entropy": per_state, "low_entropy": LOW_ENTROPY}
     if entropy < LOW_ENTROPY:
         return _step(4, "exploration quality", "fail", entropy,
                      f"the policy's actions have an entropy of {entropy:.2f} nats (< {LOW_ENTROPY}): exploration "
-                     "is too narrow — check the masks and the entropy bonus", **details)
+                     "is too narrow — check the masks and the entropy bonus", **_ENTROPY,
+                     action="Raise the entropy bonus (ent_coef) or loosen the masks, then retrain.", **details)
     return _step(4, "exploration quality", "ok", entropy,
                  f"the policy's actions have an entropy of {entropy:.2f} nats (≥ {LOW_ENTROPY})"
-                 + ("" if per_state is None else f"; {per_state:.2f} nats per state on average"), **details)
+                 + ("" if per_state is None else f"; {per_state:.2f} nats per state on average"), **_ENTROPY,
+                 action="Nothing to fix here.", **details)
 
 
 def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0) -> dict[str, Any]:
@@ -123,11 +166,12 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     Steps 1 and 4 roll the run's latest policy out in its simulator (actions sampled as in
     training, ``episodes`` episodes from its training split); step 2 encodes recorded
     states with its trained encoder; step 3 reads the last policy update's gradient norms.
-    Returns ``{"run_id", "steps": [...], "verdict"}`` where the overall verdict is the worst
-    step's."""
+    Returns ``{"run_id", "steps": [...], "verdict", "plain_verdict", "next_action"}`` where the
+    overall verdict is the worst step's and the next action is the first failing (else warning)
+    step's; each step names its figure, unit and threshold and says what to do (:func:`_step`)."""
     from core import ppo
     from core.runs import open_run, run_metrics
-    from core.statemap import state_fidelity
+    from core.statemap import GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity
 
     ctx = open_run(ws, run_id, device="cpu")
     tables, agent = ctx.data.tables, ctx.agent
@@ -153,8 +197,17 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     verdict = {True: "ok", None: "warn", False: "fail"}[fid.separates]
     margin = None if fid.silhouette is None else fid.silhouette - (fid.silhouette_shuffled or 0.0)
     fid_numbers = {k: v for k, v in fid.to_dict().items() if k not in ("verdict", "separates")}
-    steps.append(_step(2, "state-encoding fidelity", verdict, fid.silhouette,
-                       f"trained encoder: {fid.verdict}", silhouette_margin=margin, **fid_numbers))
+    steps.append(_step(2, "state-encoding fidelity", verdict, margin, f"trained encoder: {fid.verdict}",
+                       figure="silhouette by task type, above shuffled labels", unit="silhouette",
+                       threshold=f"at least {GOOD_SILHOUETTE_MARGIN:g} separates; below "
+                                 f"{POOR_SILHOUETTE_MARGIN:g} fails (kNN agreement must also beat chance)",
+                       action={"ok": "Nothing to fix here.",
+                               "warn": "Check the intent encoder's input (truncated or empty queries) and train "
+                                       "longer; compare on the State Explorer page.",
+                               "fail": "Check the intent encoder's input: truncated or empty queries make task "
+                                       "types indistinguishable. Look at the State Explorer page, fix, retrain."
+                               }[verdict],
+                       silhouette_margin=margin, **fid_numbers))
 
     # 3: gradient flow in the last update that trained the policy
     history = run_metrics(ws, run_id)
@@ -176,7 +229,18 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     overall = max((s["verdict"] for s in steps), key=lambda v: order[v])
     return {"run_id": run_id, "status": ctx.run["display_status"], "updates": ctx.run["updates"],
             "checkpoint_update": ctx.checkpoint["update_idx"] if ctx.checkpoint else None,
-            "policy_allowed_actions": allowed, "steps": steps, "verdict": overall}
+            "policy_allowed_actions": allowed, "steps": steps, "verdict": overall,
+            "plain_verdict": VERDICT_WORDS[overall], "next_action": _next_action(steps)}
+
+
+def _next_action(steps: list[dict[str, Any]]) -> str:
+    """What to do first: the action of the first failing step (the order matters: fix rewards
+    before the encoder, the encoder before gradients), else of the first warning."""
+    for verdict in ("fail", "warn"):
+        for s in steps:
+            if s["verdict"] == verdict:
+                return f"Step {s['step']} ({s['name']}): {s['action']}"
+    return "All four steps pass: if the run still does not learn, compare it with others on the Training page."
 
 
 def _mean_allowed(tables: Any, episodes: torch.Tensor, seed: int) -> float:

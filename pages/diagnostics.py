@@ -5,28 +5,46 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent
 from core import runs
 
 USER_ERRORS = resources.USER_ERRORS
 SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}
 OWN_SPLIT = "the run's held-out split"
 
+UNITS = {"share": "% of steps"}
+
+
+def figure(value: object, unit: str) -> str:
+    """A step's figure as the analyst reads it: a share as a percentage, a float to 4 digits."""
+    if value is None:
+        return "—"
+    if unit == "share":
+        return f"{value:.1%}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 st.title("Diagnostics")
 st.caption("When a run does not learn, check four things in order: are the rewards sane (no NaN, no flood "
            "of the minimum value — masks too strict), does the state encoder separate task types, do all "
            "layers get gradient, does the policy still explore (entropy ≥ 1 nat)? Each step gives a verdict "
-           "and the number behind it. `rwb doctor RUN` prints the same.")
+           "and the number behind it.")
+cli_equivalent("rwb doctor RUN", "prints the same")
 
 ws = resources.workspace()
 with_checkpoint = [r for r in runs.list_runs(ws, limit=200) if r["updates"] > 0]
 if not with_checkpoint:
-    st.info("No run with a recorded update yet: launch one on the Training page (or `rwb train`), then "
-            "diagnose it here.")
+    st.info("No run with a recorded update yet: launch one on the Training page, then diagnose it here.")
+    cli_equivalent("rwb train --template NAME --dataset NAME")
     st.stop()
 
 labels = {r["id"]: f"{r['id']} · {r['display_status']} · {r['dataset'] or 'file'} · {r['template_name']}"
           for r in with_checkpoint}
-run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="diag_run")
+# the latest finished run first (runs come newest first); a stopped or failed one only when none finished
+finished = [r["id"] for r in with_checkpoint if r["display_status"] == "finished"]
+ids = list(labels)
+run_id = st.selectbox("Run", ids, index=ids.index(finished[0]) if finished else 0, format_func=labels.get,
+                      key="diag_run")
 
 diagnose_tab, evaluate_tab = st.tabs(["Four-step diagnosis", "Held-out evaluation"])
 
@@ -43,13 +61,14 @@ with diagnose_tab:
         except USER_ERRORS as exc:
             st.error(str(exc))
         else:
-            st.markdown(f"Overall: **{report['verdict']}** · checkpoint of update {report['checkpoint_update']}")
+            SHOW[report["verdict"]](f"Overall: **{report['plain_verdict']}** · checkpoint of update "
+                                    f"{report['checkpoint_update']}. Next: {report['next_action']}")
             for step in report["steps"]:
-                SHOW[step["verdict"]](f"**{step['step']}. {step['name'].capitalize()}** — {step['message']}")
-                value = step["value"]
-                st.metric(f"{step['name']}", "—" if value is None else (f"{value:.4g}" if isinstance(value, float)
-                                                                         else str(value)),
-                          label_visibility="collapsed")
+                SHOW[step["verdict"]](f"**{step['step']}. {step['name'].capitalize()}** "
+                                      f"{step['plain_verdict']}: {step['message']}")
+                st.metric(f"{step['figure']} ({UNITS.get(step['unit'], step['unit'])})",
+                          figure(step["value"], step["unit"]), help=f"Threshold: {step['threshold']}.")
+                st.caption(f"Threshold: {step['threshold']}. Next: {step['action']}")
                 details = {k: v for k, v in step["details"].items() if not isinstance(v, dict)}
                 if details:
                     with st.expander("The numbers"):
@@ -67,7 +86,8 @@ with evaluate_tab:
         st.session_state["diag_eval_for"] = (run_id, int(repeats), eval_dataset)
     if st.session_state.get("diag_eval_for") != (run_id, int(repeats), eval_dataset):
         st.info("Press **Evaluate**: the greedy policy, random-in-mask and the logged behaviours on the run's "
-                "held-out episodes or on another dataset (`rwb evaluate RUN [--dataset NAME]` does the same).")
+                "held-out episodes or on another dataset.")
+        cli_equivalent("rwb evaluate RUN [--dataset NAME]", "the same from a terminal")
     else:
         try:
             with st.spinner(f"Evaluating {run_id} on {on}…"):

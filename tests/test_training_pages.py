@@ -80,7 +80,7 @@ def test_training_page_shows_runs_curves_and_comparison(page_env):
     assert any(run_id in str(df.value) for df in at.dataframe)
     md = " ".join(m.value for m in at.markdown)
     assert f"**{run_id}** · finished" in md
-    charts = at.get("vega_lite_chart")
+    charts = at.get("plotly_chart")
     assert len(charts) >= 10                    # every recorded metric has a curve (+ the comparison)
     captions = " ".join(c.value for c in at.caption)
     for title in ("Episode return", "KL penalty β", "Mask violations (must stay 0)", "Curriculum level",
@@ -121,7 +121,7 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
     assert c["dataset"] == "finance" and c["template"] == "finance_risk@0"
     assert c["config"]["total_steps"] == 5000 and c["config"]["device"] == "cpu"
     assert c["config"]["encoder"] == {"gating": "on"} and c["config"]["adaptive_kl"] is False
-    assert any("Launched run-" in s.value for s in at.success)
+    assert any(s.value.startswith("Started run run-") for s in at.success)
     # the new run is shown (its "process" never existed: interrupted)
     new_id = at.selectbox(key="train_run").value
     assert new_id != page_env[1]
@@ -152,15 +152,31 @@ def test_stop_button_asks_a_running_run_to_stop(page_env):
 
 def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     _, run_id = page_env
+    # a newer run stopped after one update: the picker still opens on the latest finished run
+    ws = Workspace.open(page_env[0])
+    stopped = runs.create_run(ws, LOCAL_ADMIN, template=runs.run_template(ws, run_id), config=tiny(),
+                              dataset="finance")
+    runs.record_update(ws, stopped, 1, 512, {"return_mean": 0.1})
+    runs.finish_run(ws, stopped, "stopped")
+    assert [r["id"] for r in runs.list_runs(ws) if r["updates"] > 0][0] == stopped
+    ws.close()
     at = AppTest.from_file(DIAGNOSTICS, default_timeout=180).run()
     assert not at.exception, at.exception
-    at.selectbox(key="diag_run").set_value(run_id)
+    assert at.selectbox(key="diag_run").value == run_id
     next(b for b in at.button if b.label == "Diagnose").click()
     at.run()
     assert not at.exception, at.exception
     verdicts = [e.value for e in (*at.success, *at.warning, *at.error)]
     for name in ("1. Reward integrity", "2. State-encoding fidelity", "3. Gradient flow", "4. Exploration quality"):
         assert any(name in v for v in verdicts), verdicts
+    assert any(v.startswith("Overall: **") and "Next: " in v for v in verdicts), verdicts
+    # every figure is named with its unit, and its threshold and next action are stated beside it
+    units = ("(% of steps)", "(actions)", "(steps)", "(silhouette)", "(layers)", "(L2 norm)", "(nats)")
+    assert len(at.metric) == 4
+    for metric in at.metric:
+        assert metric.label.endswith(units) and metric.help.startswith("Threshold: "), (metric.label, metric.help)
+    thresholds = [c.value for c in at.caption if c.value.startswith("Threshold: ")]
+    assert len(thresholds) == 4 and all("Next: " in c for c in thresholds), thresholds
     next(b for b in at.button if b.label == "Evaluate").click()
     at.run()
     assert not at.exception, at.exception
@@ -199,6 +215,20 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     captions = " ".join(c.value for c in at.caption)
     assert f"Off-catalog: {off} of {calls} tool calls ({off / calls:.1%})" in captions
     assert "60 held-out episodes (dataset finance)" in captions
+
+
+def test_doctor_steps_name_their_figure_threshold_and_next_action():
+    from core.doctor import exploration_quality, gradient_flow, reward_integrity
+
+    flood = reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10)
+    assert (flood["value"], flood["figure"], flood["unit"], flood["threshold"]) == (
+        0.8, "steps at the minimum reward", "share", "at most 30% of steps")
+    assert flood["plain_verdict"] == "needs a look" and "-0.500" in flood["action"]
+    dead = gradient_flow({"actor.0": 0.1, "encoder.intent_net.0": 0.0})
+    assert (dead["value"], dead["unit"], dead["plain_verdict"]) == (1, "layers", "fails")
+    low = exploration_quality(0.4, 0.1)
+    assert (low["unit"], low["threshold"]) == ("nats", "at least 1") and "ent_coef" in low["action"]
+    assert exploration_quality(2.4, 0.5)["action"] == "Nothing to fix here."
 
 
 def test_pages_show_user_errors(page_env, monkeypatch):
