@@ -434,8 +434,7 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
                 pass
         if isinstance(exc, InputError) and exc.file == str(path):
             # Name the file as the analyst knows it, not the (now removed) kept copy.
-            raise InputError(exc.reason, file=name, line=exc.line, record=exc.record,
-                             field=exc.field) from None
+            raise exc.relocated(file=name) from None
         raise
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 from core import audit
 
 USER_ERRORS = resources.USER_ERRORS
@@ -21,8 +22,10 @@ ws = resources.workspace()
 actor = resources.acting_user()
 summary = resources.audit_summary()
 if summary["records"] == 0:
-    st.info("No decisions recorded yet. Serve some with `rwb serve decide --policy NAME --request JSON`, "
-            "or from a service that calls `core.serving.load(NAME).decide(request)`.")
+    st.info("No decisions recorded yet. They appear here once a promoted policy serves requests: "
+            "promote one on the **Policies** page, then let a service call "
+            "`core.serving.load(NAME).decide(request)`.")
+    cli_equivalent("rwb serve decide --policy NAME --request JSON")
     st.stop()
 
 c1, c2, c3, c4 = st.columns(4)
@@ -52,7 +55,7 @@ filters = {"episode_id": episode.strip() or None, "policy_version": None if vers
 try:
     records = resources.audit_records(**filters, limit=int(limit))
 except USER_ERRORS as exc:
-    st.error(str(exc))
+    st.error(user_message(exc))
     st.stop()
 
 if not records:
@@ -85,7 +88,7 @@ else:
                                       policy_version=filters["policy_version"], since=filters["since"],
                                       until=filters["until"])
             except USER_ERRORS as exc:
-                st.error(str(exc))
+                st.error(user_message(exc))
             else:
                 st.session_state["audit_exported"] = result.to_dict()
     exported = st.session_state.get("audit_exported")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 from core.episode_views import (
     EpisodeFilter,
     dataset_label,
@@ -17,6 +18,9 @@ from core.episode_views import (
 )
 
 USER_ERRORS = resources.USER_ERRORS
+#: Field -> label of the import form's inputs, for the app's wording of import errors.
+IMPORT_LABELS = {"format": "Format", "dataset": "Dataset name", "messages_key": "Messages key",
+                 "reward_key": "Reward key", "id_key": "Id key", "skip_invalid": "Skip invalid records"}
 
 st.title("Episodes")
 st.caption("Recorded agent runs: import a log file, browse its episodes, and read one step by step — "
@@ -46,18 +50,20 @@ with import_tab:
                                          placeholder="default: the file name without extension")
             messages_key = st.text_input("Messages key", key="episodes_messages_key",
                                          placeholder="messages",
-                                         help="Key of the message list in each record (--messages-key).")
+                                         help="Key of the message list in each record.")
             reward_key = st.text_input("Reward key", key="episodes_reward_key",
                                        placeholder="reward / success",
-                                       help="Key of the episode outcome (--reward-key).")
+                                       help="Key of the episode outcome.")
             id_key = st.text_input("Id key", key="episodes_id_key", placeholder="generated",
-                                   help="Key of the episode id (--id-key); repeated ids are renamed "
+                                   help="Key of the episode id; repeated ids are renamed "
                                         "and reported, never merged.")
             skip_invalid = st.checkbox(
                 "Skip invalid records", key="episodes_skip_invalid",
                 help="Import the good records and report the rejected ones. Off: one bad record "
                      "stops the import and nothing is imported.")
         submitted = st.form_submit_button("Import", type="primary")
+    cli_equivalent("rwb episodes import FILE --format FORMAT --dataset NAME --messages-key KEY "
+                   "--reward-key KEY --id-key KEY --skip-invalid")
 
     if submitted:
         if upload is None:
@@ -73,7 +79,7 @@ with import_tab:
                                                               text=f"Importing {upload.name}…"))
             except USER_ERRORS as exc:
                 bar.empty()
-                st.session_state["episodes_import_outcome"] = ("error", str(exc))
+                st.session_state["episodes_import_outcome"] = ("error", user_message(exc, IMPORT_LABELS))
             else:
                 st.session_state["episodes_import_outcome"] = ("ok", import_summary(result))
                 # Show the imported dataset in Browse (applied before its picker is drawn).
@@ -107,8 +113,8 @@ with import_tab:
 with browse_tab:
     datasets = {d.name: d for d in ws.datasets()}
     if not datasets:
-        st.info("No episodes yet. Import a log file in the **Import a file** tab, or run "
-                "`rwb workspace init` to import the sample datasets.")
+        st.info("No episodes yet. Import a log file in the **Import a file** tab.")
+        cli_equivalent("rwb workspace init", "imports the sample datasets")
         st.stop()
 
     goto = st.session_state.pop("episodes_goto_dataset", None)

@@ -7,6 +7,7 @@ from typing import Any
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 from core import registry
 from core.bundle import export_bundle, exported_bundle_bytes, list_bundles
 from core.policies import policies_root, read_index
@@ -34,7 +35,7 @@ def _run_action(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     try:
         fn(*args, **kwargs)
     except USER_ERRORS as exc:
-        resources.flash(FLASH, "error", f"{label}: {exc}")
+        resources.flash(FLASH, "error", f"{label}: {user_message(exc)}")
     else:
         resources.flash(FLASH, "success", f"{label}: done")
 
@@ -53,7 +54,8 @@ with registry_tab:
     names = registry.policy_names(ws)
     if not names:
         st.info("No registered policies yet. Export a finished run under **Runs & bundles**, then register "
-                "the bundle (or `rwb bundle export RUN --out F.zip` and `rwb registry register F.zip`).")
+                "the bundle there.")
+        cli_equivalent("rwb bundle export RUN --out F.zip && rwb registry register F.zip")
     else:
         name = st.selectbox("Policy", names, key="policies_name")
         aliases = registry.aliases(ws, name)
@@ -98,7 +100,7 @@ with registry_tab:
                 try:
                     gate = registry.promotion_gate(ws, name, version)
                 except USER_ERRORS as exc:
-                    st.error(str(exc))
+                    st.error(user_message(exc))
                 else:
                     (st.success if gate["passed"] else st.warning)(gate["reason"])
                     st.json(gate, expanded=False)
@@ -107,7 +109,8 @@ with registry_tab:
 with runs_tab:
     runs = list_runs(ws)
     if not runs:
-        st.info("No training runs yet: train one on the Training page or with `rwb train`.")
+        st.info("No training runs yet: train one on the **Training** page.")
+        cli_equivalent("rwb train")
     else:
         st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"],
                        "template": f"{r['template_name']} v{r['template_version']}", "env steps": r["env_steps"],
@@ -127,7 +130,7 @@ with runs_tab:
                         path = export_bundle(ws, actor, run_id, name=export_name.strip() or None,
                                              version=export_version.strip() or None)
                     except USER_ERRORS as exc:
-                        st.error(str(exc))
+                        st.error(user_message(exc))
                     else:
                         st.success(f"Wrote {path.name}.")
     bundles = list_bundles(ws)

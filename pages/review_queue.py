@@ -7,6 +7,7 @@ from typing import Any
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 from core import review
 
 USER_ERRORS = resources.USER_ERRORS
@@ -29,7 +30,7 @@ def _act(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     try:
         result = fn(*args, **kwargs)
     except USER_ERRORS as exc:
-        resources.flash(FLASH, "error", f"{label}: {exc}")
+        resources.flash(FLASH, "error", f"{label}: {user_message(exc)}")
         return
     resources.refresh_review_queue()
     if fn is review.claim:
@@ -127,8 +128,9 @@ status = st.selectbox("Show", ["open", "claimed", "decided", "all"], key="review
                       help="open = pending, or claimed with an expired lease")
 items = review.list_items(ws, status=None if status == "all" else status, limit=500)
 if not items:
-    st.info("No items here. Items arrive from training runs (curriculum level L3) and from the decision "
-            "engine (`rwb serve decide`) — or check another status.")
+    st.info("No items here. Items arrive from training runs (curriculum level L3, **Training** page) "
+            "and from the decision engine serving a promoted policy — or check another status.")
+    cli_equivalent("rwb serve decide --policy NAME --request JSON", "serves a request")
 else:
     st.dataframe([{"id": i["id"], "status": i["status"] + (" (expired)" if i["claim_expired"] else ""),
                    "origin": i["origin"], "action": i["action_label"] or i["token_name"], "risk": i["risk"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, resources
+from app.messages import cli_equivalent, user_message
 from core.rewards import views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 
@@ -19,16 +20,19 @@ ws = resources.workspace()
 actor = resources.acting_user()
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 if not datasets:
-    st.info("No dataset with steps yet: import episodes on the Episodes page "
-            "(or `rwb episodes import FILE`), then come back to score them.")
+    st.info("No dataset with steps yet: import episodes on the **Episodes** page, "
+            "then come back to score them.")
+    cli_equivalent("rwb episodes import FILE")
     st.stop()
 try:
     options = views.template_options(ws)
 except USER_ERRORS as exc:
-    st.error(str(exc))
+    st.error(user_message(exc))
     st.stop()
 if not options:
-    st.info("No reward template found: save one with `rwb reward save NAME FILE --base 0`.")
+    st.info("No reward template found: the shipped templates are missing from this installation and "
+            "none was saved in this workspace. Reinstall the workbench, or save one from a YAML file.")
+    cli_equivalent("rwb reward save NAME FILE --base 0", "saves a template from a YAML file")
     st.stop()
 
 flash = st.session_state.pop("rp_flash", None)
@@ -52,7 +56,7 @@ if work is None or work["spec"] != spec:
         version = views.open_template(ws, spec)
         loaded = version.template()
     except USER_ERRORS as exc:
-        st.error(str(exc))
+        st.error(user_message(exc))
         st.stop()
     # `gen` is part of every editor widget's key: a newly loaded template resets the widgets.
     work = {"spec": spec, "name": version.name, "base_version": version.version,
@@ -114,7 +118,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
         with st.spinner(f"Scoring {dataset} (components are computed once per dataset and parameters)…"):
             report = resources.pyramid_report(dataset, edited)
     except USER_ERRORS as exc:
-        view_col.error(str(exc))
+        view_col.error(user_message(exc))
         return
 
     # ------------------------------------------------------------------ the pyramid
@@ -175,7 +179,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
             try:
                 work["template"] = views.apply_params(work["template"], values)
             except USER_ERRORS as exc:
-                st.error(str(exc))
+                st.error(user_message(exc))
             else:
                 st.rerun()
 
@@ -188,7 +192,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
             try:
                 work["template"] = views.apply_yaml(text, name=work["name"])
             except USER_ERRORS as exc:
-                st.error(str(exc))
+                st.error(user_message(exc))
             else:
                 work["gen"] += 1
                 st.rerun()
@@ -213,10 +217,10 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
                                       base if name == work["name"] else None, message)
             except TemplateConflict as exc:
                 st.session_state["rp_conflict"] = {
-                    "message": str(exc), "name": exc.name, "base": exc.base_version,
+                    "message": user_message(exc), "name": exc.name, "base": exc.base_version,
                     "latest": exc.latest.label, "latest_version": exc.latest.version}
             except USER_ERRORS as exc:
-                st.error(str(exc))
+                st.error(user_message(exc))
             else:
                 st.session_state["rp_flash"] = f"Saved {saved.label}."
                 st.session_state["rp_select"] = saved.label
@@ -237,7 +241,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
         try:
             st.dataframe(views.versions_table(ws, work["name"]), hide_index=True, key="rp_versions")
         except USER_ERRORS as exc:
-            st.error(str(exc))
+            st.error(user_message(exc))
             return
         numbers = [o.version for o in options if o.name == work["name"]]   # newest first
         if len(numbers) > 1:
@@ -265,7 +269,7 @@ def calibration_section(dataset: str, template) -> None:
         with st.spinner("Calibrating against the recorded outcomes…"):
             cal = resources.calibration(dataset, template)
     except USER_ERRORS as exc:
-        st.info(f"No calibration for {dataset}: {exc}. Import episodes with their outcome (the "
+        st.info(f"No calibration for {dataset}: {user_message(exc)}. Import episodes with their outcome (the "
                 "reward key on the Episodes page's import form) to see what the labels teach.")
         return
     first, second, third = st.columns(3)

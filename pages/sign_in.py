@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 from core.errors import RwbError
 from core.users import LOCAL_ADDRESS, Session, end_session, multi_user, sign_in, sso_sign_in
 
@@ -28,7 +29,8 @@ def _start(session: Session) -> None:
 
 if not multi_user(ws):
     st.info("This workspace has no users: everyone who opens it is the local admin, no sign-in needed. "
-            "Add users with `rwb users add NAME --role ROLE` (the first one an admin) to switch sign-in on.")
+            "Sign-in switches on once the workspace's owner adds users (the first one an admin).")
+    cli_equivalent("rwb users add NAME --role ROLE")
     st.stop()
 
 # Single sign-on is offered when the app's secrets configure Streamlit's OIDC login ([auth]).
@@ -51,7 +53,7 @@ if signed_in_sso:
     try:
         _start(sso_sign_in(ws, st.user.to_dict(), address=address))
     except RwbError as exc:
-        st.error(str(exc))
+        st.error(user_message(exc))
         st.button("Sign out of single sign-on", key="sso_sign_out", on_click=st.logout)
     else:
         st.rerun()
@@ -65,10 +67,11 @@ if submitted:
     try:
         _start(sign_in(ws, name, password, address=address))
     except RwbError as exc:
-        st.error(str(exc))
+        st.error(user_message(exc))
     else:
         st.rerun()
 if sso:
     st.button("Sign in with single sign-on", key="sso_sign_in", on_click=st.login)
-st.caption("No account yet? Ask an admin: `rwb users add NAME --role analyst|reviewer|approver` "
-           "(with `--email` for single sign-on).")
+st.caption("No account yet? Ask an admin to add you as an analyst, reviewer or approver "
+           "(with your e-mail for single sign-on).")
+cli_equivalent("rwb users add NAME --role analyst|reviewer|approver --email ADDRESS", "for the admin")

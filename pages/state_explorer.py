@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import resources
+from app.messages import cli_equivalent, user_message
 
 USER_ERRORS = resources.USER_ERRORS
 
@@ -16,8 +17,9 @@ st.caption("Where the agent's states lie: a t-SNE map of the encoded states (eac
 ws = resources.workspace()
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 if not datasets:
-    st.info("No dataset with steps yet: import episodes on the Episodes page "
-            "(or `rwb episodes import FILE`), then come back to map their states.")
+    st.info("No dataset with steps yet: import episodes on the **Episodes** page, "
+            "then come back to map their states.")
+    cli_equivalent("rwb episodes import FILE")
     st.stop()
 
 # --------------------------------------------------------------------------- what to map
@@ -60,7 +62,7 @@ try:
     with st.spinner(f"Encoding and mapping the states of {request['dataset']}…"):
         report = resources.state_map(**request)
 except USER_ERRORS as exc:
-    st.error(str(exc))
+    st.error(user_message(exc))
     st.stop()
 
 # --------------------------------------------------------------------------- fidelity

@@ -99,9 +99,10 @@ def detect_format(doc: Document, options: ReadOptions | None = None) -> str:
         first = doc.first
         keys = ", ".join(sorted(map(str, first))[:12]) if isinstance(first, dict) else type(first).__name__
         raise InputError(
-            f"cannot tell the format (first record has: {keys}); give --format, one of "
-            f"{', '.join(IMPORTERS)} (openai files with the messages elsewhere also need "
-            f"--messages-key)", file=doc.name, field="format")
+            f"cannot tell the format (first record has: {keys})",
+            hint=f"give --format, one of {', '.join(IMPORTERS)} (openai files with the messages "
+                 f"elsewhere also need --messages-key)",
+            allowed=list(IMPORTERS), file=doc.name, field="format")
     return matches[0]
 
 
