@@ -337,7 +337,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     # The first update comes after the trainer process has loaded the data and cloned the
     # logged behaviour; the curves then appear on their own (the fragment refreshes).
     _see(pg, re.compile(rf"{launched}.* [1-9]\d* updates"), timeout=4 * WAIT_MS)
-    _main(pg).locator('[data-testid="stVegaLiteChart"], [data-testid="stArrowVegaLiteChart"]').first.wait_for()
+    _main(pg).locator('[data-testid="stPlotlyChart"]').first.wait_for()   # the run's live curves
     _shot(pg, "04_training")
 
     # 4. Policies: ana exports the finished fixture run as a bundle and registers it.
