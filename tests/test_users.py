@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import sqlite3
 
 import pytest
@@ -252,6 +254,14 @@ def test_cli_users_add_and_list(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert '"multi_user": true' in r.output and '"rex"' in r.output
     assert "password_hash" not in r.output and "scrypt" not in r.output
+    # an admin resets rex's password; --json says so as one object
+    r = runner.invoke(root, ["-w", wsdir, "users", "passwd", "rex", "--password-stdin", "--as", "ada", "--json"],
+                      input="rex has a new one\n", env={"RWB_PASSWORD": PASSWORD})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1]) == {"user": "rex", "password_changed": True}
+    r = runner.invoke(root, ["-w", wsdir, "users", "passwd", "rex", "--password-stdin", "--as", "ada"],
+                      input="rex password\n", env={"RWB_PASSWORD": PASSWORD})
+    assert r.exit_code == 0 and "password of rex changed" in r.output, r.output
     # wrong role and wrong password are refused with the exit code of PermissionDenied
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("rex password\n"))
     assert main(["-w", wsdir, "users", "list", "--as", "rex"]) == PermissionDenied.exit_code

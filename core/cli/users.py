@@ -106,6 +106,7 @@ def passwd(
     password_stdin: bool = typer.Option(
         False, "--password-stdin", help="Read the new password from stdin's first line."),
     as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Set a user's password (your own, or anyone's as an admin)."""
     from core import users
@@ -116,4 +117,7 @@ def passwd(
                  typer.prompt(f"New password for {name}", hide_input=True,
                               confirmation_prompt=True))
     users.set_password(ws, actor, name, password)
-    typer.echo(f"password of {name} changed")
+    if as_json:
+        print_json({"user": name, "password_changed": True})
+    else:
+        typer.echo(f"password of {name} changed")
