@@ -233,6 +233,15 @@ def semver_key(version: str) -> tuple[int, int, int, int, str]:
     return major, minor, patch, 0 if rest.startswith("-") else 1, rest
 
 
+def next_version(ws: "Workspace", name: str) -> str:
+    """The next minor version after the highest registered under ``name`` (``0.1.0`` for a new name)."""
+    versions = [r[0] for r in ws.conn.execute("SELECT version FROM policy_versions WHERE name=?", (name,))]
+    if not versions:
+        return "0.1.0"
+    major, minor, _, _ = parse_semver(max(versions, key=semver_key))
+    return f"{major}.{minor + 1}.0"
+
+
 # --------------------------------------------------------------------------- the verify report
 @dataclass
 class VerifyReport:
@@ -1132,7 +1141,6 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     episodes, an RDE tree fit on the expert's training episodes, and a smoke set."""
     from core.evaluation import evaluate
     from core.rde import fit_rde, rde_accuracy
-    from core.registry import next_version
     from core.runs import get_run, open_run, template_hash
 
     authorize(ws, actor, "export_bundle")
@@ -1277,6 +1285,6 @@ def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[
 
 __all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BundleError", "FileEntry", "LoadedBundle",
            "Manifest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
-           "list_bundles", "load_bundle", "parse_semver", "pickle_signature", "read_members",
+           "list_bundles", "load_bundle", "next_version", "parse_semver", "pickle_signature", "read_members",
            "safetensors_problem", "seal_manifest", "semver_key", "verify_bundle", "verify_in_workspace", "write_bundle",
            "write_folder"]

@@ -69,7 +69,7 @@ from core.bundle import (
     Approval,
     BundleError,
     Manifest,
-    parse_semver,
+    next_version,
     read_members,
     seal_manifest,
     semver_key,
@@ -78,7 +78,10 @@ from core.bundle import (
 )
 from core.errors import ConflictError, InputError
 from core.keys import signing_key, trust_store
-from core.policies import INDEX, policies_root, read_index
+from core.policies.folder import INDEX, policies_root, read_index
+from core.registry_records import policy_names, promoted_digest
+from core.registry_records import promoted_digest_in as _promoted_digest
+from core.registry_records import registry_events as _events
 from core.users import Actor, authorize, check_four_eyes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,17 +127,6 @@ def _row(conn: "sqlite3.Connection", name: str, version: str) -> dict[str, Any]:
     d = dict(zip(_VERSION_COLUMNS, row))
     d["manifest"] = json.loads(d["manifest"])
     return d
-
-
-def _events(conn: "sqlite3.Connection", name: str | None = None) -> list[dict[str, Any]]:
-    sql = "SELECT id, name, version, event, actor, role, at, comment, detail FROM registry_events"
-    args: tuple[Any, ...] = ()
-    if name is not None:
-        sql += " WHERE name=?"
-        args = (name,)
-    return [{"id": r[0], "name": r[1], "version": r[2], "event": r[3], "actor": r[4], "role": r[5], "at": r[6],
-             "comment": r[7], "detail": json.loads(r[8]) if r[8] else {}}
-            for r in conn.execute(sql + " ORDER BY id", args)]
 
 
 def _replay(events: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
@@ -263,15 +255,6 @@ def list_versions(ws: "Workspace", name: str | None = None) -> list[dict[str, An
 def history(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
     """Every registry event (of ``name``, or all), oldest first: who did what, when and why."""
     return _events(ws.conn, name)
-
-
-def next_version(ws: "Workspace", name: str) -> str:
-    """The next minor version after the highest registered under ``name`` (``0.1.0`` for a new name)."""
-    versions = [r[0] for r in ws.conn.execute("SELECT version FROM policy_versions WHERE name=?", (name,))]
-    if not versions:
-        return "0.1.0"
-    major, minor, _, _ = parse_semver(max(versions, key=semver_key))
-    return f"{major}.{minor + 1}.0"
 
 
 def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -445,11 +428,6 @@ def bundle_bytes(ws: "Workspace", name: str, version: str) -> bytes:
     if hashlib.sha256(data).hexdigest() != row["bundle_sha256"]:
         raise BundleError(f"the registered copy of {name} {version} was changed after registration", file=str(path))
     return data
-
-
-def policy_names(ws: "Workspace") -> list[str]:
-    """Names with at least one registered version."""
-    return [r[0] for r in ws.conn.execute("SELECT DISTINCT name FROM policy_versions ORDER BY name")]
 
 
 # --------------------------------------------------------------------------- the gate
@@ -662,23 +640,6 @@ def _install(ws: "Workspace", root: Path, row: Mapping[str, Any], approvals: lis
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return sealed
-
-
-def _promoted_digest(events: list[dict[str, Any]], version: str) -> str | None:
-    """The manifest digest of ``version``'s promoted copy as the registry last recorded it
-    (its latest ``promoted`` or ``rolled_back`` event), or None when never promoted."""
-    digest = None
-    for e in events:
-        if e["version"] == version and e["event"] in ("promoted", "rolled_back") and e["detail"].get("manifest_digest"):
-            digest = e["detail"]["manifest_digest"]
-    return digest
-
-
-def promoted_digest(ws: "Workspace", name: str, version: str) -> str | None:
-    """The manifest digest this workspace's registry recorded for the promoted copy of
-    ``name@version`` (None when this registry never promoted it).  Serving checks the copy
-    it loads against it."""
-    return _promoted_digest(_events(ws.conn, name), version)
 
 
 def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:

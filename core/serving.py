@@ -933,7 +933,7 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
 # =========================================================================== the engine
 def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
     """Identity of the policies index file (changes when a promotion replaces it)."""
-    from core.policies import INDEX, policies_root
+    from core.policies.folder import INDEX, policies_root
 
     try:
         st = os.stat(policies_root(root) / INDEX)
@@ -1053,7 +1053,7 @@ class DecisionEngine:
         if stat == self._index_stat:
             return
         self._index_stat = stat
-        from core.policies import active_version
+        from core.policies.folder import active_version
 
         try:
             version = active_version(self._policy_name, self._policies_root)
@@ -1582,8 +1582,8 @@ def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None,
     from core.audit import security_event
     from core.bundle import BundleError
     from core.keys import trust_store
-    from core.policies import active_version, load_bundle_for, policies_root
-    from core.registry import policy_names, promoted_digest
+    from core.policies.folder import active_version, load_bundle_for, policies_root
+    from core.registry_records import policy_names, promoted_digest
 
     version = version or active_version(name, root)
     folder = policies_root(root) / name / version
