@@ -1,4 +1,4 @@
-"""The audit trail: one append-only record per served decision (DESIGN.md §9, S000 §2.2).
+"""The audit trail: one append-only record per served decision (docs/design.md §9, S000 §2.2).
 
 A record has exactly the seed's fields plus three that tie it to the rest of the
 workbench::

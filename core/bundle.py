@@ -1,4 +1,4 @@
-"""Policy bundles (DESIGN.md §9): a trained policy as a zip a person can open, verified before use.
+"""Policy bundles (docs/design.md §9): a trained policy as a zip a person can open, verified before use.
 
 A bundle is a flat zip (or, once promoted, a flat folder) of these files::
 

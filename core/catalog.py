@@ -1,4 +1,4 @@
-"""Action catalog (DESIGN.md §4): tool schemas → discrete ActionTokens, logged call → token.
+"""Action catalog (docs/design.md §4): tool schemas → discrete ActionTokens, logged call → token.
 
 The policy acts over a fixed, discrete action space.  Every tool becomes a block of
 *tokens*, one per **parameter preset** (a combination of coarse parameter values),

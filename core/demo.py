@@ -1,6 +1,6 @@
 """``rwb demo``: the whole loop of the workbench, headless, on a fresh workspace.
 
-One call walks the path a team takes with a new agent (DESIGN.md §1), each step with
+One call walks the path a team takes with a new agent (docs/design.md §1), each step with
 the same ``core`` function the app and the CLI call, acting as the user whose role the
 step needs:
 

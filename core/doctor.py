@@ -1,4 +1,4 @@
-"""The four-step diagnosis of a training run (DESIGN.md §8, ``rwb doctor RUN``).
+"""The four-step diagnosis of a training run (docs/design.md §8, ``rwb doctor RUN``).
 
 When a run does not learn, S000 checks four things in order; each step here gives a
 verdict (``ok``, ``warn`` or ``fail``) with the number behind it:

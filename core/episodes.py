@@ -1,4 +1,4 @@
-"""Episode / Step schema (DESIGN.md §3), validated once at the edge.
+"""Episode / Step schema (docs/design.md §3), validated once at the edge.
 
 An *episode* is one recorded agent run: the user's task, the steps the agent
 took (tool calls, replies, the final answer), what the tools answered, and the

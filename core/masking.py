@@ -1,4 +1,4 @@
-"""Action masks (DESIGN.md §4): declarative rules → a boolean vector over the catalog per state.
+"""Action masks (docs/design.md §4): declarative rules → a boolean vector over the catalog per state.
 
 Rules live in YAML.  Each rule *blocks* its targets in the states where it fires::
 

@@ -1,7 +1,7 @@
-"""Masked PPO with an adaptive KL penalty and curriculum exploration (DESIGN.md §8, S000 §3.3).
+"""Masked PPO with an adaptive KL penalty and curriculum exploration (docs/design.md §8, S000 §3.3).
 
 Reads top to bottom like CleanRL's ``ppo.py``: :class:`PPOConfig` (a docstring per
-field), the policy (:class:`Agent`: the state encoder of DESIGN.md §6, a 2×256 actor over
+field), the policy (:class:`Agent`: the state encoder of docs/design.md §6, a 2×256 actor over
 the action catalog whose masked logits are −inf, an ensemble of critic heads), then
 :func:`train` in paper order — rollout over the batched simulator, GAE, the clipped
 objective plus an adaptive KL penalty, gradient clipping, metrics.  The pure helpers

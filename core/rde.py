@@ -1,6 +1,6 @@
 """The RDE baseline: a decision tree fit on logged expert actions, stored as plain arrays.
 
-The decision engine (DESIGN.md §9) answers most requests with a rule/light-model
+The decision engine (docs/design.md §9) answers most requests with a rule/light-model
 baseline and asks the RL policy only when the baseline is unsure.  This module is the
 light model: a scikit-learn :class:`~sklearn.tree.DecisionTreeClassifier` fit on the
 actions the *expert* behaviour logged, kept in a bundle as its raw arrays

@@ -1,4 +1,4 @@
-"""The policy registry (DESIGN.md §9): versions, four-eyes approval, promotion, rollback.
+"""The policy registry (docs/design.md §9): versions, four-eyes approval, promotion, rollback.
 
 Every policy **name** (``finance_risk``) has versions, each one verified bundle.  A
 version moves through stages::

@@ -1,4 +1,4 @@
-"""The human review queue for high-risk actions (DESIGN.md §9, S000 §2.2-2.3).
+"""The human review queue for high-risk actions (docs/design.md §9, S000 §2.2-2.3).
 
 Items come from two places:
 

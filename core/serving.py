@@ -1,4 +1,4 @@
-"""The decision engine (DESIGN.md §9, S000 §2.2): rules + decision tree first, the RL policy
+"""The decision engine (docs/design.md §9, S000 §2.2): rules + decision tree first, the RL policy
 when they are unsure, arbitration between them, and one audit record per decision.
 
 Production code is three lines::

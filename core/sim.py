@@ -1,4 +1,4 @@
-"""The recorded-episode simulator (DESIGN.md §7): training against logged data, not a live system.
+"""The recorded-episode simulator (docs/design.md §7): training against logged data, not a live system.
 
 An environment stands on one *recorded step* of a dataset (its pointer) and sees the
 state the logging agent saw there: the request's intent, the tool context of that step,

@@ -1,4 +1,4 @@
-"""Structured state encoding (DESIGN.md §6, S000 §3.2).
+"""Structured state encoding (docs/design.md §6, S000 §3.2).
 
 Instead of concatenating every token the agent saw, the state at step ``t`` (what
 the agent knew *before* choosing its action at ``t``) is built from three parts:

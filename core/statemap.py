@@ -1,6 +1,6 @@
 """The state map: t-SNE of encoded states, encoding fidelity and action entropy.
 
-Three questions of DESIGN.md §8's four-step diagnosis are answered here:
+Three questions of docs/design.md §8's four-step diagnosis are answered here:
 
 * **Does the encoder see the task?** :func:`state_fidelity` — silhouette of the
   encoded states by task type in the original space (against the same score for
@@ -426,7 +426,7 @@ class EntropyReport:
         return asdict(self)
 
 
-#: Below this entropy (nats) exploration is too narrow (DESIGN.md §8, step 4).
+#: Below this entropy (nats) exploration is too narrow (docs/design.md §8, step 4).
 LOW_ENTROPY = 1.0
 
 

@@ -1,4 +1,4 @@
-"""Optuna studies over a reward pyramid's weights and chosen component parameters (DESIGN.md §5, §10).
+"""Optuna studies over a reward pyramid's weights and chosen component parameters (docs/design.md §5, §10).
 
 A study asks: which weights (within bounds the analyst sets) make the pyramid agree
 best with what we know about the episodes?  Three objectives, one per study:

@@ -1,4 +1,4 @@
-"""Users, roles and the permission table (DESIGN.md §1, §9).
+"""Users, roles and the permission table (docs/design.md §1, §9).
 
 Who may do what is decided here and checked inside every ``core`` function
 that changes something; the app and the CLI only *reflect* it (they hide a

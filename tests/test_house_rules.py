@@ -1,4 +1,4 @@
-"""The house rules of the code base (STYLE.md), checked on the code itself.
+"""The house rules of the code base (docs/style.md), checked on the code itself.
 
 - ``core`` never imports streamlit (production imports ``core``); only ``core.cli`` may
   import typer.

@@ -63,7 +63,7 @@ def np_(x: torch.Tensor) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the slow reference
 class ReferenceSim:
-    """One environment at a time, in plain Python: the obvious reading of DESIGN.md §7.
+    """One environment at a time, in plain Python: the obvious reading of docs/design.md §7.
 
     It draws the same ``[B, 2]`` random integers per reset/step from its own generator
     seeded like the simulator's, so both take the same counterfactual picks and start

@@ -1,4 +1,4 @@
-"""Promoted policies, shipped inside the ``core`` package (DESIGN.md §9).
+"""Promoted policies, shipped inside the ``core`` package (docs/design.md §9).
 
 ``core.registry.promote`` writes an approved bundle into this folder as
 ``<name>/<version>/`` (the bundle's files, flat, with its approvals mirrored into the

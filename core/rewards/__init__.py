@@ -1,4 +1,4 @@
-"""The reward pyramid (DESIGN.md §5): components, templates, scoring, expectations.
+"""The reward pyramid (docs/design.md §5): components, templates, scoring, expectations.
 
 * :mod:`~core.rewards.frame` — the steps frame (all steps as numpy columns);
 * :mod:`~core.rewards.components` — registered components, one small class each;
