@@ -109,6 +109,7 @@ def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
     from core.rewards.learned import fit_outcome_model
     from core.rewards.components import ScoringContext
     from core.embed import workspace_embedder
+    from core.errors import InputError
     from core.store import Workspace
     from core.users import current_user
 
@@ -147,7 +148,7 @@ def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
             out["learned_heldout_auc"] = round(fit.heldout_auc, 4)
             fit_stats = fit_outcome_model(frame, labels, groups, ctx=ctx, embed="none", c=1.0)
             out["learned_stats_only_heldout_auc"] = round(fit_stats.heldout_auc, 4)
-        except Exception as exc:  # too few labelled episodes: say so in the output
+        except InputError as exc:  # too few labelled episodes: say so in the output
             out["learned_heldout_auc"] = None
             out["learned_error"] = str(exc)
         if not np.isnan(report.heldout_auc or np.nan):
