@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` from a checkout
 
 import streamlit as st  # noqa: E402
 
-from app import resources  # noqa: E402
+from rwb_app import resources  # noqa: E402
 from core.errors import RwbError  # noqa: E402
 from core.store import WorkspaceError  # noqa: E402
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent, user_message
 from core import audit
 
 USER_ERRORS = resources.USER_ERRORS

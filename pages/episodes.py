@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent, user_message
 from core.episode_views import (
     EpisodeFilter,
     dataset_label,

@@ -6,8 +6,8 @@ from typing import Any
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent, user_message
 from core import registry
 from core.bundle import export_bundle, exported_bundle_bytes, list_bundles
 from core.policies import policies_root, read_index

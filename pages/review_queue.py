@@ -6,8 +6,8 @@ from typing import Any
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent, user_message
 from core import review
 
 USER_ERRORS = resources.USER_ERRORS

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import charts, resources
+from rwb_app.messages import cli_equivalent, user_message
 from core.rewards import views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent, user_message
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent, user_message
 from core.errors import RwbError
 from core.users import LOCAL_ADDRESS, Session, end_session, multi_user, sign_in, sso_sign_in
 

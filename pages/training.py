@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, resources
-from app.messages import cli_equivalent
+from rwb_app import charts, resources
+from rwb_app.messages import cli_equivalent
 from core import runs
 from core.errors import ConflictError
 

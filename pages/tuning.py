@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources
-from app.messages import cli_equivalent
+from rwb_app import resources
+from rwb_app.messages import cli_equivalent
 from core import tuning
 from core.errors import ConflictError
 

@@ -11,7 +11,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from app.messages import CLI_PREFIX, app_words, user_message
+from rwb_app.messages import CLI_PREFIX, app_words, user_message
 from core.errors import InputError
 from core.importers import IMPORTERS
 from core.store import Workspace

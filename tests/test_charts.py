@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from _state_fixtures import HashEmbedder
-from app import charts
+from rwb_app import charts
 from core import runs
 from core.ppo import PPOConfig
 from core.store import Workspace

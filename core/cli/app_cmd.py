@@ -21,9 +21,9 @@ from core.errors import RwbError
 
 def app_entry() -> Path:
     """``app/main.py`` of the installed ``app`` package."""
-    spec = importlib.util.find_spec("app")
+    spec = importlib.util.find_spec("rwb_app")
     if spec is None or not spec.submodule_search_locations:
-        raise RwbError("the 'app' package is not installed; reinstall Reward Workbench "
+        raise RwbError("the 'rwb_app' package is not installed; reinstall Reward Workbench "
                        "(pip install -e .) from its checkout")
     main = Path(next(iter(spec.submodule_search_locations))) / "main.py"
     if not main.is_file():
