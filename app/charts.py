@@ -35,6 +35,24 @@ def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300) ->
     return fig
 
 
+def trial_series_figure(series: dict[str, list], *, height: int = 300) -> go.Figure:
+    """One line per series of a study's per-trial figures (``{"trial": [...], name: [...]}``,
+    a :class:`core.tuning.StudyReport`'s ``held_out_series``) over the trial number: trials
+    missing a value are skipped, a series shorter than :data:`MARKERS_BELOW` points gets
+    markers (one trial shows a dot), and the trial axis shows whole numbers."""
+    trials = list(series.get("trial") or [])
+    fig = go.Figure()
+    for name, values in series.items():
+        if name == "trial":
+            continue
+        points = [(int(t), float(v)) for t, v in zip(trials, values) if v is not None and v == v]
+        fig.add_trace(go.Scatter(x=[t for t, _ in points], y=[v for _, v in points], name=name,
+                                 mode="lines+markers" if len(points) < MARKERS_BELOW else "lines"))
+    fig.update_layout(xaxis={"title": "trial", "tickformat": ",d"}, height=height, hovermode="x unified",
+                      margin={"l": 10, "r": 10, "t": 10, "b": 10})
+    return fig
+
+
 def calibration_table(cal: CalibrationReport) -> pd.DataFrame:
     """One row per score (the return first, then each component): power and its interval."""
     return pd.DataFrame([{"score": p.name, "level": p.level, cal.metric: round(p.value, 3),

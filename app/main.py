@@ -18,7 +18,12 @@ import streamlit as st  # noqa: E402
 
 from rwb_app import resources  # noqa: E402
 from core.errors import RwbError  # noqa: E402
+from core.package_data import resource_dir  # noqa: E402
 from core.store import WorkspaceError  # noqa: E402
+
+# The pages/ folder as installed (rwb_app/page_scripts: a pages/ folder beside this script
+# would switch Streamlit to its older multipage mode).
+PAGES_DIR = resource_dir("rwb_app", "page_scripts")
 
 # (file in pages/, title, url path, icon) — one line per page, in menu order.
 PAGES: list[tuple[str, str, str, str]] = [
@@ -33,9 +38,13 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("audit.py", "Audit", "audit", ":material/receipt_long:"),
 ]
 
-# The sign-in page (multi-user workspaces): it stores the signed-in user under
-# st.session_state["actor"], which resources.acting_user() reads for every page.
+# The sign-in page: it signs a user in (multi-user workspaces) through
+# resources.start_session, which resources.acting_user() reads back for every page.  Its
+# address works in every mode; without users it says the local admin acts.
 SIGN_IN_PAGE = ("sign_in.py", "Sign in", "sign-in", ":material/login:")
+#: Seconds between the sidebar's checks that who acts is still who it says (users added
+#: to a workspace that had none, a session ended in another tab or by an admin).
+WHO_ACTS_RECHECK_S = 5
 
 
 def _first_start() -> None:
@@ -55,17 +64,28 @@ def _first_start() -> None:
 
 def _who_acts() -> bool:
     """Say in the sidebar who acts in this session; True when the workspace has users and
-    nobody signed in yet (the sign-in page then opens first)."""
+    nobody signed in yet (the app's root address then opens the sign-in page)."""
     try:
         actor = resources.acting_user()
     except (RwbError, WorkspaceError):
         return False
     if actor is None:
-        resources.show_flash(resources.SESSION_FLASH)
         st.sidebar.caption("Not signed in: pages are read-only.")
     else:
         st.sidebar.caption(f"Acting as **{actor.name}** ({actor.role}).")
     return actor is None
+
+
+@st.fragment(run_every=WHO_ACTS_RECHECK_S)
+def _recheck_who_acts() -> None:
+    """Rerun the whole page as soon as who acts changed under this tab, so that the
+    sidebar and the page's buttons tell the truth without a reload."""
+    try:
+        changed = resources.who_acts_changed()
+    except (RwbError, WorkspaceError):
+        return
+    if changed:
+        st.rerun()
 
 
 def main() -> None:
@@ -73,12 +93,22 @@ def main() -> None:
     resources.ensure_session()
     _first_start()
     needs_sign_in = _who_acts()
-    pages = [st.Page(ROOT / "pages" / file, title=title, url_path=url, icon=icon)
+    with st.sidebar:
+        resources.hand_off_cookie()
+        _recheck_who_acts()
+    pages = [st.Page(PAGES_DIR / file, title=title, url_path=url, icon=icon)
              for file, title, url, icon in PAGES]
     sign_in_file, sign_in_title, sign_in_url, sign_in_icon = SIGN_IN_PAGE
-    pages.append(st.Page(ROOT / "pages" / sign_in_file, title=sign_in_title, url_path=sign_in_url,
-                         icon=sign_in_icon, default=needs_sign_in))
-    nav = st.navigation(pages)
+    sign_in = st.Page(PAGES_DIR / sign_in_file, title=sign_in_title, url_path=sign_in_url,
+                      icon=sign_in_icon)
+    # Every page keeps its own address (Streamlit serves its default page at the root only),
+    # so the default is a hidden page that sends the root address on to where to start.
+    start = sign_in if needs_sign_in else pages[0]
+    home = st.Page(lambda: st.switch_page(start), title="Reward Workbench", url_path="start",
+                   default=True, visibility="hidden")
+    nav = st.navigation([home, *pages, sign_in])
+    if nav is not home:  # the root address goes on at once: say why a session ended there
+        resources.show_flash(resources.SESSION_FLASH)
     nav.run()
 
 

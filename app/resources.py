@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -34,7 +35,7 @@ def show_flash(key: str) -> None:
         {"error": st.error, "info": st.info}.get(kept[0], st.success)(kept[1])
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.users import Actor
+    from core.users import Actor, Session
     from core.rewards import ScoreResult, StepsFrame, Template
     import numpy as np
 
@@ -170,47 +171,165 @@ def _outcomes(path: str, dataset: str, version: str) -> tuple["np.ndarray", "np.
     return outcome_columns(_workspace(path).load_episodes(dataset))
 
 
-def calibration(dataset: str, template: "Template", n_boot: int = 100) -> "CalibrationReport":
-    """Outcome calibration of ``template`` on ``dataset`` (labels and task groups are read
-    once per dataset version; the scores come from :func:`pyramid_report`'s cache)."""
+@st.cache_data(show_spinner=False, max_entries=16)
+def _calibration(path: str, dataset: str, version: str, template_text: str, n_boot: int,
+                 _template: "Template") -> "CalibrationReport":
+    # Keyed by the whole template's text: weights, gating and return terms all move the
+    # returns it ranks, so coming back to a template already seen reads it from here.
     from core.rewards.calibration import calibrate_result
 
-    path = _session_path()
-    labels, groups = _outcomes(path, dataset, dataset_version(workspace(), dataset))
-    return calibrate_result(pyramid_report(dataset, template).result, labels, groups, n_boot=n_boot)
+    labels, groups = _outcomes(path, dataset, version)
+    return calibrate_result(pyramid_report(dataset, _template).result, labels, groups, n_boot=n_boot)
+
+
+def calibration(dataset: str, template: "Template", n_boot: int = 100) -> "CalibrationReport":
+    """Outcome calibration of ``template`` on ``dataset`` (labels and task groups are read
+    once per dataset version; the scores come from :func:`pyramid_report`'s cache; each
+    template is calibrated once per dataset version)."""
+    return _calibration(_session_path(), dataset, dataset_version(workspace(), dataset),
+                        template.to_yaml(), n_boot, template)
 
 
 # --------------------------------------------------------------------------- acting user
 #: Where acting_user() keeps the reason a session ended, for the next page to show.
 SESSION_FLASH = "session_flash"
+#: The session cookie this tab has looked at already: a page load sends one cookie, and
+#: once this tab signed out (or found it ended) it must not sign the tab in again.
+_COOKIE_SEEN = "session_cookie_seen"
+#: A hand-off ticket whose cookie the browser has not fetched yet (rwb_app.session_cookie).
+_COOKIE_TICKET = "session_cookie_ticket"
+#: Who the last full run said acts (``str(actor)``, or None), for who_acts_changed().
+_WHO_SHOWN = "who_acts_shown"
 
 
-def acting_user() -> "Actor | None":
-    """Who acts in this session: the signed-in user (stored under ``"actor"`` in the session
-    state by the sign-in, with its session token under ``"session_token"``), else the local
-    admin of a workspace without users; None when the workspace has users and nobody signed
-    in (pages then only read).  The session is checked against the workspace on every run:
-    once it has expired or was revoked (password or role changed), the user is signed out
-    and the reason kept under :data:`SESSION_FLASH`.  ``core`` checks the permission again
-    on every call."""
-    from core.users import SessionEnded, current_user, multi_user, session_actor
+def start_session(session: "Session") -> None:
+    """Make ``session`` (a fresh sign-in) this tab's, and hand its cookie to the browser so
+    that a reload, a typed address or a new tab stays signed in."""
+    from core.users import SESSION_MAX_S, session_cookie
+
+    st.session_state["actor"] = session.actor
+    st.session_state["session_token"] = session.token
+    value = session_cookie(workspace(), session)
+    _send_cookie(value, max_age=int(session.created_at + SESSION_MAX_S - time.time()))
+
+
+def sign_out() -> None:
+    """End this tab's session in the workspace (every tab and reload of it is signed out)
+    and delete the browser's cookie."""
+    from core.users import end_session
+
+    token = st.session_state.pop("session_token", None)
+    st.session_state.pop("actor", None)
+    if token is not None:
+        end_session(workspace(), token)
+    _send_cookie(None, max_age=0)
+
+
+def _send_cookie(value: str | None, *, max_age: int) -> None:
+    from rwb_app import session_cookie
+
+    ticket = session_cookie.issue(value, max_age)
+    if ticket is None:
+        st.session_state.pop(_COOKIE_TICKET, None)
+    else:
+        st.session_state[_COOKIE_TICKET] = ticket
+
+
+def hand_off_cookie() -> None:
+    """Let the browser fetch a cookie this tab set or deleted (the router calls this on
+    every run until the browser has it, so a run cut short by another does not lose it)."""
+    from rwb_app import session_cookie
+
+    ticket = st.session_state.get(_COOKIE_TICKET)
+    if ticket is None:
+        return
+    if session_cookie.pending(ticket):
+        session_cookie.hand_off(ticket)
+    else:
+        del st.session_state[_COOKIE_TICKET]
+
+
+def _resume_from_cookie(ws: Workspace) -> None:
+    """Sign this tab in from the browser's session cookie (a reload, a typed address, a new
+    tab), once per cookie; a cookie whose session ended is deleted, saying why."""
+    from rwb_app import session_cookie
+    from core.users import SessionEnded, session_actor, session_cookie_token
+
+    value = session_cookie.browser_cookie()
+    if value is None or st.session_state.get(_COOKIE_SEEN) == value:
+        return
+    st.session_state[_COOKIE_SEEN] = value
+    try:
+        token = session_cookie_token(ws, value)
+        actor = session_actor(ws, token)
+    except SessionEnded as exc:
+        flash(SESSION_FLASH, "info", _sentence(exc))
+        _send_cookie(None, max_age=0)
+        return
+    st.session_state["actor"] = actor
+    st.session_state["session_token"] = token
+
+
+def _sentence(exc: Exception) -> str:
+    text = str(exc)
+    return text[:1].upper() + text[1:]
+
+
+def _who_acts(ws: Workspace, *, touch: bool) -> "Actor | None":
+    """Who acts in this tab now (SessionEnded when its session ended); see acting_user()."""
+    from core.users import current_user, multi_user, session_actor
 
     actor = st.session_state.get("actor")
     token = st.session_state.get("session_token")
     if actor is not None and token is not None:
-        try:
-            actor = session_actor(workspace(), token)
-        except SessionEnded as exc:
-            for key in ("actor", "session_token"):
-                st.session_state.pop(key, None)
-            flash(SESSION_FLASH, "info", str(exc))
-            actor = None
-        else:
-            st.session_state["actor"] = actor
+        return session_actor(ws, token, touch=touch)
     if actor is not None:
         return actor  # a session without a token is one that code set up (tests, notebooks)
-    ws = workspace()
     return None if multi_user(ws) else current_user(ws)
+
+
+def acting_user() -> "Actor | None":
+    """Who acts in this session: the signed-in user (stored under ``"actor"`` in the session
+    state by the sign-in, with its session token under ``"session_token"``, or restored from
+    the browser's session cookie), else the local admin of a workspace without users; None
+    when the workspace has users and nobody signed in (pages then only read).  The
+    workspace's mode and the session are read again on every run: once the session has
+    expired or was revoked (sign-out, password or role changed), the user is signed out
+    and the reason kept under :data:`SESSION_FLASH`.  ``core`` checks the permission again
+    on every call."""
+    from core.users import SessionEnded, multi_user
+
+    ws = workspace()
+    if "actor" not in st.session_state and multi_user(ws):
+        _resume_from_cookie(ws)
+    try:
+        actor = _who_acts(ws, touch=True)
+    except SessionEnded as exc:
+        for key in ("actor", "session_token"):
+            st.session_state.pop(key, None)
+        flash(SESSION_FLASH, "info", _sentence(exc))
+        _send_cookie(None, max_age=0)
+        actor = _who_acts(ws, touch=True)
+    else:
+        if st.session_state.get("session_token") is not None:
+            st.session_state["actor"] = actor
+    st.session_state[_WHO_SHOWN] = None if actor is None else str(actor)
+    return actor
+
+
+def who_acts_changed() -> bool:
+    """Whether who acts in this tab is no longer who its last run of acting_user() found:
+    users were added to a workspace that had none, the session ended or the role changed
+    elsewhere.  A look that is not the user's activity (it does not keep the session alive)."""
+    from core.users import SessionEnded
+
+    if _WHO_SHOWN not in st.session_state:
+        return False  # no run has said who acts yet
+    try:
+        actor = _who_acts(workspace(), touch=False)
+    except SessionEnded:
+        actor = None
+    return (None if actor is None else str(actor)) != st.session_state.get(_WHO_SHOWN)
 
 
 # --------------------------------------------------------------------------- training and diagnostics
@@ -224,6 +343,11 @@ def _template_specs(path: str) -> list[str]:
 def template_specs() -> list[str]:
     """Every reward template version a run can train against (``name@N``), newest first."""
     return _template_specs(_session_path())
+
+
+def refresh_template_specs() -> None:
+    """Forget the cached template versions (after this session saved a new one)."""
+    _template_specs.clear()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

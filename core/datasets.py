@@ -45,12 +45,13 @@ from typing import Any
 
 import numpy as np
 
+from core import package_data
 from core.datagen import common, ecommerce, finance
 from core.episodes import Episode, ToolSchema
 from core.errors import InputError, RwbError
 
 #: Bumped whenever a change to the generators changes their output for a given seed.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 _MODULES = {"finance": finance, "ecommerce": ecommerce}
 DOMAINS: tuple[str, ...] = tuple(_MODULES)
@@ -77,8 +78,9 @@ SAMPLES: tuple[SampleSpec, ...] = (SampleSpec("finance", 250, 20240917), SampleS
 
 
 def datasets_dir() -> Path:
-    """The repository's ``datasets/`` folder (tool schemas and samples)."""
-    return Path(__file__).resolve().parents[1] / "datasets"
+    """The shipped sample datasets, one folder per domain (``datasets/<domain>/`` in the
+    checkout): tool schemas, mask rules and the committed samples."""
+    return package_data.datasets_dir()
 
 
 def sample_files() -> list[Path]:
@@ -97,8 +99,8 @@ def load_tools(domain: str) -> list[ToolSchema]:
     _check_domain(domain)
     path = datasets_dir() / domain / "tools.json"
     if not path.exists():
-        raise RwbError(f"tool schemas for {domain!r} not found at {path}; the datasets/ folder of the "
-                       f"checkout is needed")
+        raise RwbError(f"tool schemas for {domain!r} not found at {path}; reinstall Reward Workbench "
+                       f"(its sample datasets ship with it)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return [ToolSchema.model_validate(t) for t in raw]

@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -346,14 +347,18 @@ def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], N
     from core.statemap import states_map
 
     sizes: DemoSizes = ctx["sizes"]
-    out = ws.artifact_dir("demo") / "state_map.html"
+    # The HTML map is drawn with plotly, which the app extra installs; without it the demo
+    # reports the map's figures and says how to get the picture.
+    has_plotly = importlib.util.find_spec("plotly") is not None
+    out = ws.artifact_dir("demo") / "state_map.html" if has_plotly else None
     rep = states_map(ws, dataset=ctx["dataset"], template=DEMO_TEMPLATE, max_points=sizes.map_points,
                      out=out, progress=lambda msg: log(f"      state map: {msg}"))
     fid, ent = rep.fidelity, rep.entropy
     figures = {"points": int(len(rep.index)),
                "silhouette_by_task_type": _r(fid.silhouette), "silhouette_shuffled": _r(fid.silhouette_shuffled),
                "knn_agreement": _r(fid.knn_agreement), "knn_chance": _r(fid.knn_chance),
-               "action_entropy_nats": _r(ent.overall), "map": str(out)}
+               "action_entropy_nats": _r(ent.overall),
+               "map": str(out) if out else "not drawn: needs plotly (pip install 'reward-workbench[app]')"}
     return figures, "State Explorer page", [v for v in (fid.verdict, ent.verdict) if v]
 
 

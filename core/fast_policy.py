@@ -9,6 +9,14 @@ request — and runs only the trace branch and the critic per candidate, in nump
 arrays copied out of the module once.  On the one to a few rows serving sees, this
 touches a fraction of the weights of two full passes and none of torch's dispatch.
 
+The branches' first layers are folded where their input allows it, since after an idle
+gap a request pays for every weight byte it reads from memory (and a row for each): the
+trace branch's input is three action embeddings and two numbers per step, so its first
+layer is a table of each (step position, token)'s product with its weights, read one
+row per step (:class:`_TraceBranch`); the context row is hashed features, mostly zeros,
+so only the weight rows of its non-zero columns are read (``_Branch.sparse``).  Both
+sum the same products as the dense layer, in another order (float32 rounding apart).
+
 It is built only for the architecture it knows and only used when it reproduces the
 module on the bundle's smoke states (:func:`numpy_policy`); otherwise serving runs the
 module itself.
@@ -23,7 +31,7 @@ import numpy as np
 
 from scipy.special import erf
 
-from core.state import _O_FLAGS, PAD_TOKEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
+from core.state import _O_FLAGS, PAD_TOKEN, TRACE_LEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
 
 #: Agreement with the torch module required on the smoke states (float32 sums in another order).
 TOLERANCE = 1e-4
@@ -42,13 +50,49 @@ class _Branch:
         self.inv_dim = np.float32(1.0 / len(self.gamma))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.rest(x @ self.w1 + self.b1)
+
+    def sparse(self, x: np.ndarray) -> np.ndarray:
+        """The branch on rows that are mostly zeros: the first layer reads only the weight
+        rows of the columns some row sets (a zero column adds nothing to the product)."""
+        cols = np.flatnonzero(np.logical_or.reduce(x != 0, axis=0))
+        return self.rest(x[:, cols] @ self.w1[cols] + self.b1)
+
+    def rest(self, h: np.ndarray) -> np.ndarray:
+        """GELU → second layer → LayerNorm of the first layer's output ``h``."""
         # ufuncs and their reductions directly: serving runs this on a row or a few, where
         # the Python wrappers of mean/clip would cost more than the arithmetic
-        h = x @ self.w1 + self.b1
         h = (0.5 * h * (1.0 + erf(h * _SQRT_HALF))) @ self.w2 + self.b2
         h -= np.add.reduce(h, axis=-1, keepdims=True) * self.inv_dim
         var = np.add.reduce(h * h, axis=-1, keepdims=True) * self.inv_dim
         return h / np.sqrt(var + self.eps) * self.gamma + self.beta
+
+
+class _TraceBranch(_Branch):
+    """The trace branch, its first layer folded with the action embedding.
+
+    The module's input per step ``l`` is ``[embed(token_l), clip(reward_l), dt_l]``, laid
+    out step after step; its first layer is therefore the sum over steps of
+    ``embed(token_l) @ W_l`` (a table ``[L, tokens, dim]`` computed once here) plus the two
+    numbers times their weight rows ``[L, dim]`` each."""
+
+    def __init__(self, module: Any, action_embed: np.ndarray, trace_len: int):
+        super().__init__(module)
+        width = action_embed.shape[1]
+        w = self.w1.reshape(trace_len, width + 2, -1)
+        self.table = np.ascontiguousarray(np.einsum("te,led->ltd", action_embed, w[:, :width]), dtype=np.float32)
+        self.w_reward = np.ascontiguousarray(w[:, width])
+        self.w_dt = np.ascontiguousarray(w[:, width + 1])
+        self.steps = np.arange(trace_len)
+
+    def trace(self, tokens: np.ndarray, reward: np.ndarray, dt: np.ndarray) -> np.ndarray:
+        """``[N, dim]`` of ``tokens`` (embedding rows, already shifted and clipped),
+        ``reward`` (clipped) and ``dt``, each ``[N, L]``."""
+        h = np.add.reduce(self.table[self.steps, tokens], axis=1)
+        h += reward @ self.w_reward
+        h += dt @ self.w_dt
+        h += self.b1
+        return self.rest(h)
 
 
 def _array(t: Any) -> np.ndarray:
@@ -75,8 +119,8 @@ class NumpyPolicy:
         self.n_actions = int(enc.n_actions)
         self.intent_net = _Branch(enc.intent_net)
         self.context_net = _Branch(enc.context_net)
-        self.trace_net = _Branch(enc.trace_net)
         self.action_embed = _array(enc.action_embed.weight)
+        self.trace_net = _TraceBranch(enc.trace_net, self.action_embed, TRACE_LEN)
         self.gate_prior = _linear(enc.gate_prior)
         self.gate_state = _linear(enc.gate_state)
         self.actor = [_linear(agent.actor[i]) for i in (0, 2, 4)]
@@ -91,7 +135,8 @@ class NumpyPolicy:
         return self.intent_net(np.concatenate([emb, rules], axis=1).astype(np.float32, copy=False))
 
     def context(self, context: np.ndarray) -> np.ndarray:
-        return self.context_net(context.astype(np.float32, copy=False))
+        """``[B, dim]`` context branch (the row is hashed features, mostly zeros)."""
+        return self.context_net.sparse(context.astype(np.float32, copy=False))
 
     def state(self, e_intent: np.ndarray, rules: np.ndarray, context: np.ndarray, e_context: np.ndarray,
               trace_action: np.ndarray, trace_reward: np.ndarray, trace_dt: np.ndarray) -> np.ndarray:
@@ -99,11 +144,8 @@ class NumpyPolicy:
         branch of ``context``)."""
         n = len(trace_action)
         tokens = np.minimum(np.maximum(trace_action + 2, 0), self.n_actions + 1)
-        x = np.empty((n, tokens.shape[1], self.action_embed.shape[1] + 2), dtype=np.float32)
-        x[:, :, :-2] = self.action_embed[tokens]
-        x[:, :, -2] = np.minimum(np.maximum(trace_reward, -Z_CLIP), Z_CLIP)
-        x[:, :, -1] = trace_dt
-        e_trace = self.trace_net(x.reshape(n, -1))
+        reward = np.minimum(np.maximum(trace_reward, -Z_CLIP), Z_CLIP).astype(np.float32, copy=False)
+        e_trace = self.trace_net.trace(tokens, reward, trace_dt.astype(np.float32, copy=False))
         if not self.gating_on:
             return (e_intent + e_context + e_trace) / np.float32(3.0)
         high = rules[:, URGENCY_HIGH_INDEX] if self.intent_on else np.zeros(n, np.float32)

@@ -78,7 +78,7 @@ from core.bundle import (
 )
 from core.errors import ConflictError, InputError
 from core.keys import signing_key, trust_store
-from core.policies.folder import INDEX, policies_root, read_index
+from core.policy_folder import INDEX, policies_root, read_index
 from core.registry_records import policy_names, promoted_digest
 from core.registry_records import promoted_digest_in as _promoted_digest
 from core.registry_records import registry_events as _events

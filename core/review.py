@@ -1,9 +1,11 @@
 """The human review queue for high-risk actions (docs/design.md §9, S000 §2.2-2.3).
 
-Items come from two places:
+Items come from these places:
 
 * **training** — curriculum level L3 flags a run that takes the same high-risk
-  action three times in a row;
+  action three times in a row; or a step of a recorded episode is sent to review
+  (:func:`send_step`, no run id: a person, or the set-up of the sample workspace
+  with the steps :func:`sample_review_steps` picks);
 * **serving** — the decision engine serves a high-risk final action with low
   confidence.
 
@@ -59,6 +61,8 @@ from core.users import Actor, authorize
 if TYPE_CHECKING:  # pragma: no cover
     import sqlite3
 
+    from core.catalog import ActionToken, Catalog
+    from core.episodes import Episode
     from core.store import Workspace
 
 ORIGINS: tuple[str, ...] = ("training", "serving")
@@ -182,6 +186,9 @@ def _validated_row(req: ReviewRequest, actor: Actor, now: float) -> dict[str, An
     # The same source step queued twice (a retried training job, a replayed request) is one item.
     source_key = (None if all(s is None for s in source)
                   else _json([req.origin, *source, req.token_id]))
+    if req.run_id is None and req.decision_id is None and req.episode_id is not None:
+        # A recorded step (send_step): episode ids are unique only within their dataset.
+        source_key = _json(["recorded", req.dataset, req.episode_id, req.step_t, req.token_id])
     try:
         state_json, comps_json = _json(state), _json(_components(req.reward_components))
     except (TypeError, ValueError) as exc:
@@ -251,6 +258,166 @@ def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest
 def enqueue(ws: "Workspace", actor: Actor, request: ReviewRequest) -> int:
     """Queue one step for review; returns the item id.  Needs ``enqueue_review``."""
     return enqueue_many(ws, actor, [request])[0]
+
+
+# --------------------------------------------------------------------------- recorded steps
+#: Longest reason a person may give when sending a recorded step to review.
+MAX_REASON_CHARS = 500
+#: How many steps of each sample dataset a fresh workspace puts on the queue.
+SAMPLE_ITEMS_PER_DATASET = 3
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """One step of a recorded episode with its catalog token (what :func:`send_step` queues)."""
+
+    dataset: str
+    episode_id: str
+    step_t: int
+    task_type: str | None
+    #: Flat scalar state features the step was taken in (observation["state"]).
+    state: dict[str, Any]
+    token: "ActionToken"
+    #: The episode's outcome: resolved (None when unknown) and final reward.
+    resolved: bool | None
+    final_reward: float | None
+    #: How many times in a row (ending at this step) the episode took this same token.
+    repeats: int
+
+
+def _scalar_state(observation: Any) -> dict[str, Any]:
+    """The flat scalar features of a step's observation["state"] (others are left out: a
+    review item's state is a dict of scalars)."""
+    state = observation.get("state") if isinstance(observation, Mapping) else None
+    if not isinstance(state, Mapping):
+        return {}
+    return {k: v for k, v in state.items()
+            if isinstance(k, str) and (v is None or isinstance(v, (bool, int, str))
+                                       or (isinstance(v, float) and math.isfinite(v)))}
+
+
+def recorded_steps(episode: "Episode", dataset: str, catalog: "Catalog") -> list[RecordedStep]:
+    """The steps of one recorded episode that map to a catalog token (INVALID ones are left
+    out: a review decides about a token), in order."""
+    if not episode.steps:
+        return []
+    batch = catalog.normalize_many([s.action for s in episode.steps])
+    out: list[RecordedStep] = []
+    last, repeats = None, 0
+    for step, token_id in zip(episode.steps, batch.token_ids.tolist()):
+        repeats = repeats + 1 if token_id == last else 1
+        last = token_id
+        if token_id < 0:
+            continue
+        out.append(RecordedStep(
+            dataset=dataset, episode_id=episode.episode_id, step_t=step.t,
+            task_type=episode.task.task_type, state=_scalar_state(step.observation),
+            token=catalog.tokens[token_id], resolved=episode.outcome.resolved,
+            final_reward=episode.outcome.final_reward, repeats=repeats))
+    return out
+
+
+def recorded_step_request(step: RecordedStep, reason: str, meta: Mapping[str, Any]) -> ReviewRequest:
+    """The review request of one recorded step (``meta``: extra context for the reviewer)."""
+    tok = step.token
+    # origin "training": a recorded step is what training learns from; approving it labels it
+    # as training data, rejecting it masks its action (no run_id: it comes from a dataset).
+    return ReviewRequest(
+        origin="training", reason=reason, state=step.state, token_id=tok.id, token_name=tok.name,
+        action_label=tok.label, tool=tok.tool, risk=tok.risk, task_type=step.task_type,
+        dataset=step.dataset, episode_id=step.episode_id, step_t=step.step_t,
+        meta={"source": "recorded episode", **meta})
+
+
+def _open_or_decided(conn: "sqlite3.Connection", source_key: str) -> dict[str, Any] | None:
+    row = conn.execute(f"{_SELECT_ITEM} WHERE source_key=?", (source_key,)).fetchone()
+    return None if row is None else dict(zip(_ITEM_COLUMNS, row))
+
+
+def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step_t: int,
+              reason: str = "", *, catalog: "Catalog | None" = None) -> dict[str, Any]:
+    """Put one step of a recorded episode on the review queue; returns the new item.
+    Needs ``enqueue_review``.
+
+    Any step whose action maps to a catalog token may be sent (an INVALID action has no
+    token to approve or mask).  ``reason`` (at most :data:`MAX_REASON_CHARS` characters;
+    default: who sent it) is what the reviewer reads.  A step already on the queue is
+    refused with ConflictError naming its item, pending or decided (a decision is final).
+    ``catalog``: the dataset's (``core.catalog.catalog_for_dataset``; the app passes its
+    cached one)."""
+    from core.catalog import catalog_for_dataset
+    from core.store import WorkspaceError
+
+    authorize(ws, actor, "enqueue_review")
+    if not isinstance(reason, str):
+        raise InputError("the reason is text", field="reason")
+    reason = reason.strip()
+    if len(reason) > MAX_REASON_CHARS:
+        raise InputError(f"the reason is {len(reason)} characters long; keep it to "
+                         f"{MAX_REASON_CHARS}", field="reason")
+    if isinstance(step_t, bool) or not isinstance(step_t, int) or step_t < 0:
+        raise InputError(f"the step is a step number ≥ 0, not {step_t!r}", field="step")
+    try:
+        episode = ws.get_episode(dataset, episode_id)
+    except WorkspaceError as exc:
+        raise InputError(str(exc), field="episode") from exc
+    if not any(s.t == step_t for s in episode.steps):
+        ts = [s.t for s in episode.steps]
+        raise InputError(f"episode {episode_id!r} has no step {step_t}; its steps are "
+                         + (f"{ts[0]}…{ts[-1]}" if ts else "none"), field="step")
+    catalog = catalog if catalog is not None else catalog_for_dataset(ws, dataset)
+    step = next((s for s in recorded_steps(episode, dataset, catalog) if s.step_t == step_t), None)
+    if step is None:
+        raise InputError(f"step {step_t} of episode {episode_id!r} is INVALID (not an action of the "
+                         "catalog): there is no action token to approve or mask", field="step")
+    request = recorded_step_request(step, reason or f"sent to review by {actor.name}",
+                            {"sent_by": actor.name})
+    row = _validated_row(request, actor, time.time())
+    with ws.transaction() as conn:
+        now = time.time()
+        held = _open_or_decided(conn, row["source_key"])
+        if held is not None:
+            state = (f"decided ({held['decision']} by {held['decided_by']}): a decision is final"
+                     if held["status"] == "decided" else f"{held['status']}")
+            raise ConflictError(f"step {step_t} of episode {episode_id!r} is already on the review "
+                                f"queue as item #{held['id']}, {state}")
+        cur = conn.execute(f"INSERT INTO review_items({', '.join(row)}) "
+                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        item_id = int(cur.lastrowid)
+        _event(conn, item_id, "enqueued", actor, now,
+               {"origin": row["origin"], "source": "recorded episode", "dataset": dataset})
+        return _item_dict(_get_row(conn, item_id), now)
+
+
+def sample_review_steps(ws: "Workspace", dataset: str, catalog: "Catalog | None" = None,
+                        limit: int = SAMPLE_ITEMS_PER_DATASET) -> list[RecordedStep]:
+    """The recorded steps of ``dataset`` most worth a reviewer's look: high-risk actions in
+    episodes that failed (resolved false), the longest run of the same high-risk action
+    first (curriculum L3 flags such runs in training), then the worst final reward; one
+    step per episode, at most ``limit``."""
+    from core.catalog import catalog_for_dataset
+
+    catalog = catalog if catalog is not None else catalog_for_dataset(ws, dataset)
+    best: dict[str, RecordedStep] = {}
+    for episode in ws.load_episodes(dataset):
+        if episode.outcome.resolved is not False:
+            continue
+        for step in recorded_steps(episode, dataset, catalog):
+            if step.token.risk != "high":
+                continue
+            kept = best.get(step.episode_id)
+            if kept is None or step.repeats > kept.repeats:
+                best[step.episode_id] = step
+    ranked = sorted(best.values(), key=lambda s: (
+        -s.repeats, math.inf if s.final_reward is None else s.final_reward, s.episode_id))
+    return ranked[:max(int(limit), 0)]
+
+
+def sample_review_reason(step: RecordedStep) -> str:
+    """Why :func:`sample_review_steps` picked ``step``, in a reviewer's words."""
+    reward = "" if step.final_reward is None else f" (final reward {step.final_reward:.2f})"
+    repeated = f", {step.repeats} times in a row" if step.repeats > 1 else ""
+    return (f"high-risk action {step.token.label}{repeated} in an episode that failed{reward}")
 
 
 # --------------------------------------------------------------------------- claim / release

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConflictError, InputError
+from core.package_data import import_root
 from core.users import Actor, authorize
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -696,7 +697,7 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
                         masks=masks, template_version=label, refuse_twin=True)
     log_path = run_dir(ws, run_id) / "train.log"
     cmd = [sys.executable, "-m", "core.cli", "--workspace", str(ws.root), "train", "--resume", run_id, "--quiet"]
-    root = Path(__file__).resolve().parents[1]
+    root = import_root()  # the folder that holds the core package, for an uninstalled checkout
     # The child acts for the launcher: a one-time token (its hash stored with the run) lets
     # it resume this run as the user who launched it, without a password.
     token = secrets.token_urlsafe(24)
@@ -708,7 +709,7 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
     # OpenMP threads that spin while waiting steal the cores they wait for on a shared machine
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=str(root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=str(ws.root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)
     # Record the child at once, so the page shows it running before it has opened the workspace.
     with ws.transaction() as conn:

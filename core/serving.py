@@ -111,8 +111,9 @@ value the encoder also sees for steps that do not exist.
 
 Latency: the baseline path is one row of masks (rows remembered by the values the rules
 read, :meth:`PolicyRuntime.mask`) and tree plus an in-memory audit append; the policy
-runs only on RL-Boost, in numpy (:mod:`core.fast_policy`: the intent branch once per
-episode, the next context once per request, checked against the module at load; else
+runs only on RL-Boost, in numpy (:mod:`core.fast_policy`: the intent branch computed with
+the query's embedding, off the request's path, the next context once per request, the
+branches' first layers folded, checked against the module at load; else
 a TorchScript trace, :func:`_compile_policy`), on a context row whose tool-result part is
 built once per result.  The sentence embedding is never on a request's path: a query
 is embedded in the background after the first request that has it (``prefetch_intent``)
@@ -123,7 +124,7 @@ the request waits for it instead, as one whose tree has no allowed action always
 does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
 queries' (the default embedder also answers from the workspace's disk cache by text hash,
 read-only: a long-running engine neither writes per query nor grows with the traffic).
-``torch_threads=1`` and ``switch_interval_ms=0.5`` suit a serving process.  ``decide_batch``
+``torch_threads=1``, ``switch_interval_ms=0.5`` and ``freeze_gc`` suit a serving process.  ``decide_batch``
 runs the same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
 """
 
@@ -132,6 +133,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import gc
 import itertools
 import math
 import os
@@ -233,6 +235,12 @@ class ServingConfig:
     #: a background thread (the sentence model, audit commits) runs Python may wait a whole
     #: interval: 0.5 suits a serving process.
     switch_interval_ms: float | None = None
+    #: Once the engine is built, collect and then move every object alive (the bundle, the
+    #: catalog, the loaded libraries) out of the cyclic garbage collector's reach
+    #: (``gc.freeze``, process-wide), so that a full collection during a request does not
+    #: walk them: what a serving process wants after loading.  False leaves the collector
+    #: as it is (a process that builds many engines, like a test run).
+    freeze_gc: bool = False
     #: AuditWriter settings: records per commit, seconds before a partial batch commits,
     #: and commit-per-record (durable before decide() returns, slower).
     audit_batch_size: int = 256
@@ -933,7 +941,7 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
 # =========================================================================== the engine
 def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
     """Identity of the policies index file (changes when a promotion replaces it)."""
-    from core.policies.folder import INDEX, policies_root
+    from core.policy_folder import INDEX, policies_root
 
     try:
         st = os.stat(policies_root(root) / INDEX)
@@ -993,6 +1001,9 @@ class DecisionEngine:
         #: decision id -> (episode id, episode serial, step, policy version)
         self._served: collections.OrderedDict[str, tuple[str, int, int, str]] = collections.OrderedDict()
         self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        #: The numpy policy's intent branch of a query, by (policy version, query): computed
+        #: with the query's embedding, off the request's path (under ``_intent_lock`` too).
+        self._intent_branches: collections.OrderedDict[tuple[str, str], np.ndarray] = collections.OrderedDict()
         #: Embeddings under way (query -> the job computing it), and the lock of both maps.
         self._intent_jobs: dict[str, concurrent.futures.Future] = {}
         #: The latest embedding failure per query (until it embeds), named by deferrals.
@@ -1012,6 +1023,9 @@ class DecisionEngine:
         if callable(warm_up):
             self._intent_pool.submit(warm_up)
         self._closed = False
+        if self.config.freeze_gc:
+            gc.collect()
+            gc.freeze()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -1053,7 +1067,7 @@ class DecisionEngine:
         if stat == self._index_stat:
             return
         self._index_stat = stat
-        from core.policies.folder import active_version
+        from core.policy_folder import active_version
 
         try:
             version = active_version(self._policy_name, self._policies_root)
@@ -1388,6 +1402,8 @@ class DecisionEngine:
 
         emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
         out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
+        rt = self.runtime  # the version new episodes start on: its policy's intent branch now, not on a request
+        branches = None if rt.fast is None else rt.fast.intent(emb, np.stack([r for _, r in out.values()]))
         with self._intent_lock:
             for q, value in out.items():
                 self._intents[q] = value
@@ -1395,7 +1411,17 @@ class DecisionEngine:
                 self._intent_errors.pop(q, None)
             while len(self._intents) > INTENT_CACHE_SIZE:
                 self._intents.popitem(last=False)
+            if branches is not None:
+                self._keep_branches(rt.version, list(out), branches)
         return out
+
+    def _keep_branches(self, version: str, queries: list[str], branches: np.ndarray) -> None:
+        """Remember the intent branches of ``queries`` under ``version`` (caller holds ``_intent_lock``)."""
+        for q, e in zip(queries, branches):
+            self._intent_branches[(version, q)] = e
+            self._intent_branches.move_to_end((version, q))
+        while len(self._intent_branches) > INTENT_CACHE_SIZE:
+            self._intent_branches.popitem(last=False)
 
     def _intent(self, queries: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{query: (embedding, rule vector)}``: from the cache, from an embedding that is
@@ -1468,8 +1494,16 @@ class DecisionEngine:
         fast = rt.fast
         if fast is not None:  # numpy, sharing the intent (per episode) and the next context
             missing = [b for b, r in enumerate(rows) if r.intent_state is None]
+            if missing:  # computed with the embedding, unless the query was embedded for another version
+                with self._intent_lock:
+                    for b in missing:
+                        rows[b].intent_state = self._intent_branches.get((rt.version, rows[b].request.query))
+                missing = [b for b in missing if rows[b].intent_state is None]
             if missing:
-                for b, e in zip(missing, fast.intent(emb[missing], rules[missing])):
+                branches = fast.intent(emb[missing], rules[missing])
+                with self._intent_lock:
+                    self._keep_branches(rt.version, [rows[b].request.query for b in missing], branches)
+                for b, e in zip(missing, branches):
                     rows[b].intent_state = e
             e_int = np.stack([r.intent_state for r in rows])
             e_ctx = fast.context(np.concatenate([context, nxt_ctx]))          # both contexts in one pass
@@ -1582,7 +1616,7 @@ def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None,
     from core.audit import security_event
     from core.bundle import BundleError
     from core.keys import trust_store
-    from core.policies.folder import active_version, load_bundle_for, policies_root
+    from core.policy_folder import active_version, load_bundle_for, policies_root
     from core.registry_records import policy_names, promoted_digest
 
     version = version or active_version(name, root)

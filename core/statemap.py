@@ -24,17 +24,18 @@ Three questions of docs/design.md §8's four-step diagnosis are answered here:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.errors import InputError
+from core.errors import InputError, RwbError
 from core.state import (
     RawStateFeatures,
     StateEncoderConfig,
@@ -45,8 +46,8 @@ from core.state import (
     write_atomic,
 )
 
-#: Bump when the cached map layout changes.
-MAP_VERSION = 1
+#: Bump when the cached map layout (or the fidelity verdict's wording) changes.
+MAP_VERSION = 2
 
 
 # --------------------------------------------------------------------------- t-SNE
@@ -262,6 +263,9 @@ class Fidelity:
     silhouette_shuffled_std: float | None = None
     #: Silhouette with the intent encoder off (same states, same sample), when computed.
     silhouette_intent_off: float | None = None
+    #: Silhouette margin over shuffled labels of each part of the state on its own
+    #: (request, tool context, trace: the inputs of the encoder's branches), when computed.
+    part_margins: dict[str, float] | None = None
     verdict: str = ""
     separates: bool | None = None
 
@@ -283,6 +287,10 @@ POOR_SILHOUETTE_MARGIN, POOR_KNN_MARGIN = 0.01, 0.10
 MIN_INTENT_GAIN = 0.01
 #: Shufflings averaged for the baseline silhouette.
 N_SHUFFLES = 3
+#: States used to judge each part of the state on its own (silhouette is quadratic in it).
+PART_SAMPLE = 2000
+#: Names of the parts of a state, as the verdict says them.
+PART_NAMES = {"request": "the request", "tool_context": "the tool context", "trace": "the trace"}
 
 
 def _sample(n: int, size: int, seed: int) -> np.ndarray:
@@ -323,13 +331,68 @@ def silhouette_by_label(X: np.ndarray, labels: np.ndarray) -> float:
     return float(silhouette_score(np.asarray(X, dtype=np.float32), np.asarray(labels), metric="euclidean"))
 
 
+def state_parts(raw: RawStateFeatures, index: np.ndarray, *, intent: bool = True) -> dict[str, np.ndarray]:
+    """The parts of the states of steps ``index`` as the encoder reads them: the request
+    (sentence embedding and intent rules), the tool context (latest result and scalar
+    state) and the trace (one-hot tokens of the previous steps).  ``intent=False`` leaves
+    the request out, as the intent encoder's ablation does."""
+    idx = np.asarray(index, dtype=np.int64)
+    ep = raw.step_episode[idx]
+    onehot = np.zeros((len(idx), raw.trace_action.shape[1], raw.n_actions + 2), dtype=np.float32)
+    np.put_along_axis(onehot, (raw.trace_action[idx] + 2)[..., None], 1.0, axis=2)
+    parts = {"request": np.concatenate([raw.intent_emb[ep], raw.intent_rules[ep]], axis=1)} if intent else {}
+    parts["tool_context"] = np.asarray(raw.context[idx], dtype=np.float32)
+    parts["trace"] = onehot.reshape(len(idx), -1)
+    return parts
+
+
+def _part_margins(parts: dict[str, np.ndarray], labels: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
+    """Silhouette margin over shuffled labels of each part (rows: the same states)."""
+    margins = {}
+    for name, P in parts.items():
+        P = np.asarray(P, dtype=np.float32)
+        if np.ptp(P, axis=0).max(initial=0.0) == 0.0:   # a constant part separates nothing
+            margins[name] = 0.0
+            continue
+        shuffled = np.mean([silhouette_by_label(P, rng.permutation(labels)) for _ in range(N_SHUFFLES)])
+        margins[name] = silhouette_by_label(P, labels) - float(shuffled)
+    return margins
+
+
+def _advice(what: str, margins: dict[str, float] | None, intent_weak: bool) -> str:
+    """What to look at when the states separate only partly or poorly: the part of the
+    state that carries no structure of its own, by its silhouette margin."""
+    check_intent = "check the intent encoder, e.g. truncated or empty queries"
+    if intent_weak:
+        return f"the request adds little to the state: {check_intent}"
+    if not margins:
+        return (f"check the intent encoder (e.g. truncated or empty queries) and whether the tool calls "
+                f"and their results differ across {what}")
+    weak = [name for name, m in margins.items() if m < POOR_SILHOUETTE_MARGIN]
+    figures = ", ".join(f"{PART_NAMES.get(n, n)} {m:.3f}" for n, m in margins.items())
+    if not weak:
+        return (f"each part of the state separates them a little on its own (silhouette margin over "
+                f"shuffled: {figures}), but no part clearly")
+    said = " and ".join(PART_NAMES.get(n, n) for n in weak)
+    verb = "carries" if len(weak) == 1 else "carry"
+    advice = (f"{said} {verb} little {what[:-1]} structure of its own (silhouette margin over shuffled: "
+              f"{figures})")
+    if "request" in weak:
+        return f"{advice}: {check_intent}"
+    return f"{advice}: the tool calls and their results look alike across {what}"
+
+
 def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | None = None, *,
                    label: str = "task_type", X_intent_off: np.ndarray | None = None,
+                   parts: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None,
                    sample: int = 4000, k: int = 10, seed: int = 0) -> Fidelity:
     """Silhouette (true vs shuffled labels), kNN agreement and a verdict for states ``X``.
 
     States with no label (None or "") are left out.  Both silhouettes and the kNN
-    agreement use the same random sample of at most ``sample`` states."""
+    agreement use the same random sample of at most ``sample`` states.  ``parts`` gives,
+    for row positions of ``X``, those states split into request, tool context and trace
+    (:func:`state_parts`): a verdict short of "well" then names the part without
+    structure of its own, judged on at most ``PART_SAMPLE`` of the sampled states."""
     lab = np.array(["" if v is None else str(v) for v in labels], dtype=object)
     keep = np.flatnonzero(lab != "")
     idx = keep[_sample(len(keep), sample, seed)]
@@ -362,19 +425,21 @@ def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | No
                    and fid.silhouette - fid.silhouette_intent_off < MIN_INTENT_GAIN)
     if intent_weak:
         numbers += f"; {fid.silhouette_intent_off:.3f} with the intent encoder off"
-    if sil_margin < POOR_SILHOUETTE_MARGIN or knn_margin < POOR_KNN_MARGIN:
-        fid.separates = False
-        fid.verdict = (f"{what} separate poorly ({numbers}) — check the intent encoder, "
-                       "e.g. truncated or empty queries")
-    elif sil_margin >= GOOD_SILHOUETTE_MARGIN and knn_margin >= GOOD_KNN_MARGIN and not intent_weak:
+    if sil_margin >= GOOD_SILHOUETTE_MARGIN and knn_margin >= GOOD_KNN_MARGIN and not intent_weak:
         fid.separates = True
         fid.verdict = f"{what} separate well ({numbers})"
+        return fid
+    if parts:
+        sub = _sample(len(idx), PART_SAMPLE, seed)
+        if len(np.unique(lab_s[sub])) >= 2:
+            fid.part_margins = _part_margins(parts(idx[sub]), lab_s[sub], rng)
+    advice = _advice(what, fid.part_margins, intent_weak)
+    if sil_margin < POOR_SILHOUETTE_MARGIN or knn_margin < POOR_KNN_MARGIN:
+        fid.separates = False
+        fid.verdict = f"{what} separate poorly ({numbers}) — {advice}"
     else:
         fid.separates = None
-        fid.verdict = (f"{what} separate only partly ({numbers}) — "
-                       + ("the request adds little to the state: check the intent encoder, e.g. "
-                          "truncated or empty queries" if intent_weak else
-                          "check the intent encoder, e.g. truncated queries"))
+        fid.verdict = f"{what} separate only partly ({numbers}) — {advice}"
     return fid
 
 
@@ -704,13 +769,17 @@ class StateMapReport:
         out += [c for c in self.columns if (c.startswith("reward") or c == "curriculum_level") and c not in out]
         return out
 
-    def figure(self, color: str = "task_type"):
-        """The plotly scatter of the map, coloured by ``color``; hover shows the step."""
-        import plotly.graph_objects as go
-
+    def check_color(self, color: str) -> None:
+        """Refuse a colour the map has no data for (see :meth:`color_fields`)."""
         fields = self.color_fields()
         if color not in fields:
             raise InputError(f"cannot colour by {color!r}; choose one of: {', '.join(fields)}", field="color")
+
+    def figure(self, color: str = "task_type"):
+        """The plotly scatter of the map, coloured by ``color``; hover shows the step."""
+        self.check_color(color)
+        import plotly.graph_objects as go
+
         values = self.columns[color]
         hover = self._hover_text()
         fig = go.Figure()
@@ -757,6 +826,9 @@ class StateMapReport:
 
     def write_html(self, out: str | Path, color: str = "task_type") -> Path:
         """Write the coloured map as a self-contained HTML file (plotly.js inlined: works offline)."""
+        if importlib.util.find_spec("plotly") is None:
+            raise RwbError("the state map's HTML file is drawn with plotly, which comes with the app: "
+                           "pip install 'reward-workbench[app]'")
         fig = self.figure(color)
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -905,7 +977,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
         if out is not None:
             report.write_html(out, color)
         else:
-            report.figure(color)  # refuse an unknown colour the same way as a fresh map
+            report.check_color(color)  # refuse an unknown colour the same way as a fresh map
         return report
 
     # --- states: all steps (entropy clusters), the sample for map and fidelity
@@ -925,7 +997,9 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     t3 = time.perf_counter()
     report_progress("checking fidelity")
     fidelity = state_fidelity(X[index], [src.steps["task_type"][i] for i in index], raw.step_episode[index],
-                              X_intent_off=X_off, seed=tsne.seed)
+                              X_intent_off=X_off,
+                              parts=lambda rows: state_parts(raw, index[rows], intent=encoder.intent == "on"),
+                              seed=tsne.seed)
     timings["fidelity_s"] = time.perf_counter() - t3
     t4 = time.perf_counter()
     report_progress(f"t-SNE of {len(index)} states")
@@ -947,7 +1021,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     report = StateMapReport(source=src.name, space=space, n_steps=raw.n_steps, index=index,
                             coords=fitted.coords, columns=columns, fidelity=fidelity, entropy=entropy,
                             timings=timings, settings=settings)
-    report.figure(color)  # an unknown colour fails before anything is written
+    report.check_color(color)  # an unknown colour fails before anything is written
     report.save(cache)
     if out is not None:
         report.write_html(out, color)

@@ -373,7 +373,7 @@ def _m6_tuning(conn: sqlite3.Connection) -> None:
     """Weight tuning (core.tuning): analysts' preference labels on episode pairs, the Optuna
     studies started from this workspace with the worker processes that ran them, and every
     application of a study's result as a new template version.  (The trials themselves live
-    in Optuna's own storage: artifacts/tuning/optuna.db or a shared database.)"""
+    in Optuna's own storage: the journal artifacts/tuning/optuna.log (optuna.db before it) or a shared database.)"""
     _run_script(
         conn, """
         CREATE TABLE IF NOT EXISTS preferences (

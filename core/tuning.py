@@ -97,9 +97,10 @@ import numpy as np
 import optuna
 
 from core.errors import ConflictError, InputError, RwbError
+from core.package_data import import_root
 from core.rewards.frame import StepsFrame
 from core.rewards.template import ComponentSpec, Template, TemplateError, build_component
-from core.tuning_storage import (BatchedTrialWriter, default_storage_url, describe_url, open_rdb,
+from core.tuning_storage import (BatchedTrialWriter, default_storage_url, describe_url, open_storage,
                                  study_id)
 from core.users import Actor, authorize
 
@@ -1630,9 +1631,9 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     ``progress``, when given, is called after every trial with ``{"study", "trials_done",
     "trials", "best_value", "trial": <the trial's row, as in TuneResult.trials>}``.
 
-    ``storage``: None for the workspace's Optuna database (in-memory trials, written in
-    batches every ``flush_seconds``), or an SQLAlchemy URL used as Optuna's RDB storage
-    directly (several workers may share it).  ``study``: its name (default: from the
+    ``storage``: None for the workspace's Optuna journal (in-memory trials, written in
+    batches every ``flush_seconds``), or an SQLAlchemy URL (Optuna's RDB storage) or a
+    journal file used directly (several workers may share it).  ``study``: its name (default: from the
     template, objective, data and settings, so a rerun continues it).  The first trial of a
     new study is the template's own weights (the baseline).  Needs ``train``."""
     from core.rewards.cache import ComponentCache
@@ -1720,7 +1721,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     # ------------------------------------------------------------------ storage and study
     url = storage if storage is not None else default_storage_url(ws)
     distributed = storage is not None
-    rdb = open_rdb(url, heartbeat=distributed)
+    rdb = open_storage(url, heartbeat=distributed)
     sampler = make_sampler(cfg, distributed=distributed)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2) if cfg.objective == "policy"
               else optuna.pruners.NopPruner())
@@ -1978,7 +1979,7 @@ def storage_for(ws: "Workspace", name: str, storage: str | None = None) -> str:
 def load_study(ws: "Workspace", name: str, storage: str | None = None) -> optuna.Study:
     """The Optuna study ``name`` (from its recorded or the given storage)."""
     url = storage_for(ws, name, storage)
-    rdb = open_rdb(url)
+    rdb = open_storage(url)
     if study_id(rdb, name) is None:
         raise InputError(f"no study {name!r} in {describe_url(url)}", field="study")
     return optuna.load_study(study_name=name, storage=rdb)
@@ -2073,14 +2074,14 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
         cmd += ["--fix", name_fixed]
     if cfg.policy:
         cmd += ["--policy-config", json.dumps(dict(cfg.policy))]
-    root = Path(__file__).resolve().parents[1]
+    root = import_root()  # the folder that holds the core package, for an uninstalled checkout
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     if storage is not None:
         env["RWB_TUNE_STORAGE"] = storage  # not on the command line: it may carry a password
     else:
         env.pop("RWB_TUNE_STORAGE", None)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=str(root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=str(ws.root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)
     with ws.transaction() as conn:
         conn.execute("UPDATE tuning_runs SET pid=?, host=? WHERE id=?", (proc.pid, socket.gethostname(), run_id))
@@ -2218,7 +2219,7 @@ def study_fingerprint(ws: "Workspace", name: str, storage: str | None = None) ->
     from core.tuning_storage import count_trials
 
     url = storage_for(ws, name, storage)
-    rdb = open_rdb(url)
+    rdb = open_storage(url)
     sid = study_id(rdb, name)
     return (0 if sid is None else count_trials(rdb, sid), describe_url(url))
 
@@ -2233,7 +2234,7 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
 
     url = storage_for(ws, name, storage)
     runs = study_runs(ws, name)
-    rdb = open_rdb(url)
+    rdb = open_storage(url)
     if study_id(rdb, name) is None:
         # launched, the worker has not created it yet
         rec = get_study(ws, name)

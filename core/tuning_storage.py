@@ -1,50 +1,50 @@
-"""Where tuning studies live: Optuna storages, and the batched writer of the default path.
+"""Where tuning studies live: Optuna storages opened through Optuna's public API only.
 
-Two ways to run a study, chosen by whether a storage URL is given:
+Two ways to run a study, chosen by whether a storage is given:
 
-* **Default (one machine)**: the study lives in the workspace's own Optuna database,
-  ``artifacts/tuning/optuna.db`` (plain SQLite in Optuna's RDB schema, so
-  ``optuna-dashboard sqlite:///…/optuna.db`` opens it).  While it runs, the trials are
-  kept in Optuna's in-memory storage and written to that file in batches (every
-  ``flush_seconds`` and at the end) by :class:`BatchedTrialWriter`.  Why: Optuna's RDB
-  storage issues ~45 ORM statements per trial (create, one per parameter, one per
-  constraint, state, value …); measured on this project's 2-core machine that is
-  60-120 ms per trial, which alone caps a study near 500-900 trials/min — below the
-  1,000 trials/min a weight-only study must reach.  The batched writer inserts the
-  same rows with one bulk insert per table and batch (< 1 ms per trial), and the page
-  reads a study that is at most ``flush_seconds`` behind.  One process writes a
-  default-path study at a time.
-* **Distributed (``--storage URL``)**: any SQLAlchemy URL (``postgresql://…``,
-  ``mysql://…``, ``sqlite:///…``) used as Optuna's own RDB storage, directly: every
-  trial is written as it happens, so several ``rwb tune --storage URL --study NAME``
-  workers share one study and their samplers see each other's trials.  No coordination
-  of our own — it is Optuna's RDB mode.
+* **Default (one machine)**: the study lives in the workspace's Optuna journal,
+  ``artifacts/tuning/optuna.log`` (Optuna's :class:`~optuna.storages.JournalStorage`
+  on a :class:`~optuna.storages.journal.JournalFileBackend`: an append-only log of
+  storage operations, one JSON line each).  ``optuna-dashboard …/optuna.log`` opens it,
+  and so does ``optuna.load_study(study_name=…, storage=JournalStorage(JournalFileBackend(path)))``.
+  While a study runs, its trials are kept in Optuna's in-memory storage and written to
+  the journal at each flush (every ``flush_seconds`` and at the end) by
+  :class:`BatchedTrialWriter`, each finished trial as one ``create_new_trial`` with the
+  trial as template, which the journal stores as one appended line.  Why a journal and
+  not SQLite: through the public API an RDB storage writes a templated trial as a dozen
+  ORM statements and a commit (about 30 ms of CPU per trial on this project's 2-core
+  machine, which alone would take most of a weight-only study's budget of 60 ms per
+  trial), where the journal appends one line (about 1 ms).  One process writes a
+  default-path study at a time (the workspace's run records enforce it).
+* **Shared (``--storage``)**: an SQLAlchemy URL (``postgresql://…``, ``mysql://…``,
+  ``sqlite:///…``) used as Optuna's own :class:`~optuna.storages.RDBStorage`, or a journal
+  file (``….log``) on a filesystem the workers share: every trial is written by Optuna
+  as it happens, so several ``rwb tune --storage … --study NAME`` workers share one
+  study and their samplers see each other's trials.  No coordination of our own.
 
-Why a separate SQLite file rather than tables in ``workbench.db``: Optuna owns its
-schema (and migrates it with alembic); keeping it out of the workspace database keeps
-that database's schema ours, and lets the dashboard open the study file on its own.
+Workspaces made before the journal kept their studies in ``artifacts/tuning/optuna.db``
+(Optuna's RDB schema on SQLite).  Opening the workspace journal copies every study of
+that file which the journal lacks, with :func:`optuna.copy_study`, and renames the file
+to ``optuna.db.migrated`` (kept, never read again).
 
-The batched writer fills Optuna's RDB tables (those of Optuna's ORM models,
-``optuna.storages._rdb.models``) with the rows ``RDBStorage.create_new_trial`` with a
-template trial would write, one bulk insert per table and batch;
-``tests/test_tuning_storage.py`` reads every written trial back through
-:func:`optuna.load_study` and compares it field by field, so a change of Optuna's
-schema fails a test instead of corrupting studies.
+Nothing here touches Optuna's private modules: a new Optuna version changes its
+storages' internals, not the calls made here.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
+import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.distributions import distribution_to_json
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from core.errors import ConflictError, InputError
@@ -52,9 +52,15 @@ from core.errors import ConflictError, InputError
 if TYPE_CHECKING:  # pragma: no cover
     from core.store import Workspace
 
-#: The workspace's Optuna database, relative to its artifacts folder.
-DEFAULT_DB = Path("tuning") / "optuna.db"
-#: Seconds between heartbeats of a running trial in a shared study.
+#: The workspace's Optuna journal, relative to its artifacts folder.
+DEFAULT_JOURNAL = Path("tuning") / "optuna.log"
+#: Where workspaces made before the journal kept their studies (migrated on first open).
+LEGACY_DB = Path("tuning") / "optuna.db"
+#: The name a migrated legacy database is renamed to.
+MIGRATED_SUFFIX = ".migrated"
+#: How a journal file's name ends (what tells a journal from a mistyped database path).
+JOURNAL_SUFFIX = ".log"
+#: Seconds between heartbeats of a running trial in a shared RDB study.
 HEARTBEAT_S = 60
 #: Attempts to open a storage whose schema another worker is creating at the same moment.
 RACE_RETRIES = 5
@@ -64,15 +70,17 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def default_storage_url(ws: "Workspace") -> str:
-    """``sqlite:///<workspace>/artifacts/tuning/optuna.db`` (the folder is created)."""
-    path = ws.artifact_dir("tuning") / DEFAULT_DB.name
-    return f"sqlite:///{path}"
+    """The path of the workspace's journal, ``<workspace>/artifacts/tuning/optuna.log``
+    (the folder is created).  It is what ``optuna-dashboard`` takes as its storage."""
+    return str(ws.artifact_dir("tuning") / DEFAULT_JOURNAL.name)
 
 
 def describe_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for tables, logs and messages)."""
     from sqlalchemy.engine import make_url
 
+    if "://" not in url:  # a journal file: a path, nothing secret
+        return url
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not parseable: nothing secret to hide in what SQLAlchemy rejects
@@ -95,7 +103,15 @@ def driver_url(url: str) -> str:
     return url
 
 
-def open_rdb(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
+def open_storage(url: str, *, heartbeat: bool = False) -> BaseStorage:
+    """The Optuna storage ``url`` names: an SQLAlchemy URL opens :func:`open_rdb`, a path
+    ending in ``.log`` opens :func:`open_journal`; anything else is an :class:`InputError`."""
+    if isinstance(url, str) and "://" not in url and url.endswith(JOURNAL_SUFFIX):
+        return open_journal(url)
+    return open_rdb(url, heartbeat=heartbeat)
+
+
+def open_rdb(url: str, *, heartbeat: bool = False) -> RDBStorage:
     """Optuna's RDB storage on ``url`` (schema created or upgraded as Optuna does).
 
     SQLite files get WAL journaling, so the page can read a study while a worker
@@ -105,7 +121,8 @@ def open_rdb(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage
     :class:`InputError`."""
     if not isinstance(url, str) or "://" not in url:
         raise InputError(f"storage must be an SQLAlchemy URL such as postgresql://user@host/db or "
-                         f"sqlite:///path/optuna.db, got {url!r}", field="storage")
+                         f"sqlite:///path/optuna.db, or an Optuna journal file ending in {JOURNAL_SUFFIX}, "
+                         f"got {url!r}", field="storage")
     url = driver_url(url)
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
@@ -116,7 +133,7 @@ def open_rdb(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage
     for attempt in range(RACE_RETRIES):
         try:
             kwargs = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 3 * HEARTBEAT_S} if heartbeat else {}
-            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **kwargs)
+            return RDBStorage(url, engine_kwargs=_engine_kwargs(url), **kwargs)
         except ImportError as exc:
             raise InputError(f"no database driver for {describe_url(url)}: {exc}", field="storage") from None
         except Exception as exc:  # sqlalchemy OperationalError, ArgumentError, IntegrityError, …
@@ -140,7 +157,65 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
     return {"pool_pre_ping": True}
 
 
-def study_id(storage: optuna.storages.BaseStorage, name: str) -> int | None:
+#: One JournalStorage per journal file and process, keyed by (path, inode): a journal
+#: storage replays the log once and then reads only the lines appended since, so the
+#: page's repeated reads of a growing study cost what was added, not the whole log.
+#: A file replaced under the same name (new inode) gets a fresh storage.
+_JOURNALS: dict[tuple[str, int], JournalStorage] = {}
+_JOURNALS_LOCK = threading.Lock()
+
+
+def open_journal(path: str | os.PathLike[str]) -> JournalStorage:
+    """Optuna's journal storage on the file ``path`` (created when missing).
+
+    Next to the workspace's journal, a legacy ``optuna.db`` is migrated first
+    (:func:`migrate_legacy_db`)."""
+    journal = Path(path).resolve()
+    try:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        if not journal.exists():
+            journal.touch()
+        key = (str(journal), journal.stat().st_ino)
+    except OSError as exc:
+        raise InputError(f"cannot open the tuning journal {journal}: {exc.strerror or exc}",
+                         field="storage") from None
+    with _JOURNALS_LOCK:
+        storage = _JOURNALS.get(key)
+        if storage is None:
+            storage = JournalStorage(JournalFileBackend(str(journal)))
+            legacy = journal.with_name(LEGACY_DB.name)
+            if journal.name == DEFAULT_JOURNAL.name and legacy.is_file():
+                migrate_legacy_db(legacy, storage)
+            _JOURNALS[key] = storage
+    return storage
+
+
+def migrate_legacy_db(db: Path, journal: BaseStorage) -> list[str]:
+    """Copy every study of the RDB SQLite file ``db`` that ``journal`` lacks into
+    ``journal`` (:func:`optuna.copy_study`: directions, trials, user and system
+    attributes), then rename ``db`` to ``<db>.migrated``.  Returns the copied names.
+
+    Two processes migrating at once: the second one's copy of a study the first has
+    created already is skipped (Optuna refuses a duplicate study name)."""
+    legacy = open_rdb(f"sqlite:///{db}")
+    copied = []
+    for summary in optuna.get_all_study_summaries(storage=legacy, include_best_trial=False):
+        if study_id(journal, summary.study_name) is not None:
+            continue
+        try:
+            optuna.copy_study(from_study_name=summary.study_name, from_storage=legacy, to_storage=journal)
+        except optuna.exceptions.DuplicatedStudyError:
+            continue
+        copied.append(summary.study_name)
+    legacy.remove_session()
+    try:
+        db.rename(db.with_name(db.name + MIGRATED_SUFFIX))
+    except FileNotFoundError:  # another process renamed it first
+        pass
+    return copied
+
+
+def study_id(storage: BaseStorage, name: str) -> int | None:
     """The id of study ``name`` in ``storage``, or None when there is none."""
     try:
         return storage.get_study_id_from_name(name)
@@ -148,37 +223,50 @@ def study_id(storage: optuna.storages.BaseStorage, name: str) -> int | None:
         return None
 
 
-def count_trials(storage: optuna.storages.RDBStorage, sid: int) -> int:
-    """Number of trials (any state) of a study, with one query."""
-    from sqlalchemy import func, select
-    from optuna.storages._rdb import models
+def count_trials(storage: BaseStorage, sid: int) -> int:
+    """Number of trials (any state) of a study, in O(log n) single-trial look-ups.
 
-    with storage.engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(models.TrialModel.__table__)
-                                .where(models.TrialModel.__table__.c.study_id == sid)).scalar_one())
+    Trials are numbered 0, 1, 2 … within a study, so the count is the first number with
+    no trial: found by doubling, then bisection, through the public
+    ``get_trial_id_from_study_id_trial_number`` (one indexed query on an RDB storage),
+    where ``BaseStorage.get_n_trials`` would read every trial."""
+    def exists(number: int) -> bool:
+        try:
+            storage.get_trial_id_from_study_id_trial_number(sid, number)
+            return True
+        except KeyError:
+            return False
+
+    if not exists(0):
+        return 0
+    low, high = 0, 1          # invariant: trial ``low`` exists
+    while exists(high):
+        low, high = high, high * 2
+    while high - low > 1:     # trial ``low`` exists, trial ``high`` does not
+        mid = (low + high) // 2
+        low, high = (mid, high) if exists(mid) else (low, mid)
+    return high
 
 
 class BatchedTrialWriter:
-    """Writes finished trials of an in-memory study into an RDB study, many per transaction.
+    """Writes finished trials of an in-memory study into a persistent study at each flush.
 
-    Contract: ``write(trials)`` takes finished trials whose numbers continue the RDB
-    study's numbering (the next number is :attr:`written`); it inserts each trial with
-    its parameters, values, intermediate values, user and system attributes (so
-    constraints too) in one transaction, and refuses with :class:`ConflictError` when
+    Contract: ``write(trials)`` takes finished trials whose numbers continue the
+    persistent study's numbering (the next number is :attr:`written`); each is stored
+    with its parameters, values, intermediate values, user and system attributes (so
+    constraints too) and times by ``storage.create_new_trial(study_id, template_trial=…)``,
+    the storage's public call for that.  It refuses with :class:`ConflictError` when
     another process added trials to the study in the meantime."""
 
-    def __init__(self, storage: optuna.storages.RDBStorage, study_name: str):
+    def __init__(self, storage: BaseStorage, study_name: str):
         sid = study_id(storage, study_name)
         if sid is None:
-            raise InputError(f"no study {study_name!r} in {describe_url(storage.url)}", field="study")
+            raise InputError(f"no study {study_name!r} in the tuning storage", field="study")
         self.storage, self.study_name, self.study_id = storage, study_name, sid
         self.written = count_trials(storage, sid)
 
     def write(self, trials: Sequence[FrozenTrial]) -> int:
-        """Insert ``trials`` (finished, numbered from :attr:`written` on); returns how many."""
-        from sqlalchemy import func, insert, select
-        from optuna.storages._rdb import models
-
+        """Store ``trials`` (finished, numbered from :attr:`written` on); returns how many."""
         trials = list(trials)
         if not trials:
             return 0
@@ -188,54 +276,25 @@ class BatchedTrialWriter:
                                  f"(next number {self.written + i})")
             if fr.state not in FINISHED:
                 raise ValueError(f"trial {fr.number} is {fr.state.name}; only finished trials are written")
-        trial_t = models.TrialModel.__table__
-        # SQLAlchemy Core, one executemany per table: the ORM's unit of work costs several
-        # times more per row and the rows need none of its bookkeeping.
-        with self.storage.engine.begin() as conn:
-            # Check, inside the write transaction, that nobody numbered trials since our last write.
-            now = conn.execute(select(func.count()).select_from(trial_t)
-                               .where(trial_t.c.study_id == self.study_id)).scalar_one()
-            if now != self.written:
-                raise ConflictError(
-                    f"another process added trials to study {self.study_name!r} while this one ran "
-                    f"({now - self.written} unexpected); several workers on one study need a shared "
-                    "storage given with --storage (Optuna's RDB mode)")
-            ids = conn.execute(
-                insert(trial_t).returning(trial_t.c.trial_id, sort_by_parameter_order=True),
-                [{"number": fr.number, "study_id": self.study_id, "state": fr.state,
-                  "datetime_start": _naive_utc(fr.datetime_start),
-                  "datetime_complete": _naive_utc(fr.datetime_complete)} for fr in trials]).scalars().all()
-            params, values, inter, user, system = [], [], [], [], []
-            for tid, fr in zip(ids, trials):
-                for name, value in fr.params.items():
-                    dist = fr.distributions[name]
-                    params.append({"trial_id": tid, "param_name": name, "param_value": dist.to_internal_repr(value),
-                                   "distribution_json": distribution_to_json(dist)})
-                for objective, value in enumerate(fr.values or ()):
-                    stored, kind = models.TrialValueModel.value_to_stored_repr(value)
-                    values.append({"trial_id": tid, "objective": objective, "value": stored, "value_type": kind})
-                for step, value in fr.intermediate_values.items():
-                    stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
-                    inter.append({"trial_id": tid, "step": step, "intermediate_value": stored,
-                                  "intermediate_value_type": kind})
-                user += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in fr.user_attrs.items()]
-                system += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)}
-                           for k, v in fr.system_attrs.items()]
-            for model, rows in ((models.TrialParamModel, params), (models.TrialValueModel, values),
-                                (models.TrialIntermediateValueModel, inter),
-                                (models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system)):
-                if rows:
-                    conn.execute(insert(model.__table__), rows)
-        self.written += len(trials)
+        now = count_trials(self.storage, self.study_id)
+        if now != self.written:
+            raise self._conflict(now - self.written)
+        for fr in trials:
+            tid = self.storage.create_new_trial(self.study_id, template_trial=fr)
+            # The storage numbers trials itself; a number other than ours means another
+            # writer slipped in between the check above and this trial.
+            if self.storage.get_trial_number_from_id(tid) != fr.number:
+                raise self._conflict(1)
+            self.written += 1
         return len(trials)
 
+    def _conflict(self, unexpected: int) -> ConflictError:
+        return ConflictError(
+            f"another process added trials to study {self.study_name!r} while this one ran "
+            f"({unexpected} unexpected); several workers on one study need a shared "
+            "storage given with --storage")
 
-def _naive_utc(value: datetime.datetime | None) -> datetime.datetime | None:
-    """A local datetime as the naive UTC that Optuna's RDB schema stores (its model's setter)."""
-    if value is None:
-        return None
-    return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
 
-
-__all__ = ["BatchedTrialWriter", "DEFAULT_DB", "count_trials", "default_storage_url", "describe_url", "driver_url",
-           "open_rdb", "study_id"]
+__all__ = ["BatchedTrialWriter", "DEFAULT_JOURNAL", "LEGACY_DB", "count_trials", "default_storage_url",
+           "describe_url", "driver_url", "migrate_legacy_db", "open_journal", "open_rdb", "open_storage",
+           "study_id"]

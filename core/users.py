@@ -28,7 +28,9 @@ refused without looking at the password until a delay has passed that starts at
 wait.  A successful sign-in clears the user's failures.  The app keeps a
 server-side session (:func:`sign_in`, :func:`session_actor`) that ends after
 :data:`SESSION_IDLE_S` without activity, :data:`SESSION_MAX_S` after sign-in, and
-at once when the user's password or role changes or the user is disabled.
+at once when the user's password or role changes or the user is disabled.  A browser
+keeps its session across reloads in a cookie signed with a workspace key
+(:func:`session_cookie`, :func:`session_cookie_token`); the cookie ends with the session.
 
 Roles and permissions
 ---------------------
@@ -87,10 +89,12 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
 import math
+import os
 import re
 import secrets
 import time
@@ -145,6 +149,7 @@ ACTIONS: dict[str, str] = {
     "core.runs.stop_run": "train",
     "core.review.enqueue": "enqueue_review",
     "core.review.enqueue_many": "enqueue_review",
+    "core.review.send_step": "enqueue_review",
     "core.review.claim": "review",
     "core.review.release": "review",
     "core.review.decide": "review",
@@ -768,14 +773,16 @@ def end_session(ws: "Workspace", token: str, *, why: str = "signed out",
                      (time.time() if now is None else now, why, _token_key(token)))
 
 
-def session_actor(ws: "Workspace", token: str, *, now: float | None = None) -> Actor:
+def session_actor(ws: "Workspace", token: str, *, now: float | None = None,
+                  touch: bool = True) -> Actor:
     """The acting user of a session, read from the users table now.
 
     Raises :class:`SessionEnded` (saying why) when the session is unknown or was ended,
     has seen no activity for :data:`SESSION_IDLE_S`, began more than
     :data:`SESSION_MAX_S` ago, or its user no longer exists or is disabled; an expired
     session is ended in the table.  Otherwise records the activity (at most every
-    minute) and returns the user's :class:`Actor`."""
+    minute; not with ``touch=False``, for a look that is no activity of the user's, such
+    as the app's periodic re-check of who acts) and returns the user's :class:`Actor`."""
     now = time.time() if now is None else now
     key = _token_key(token) if isinstance(token, str) else ""
     row = ws.conn.execute("SELECT user, created_at, last_seen, ended_at, ended_why FROM sessions "
@@ -799,7 +806,78 @@ def session_actor(ws: "Workspace", token: str, *, now: float | None = None) -> A
         end_session(ws, token, why=why, now=now)
         said = why if why.startswith("expired") else f"ended ({why})"
         raise SessionEnded(f"your session {said}; sign in again")
-    if now - last_seen >= _SESSION_TOUCH_S:
+    if touch and now - last_seen >= _SESSION_TOUCH_S:
         with ws.transaction() as conn:
             conn.execute("UPDATE sessions SET last_seen=? WHERE token_sha256=?", (now, key))
     return _row_user(user_row).actor()
+
+
+# --------------------------------------------------------------------------- session cookies
+#: Where the key that signs session cookies lives, under the workspace (32 random bytes,
+#: file mode 0600).  Deleting the file invalidates every cookie: everyone signs in again.
+SESSION_COOKIE_KEY = ("keys", "session_cookie.key")
+#: What a cookie's signature covers: this label, then ``token.expires``.
+_COOKIE_LABEL = b"rwb-session-cookie/1\n"
+_COOKIE_RE = re.compile(r"^([A-Za-z0-9_-]{20,128})\.([0-9]{1,12})\.([A-Za-z0-9_-]{43})$")
+
+
+def _cookie_key(ws: "Workspace") -> bytes:
+    """The workspace's cookie-signing key, made on first need.  Written to a private
+    temporary file and linked into place, so that two processes making it at once
+    agree on one key and nobody reads a half-written one."""
+    path = ws.root.joinpath(*SESSION_COOKIE_KEY)
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(32))
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        finally:
+            tmp.unlink()
+        key = path.read_bytes()
+    if len(key) != 32:
+        raise PermissionDenied(f"{path} is not a session-cookie key (32 bytes); delete it "
+                               "to make a new one (everyone then signs in again)")
+    return key
+
+
+def _cookie_signature(key: bytes, token: str, expires: int) -> str:
+    mac = hmac.new(key, _COOKIE_LABEL + f"{token}.{expires}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def session_cookie(ws: "Workspace", session: Session) -> str:
+    """The value of the browser cookie that carries ``session``: ``token.expires.signature``,
+    where ``expires`` (POSIX seconds) is the session's absolute end (:data:`SESSION_MAX_S`
+    after sign-in) and the signature an HMAC-SHA256 with the workspace's cookie key
+    (:data:`SESSION_COOKIE_KEY`).  The token is the session's secret (the workspace keeps
+    only its SHA-256), so the cookie must travel HTTP-only."""
+    expires = int(session.created_at + SESSION_MAX_S)
+    return f"{session.token}.{expires}.{_cookie_signature(_cookie_key(ws), session.token, expires)}"
+
+
+def session_cookie_token(ws: "Workspace", value: str, *, now: float | None = None) -> str:
+    """The session token a :func:`session_cookie` value carries, once its signature and
+    expiry check out; :func:`session_actor` then checks the session itself.  Raises
+    :class:`SessionEnded` for a damaged, forged or foreign cookie (signed with another
+    workspace's key) and for one past its expiry."""
+    now = time.time() if now is None else now
+    match = _COOKIE_RE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise SessionEnded("the session cookie is not one of this workspace's; sign in again")
+    token, expires = match[1], int(match[2])
+    expected = _cookie_signature(_cookie_key(ws), token, expires)
+    if not hmac.compare_digest(expected, match[3]):
+        raise SessionEnded("the session cookie is not one of this workspace's; sign in again")
+    if now >= expires:
+        raise SessionEnded(f"your session expired {_span(SESSION_MAX_S)} after sign-in; "
+                           "sign in again")
+    return token

@@ -6,6 +6,8 @@ samples ``datasets/finance/sample.jsonl`` and ``datasets/ecommerce/sample.jsonl`
 are imported into the datasets ``finance-sample`` and ``ecommerce-sample``.
 When the package is installed without its checkout (no ``datasets/`` folder) the
 samples are generated with the same fixed seed instead, so the result is the same.
+A few high-risk steps of the samples go on the review queue at the same time
+(:func:`queue_sample_reviews`), so the queue can be tried at once.
 
 Example::
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.store import DatasetInfo, Workspace
+from core.users import Actor
 
 #: Dataset name of each domain's sample inside a workspace.
 SAMPLE_DATASETS: dict[str, str] = {"ecommerce": "ecommerce-sample", "finance": "finance-sample"}
@@ -98,7 +101,30 @@ def ensure_samples(ws: Workspace) -> list[Any]:
         # must not both import.
         if conn.execute("SELECT 1 FROM datasets LIMIT 1").fetchone() is not None:
             return []
-        return [seed_file(ws, src.path, format="rwb", dataset=src.dataset) for src in sources]
+        results = [seed_file(ws, src.path, format="rwb", dataset=src.dataset) for src in sources]
+    queue_sample_reviews(ws, [src.dataset for src in sources])
+    return results
+
+
+#: The principal that queues the sample workspace's review items (no person acts).
+SAMPLE_SETUP = Actor.service("workspace-setup")
+
+
+def queue_sample_reviews(ws: Workspace, datasets: list[str]) -> list[int]:
+    """Put the steps :func:`core.review.sample_review_steps` picks from each sample dataset
+    (high-risk actions in episodes that failed) on the review queue, so a new analyst
+    finds the queue working.  Steps already on the queue are left as they are, so a second
+    call adds nothing; returns the ids of the items this call added.  Part of setting the
+    workspace up: the service principal :data:`SAMPLE_SETUP` queues them."""
+    from core import review
+
+    requests = [review.recorded_step_request(step, review.sample_review_reason(step),
+                                             {"picked_by": "sample workspace set-up"})
+                for dataset in datasets for step in review.sample_review_steps(ws, dataset)]
+    if not requests:
+        return []
+    before = {row[0] for row in ws.conn.execute("SELECT id FROM review_items")}
+    return [i for i in review.enqueue_many(ws, SAMPLE_SETUP, requests) if i not in before]
 
 
 def init_workspace(ws: Workspace, *, samples: bool = True) -> WorkspaceStatus:
@@ -118,5 +144,5 @@ def workspace_status(ws: Workspace, imported: list[dict[str, Any]] | None = None
                            datasets=ws.datasets(), imported=list(imported or []))
 
 
-__all__ = ["SAMPLE_DATASETS", "SampleFile", "WorkspaceStatus", "ensure_samples",
-           "init_workspace", "sample_sources", "workspace_status"]
+__all__ = ["SAMPLE_DATASETS", "SAMPLE_SETUP", "SampleFile", "WorkspaceStatus", "ensure_samples",
+           "init_workspace", "queue_sample_reviews", "sample_sources", "workspace_status"]

@@ -23,16 +23,17 @@ actor = resources.acting_user()
 summary = resources.audit_summary()
 if summary["records"] == 0:
     st.info("No decisions recorded yet. They appear here once a promoted policy serves requests: "
-            "promote one on the **Policies** page, then let a service call "
-            "`core.serving.load(NAME).decide(request)`.")
+            "promote one on the **Policies** page, then let production decide requests with it "
+            "(in-process, or through the HTTP decision service).")
     cli_equivalent("rwb serve decide --policy NAME --request JSON")
     st.stop()
 
-c1, c2, c3, c4 = st.columns(4)
+c1, c2, c3 = st.columns([1, 1, 2])
 c1.metric("Records", f"{summary['records']:,}")
 c2.metric("Episodes", f"{summary['episodes']:,}")
-c3.metric("First", (summary["first"] or "—")[:19])
-c4.metric("Last", (summary["last"] or "—")[:19])
+# times as text, which wraps: a metric's large figure cuts a timestamp in a quarter of the page
+c3.markdown(f"**First decision** {(summary['first'] or '—')[:19].replace('T', ' ')} UTC  \n"
+            f"**Last decision** {(summary['last'] or '—')[:19].replace('T', ' ')} UTC")
 
 # --------------------------------------------------------------------------- filters
 versions = ["any"] + sorted(summary["per_policy_version"])
@@ -67,7 +68,7 @@ else:
                                            for c in r["rl_candidates"]) or "—",
                    "reward components": ", ".join(f"{c['name']} {c['value']:+.3f}"
                                                   for c in r["reward_components"]) or "—",
-                   "decision": r["decision_id"]} for r in records], hide_index=True, use_container_width=True)
+                   "decision": r["decision_id"]} for r in records], hide_index=True, width="stretch")
     picked = st.selectbox("Record", [r["decision_id"] for r in records], key="audit_record",
                           format_func=lambda d: next(f"{r['timestamp']} · {r['episode_id']} · {d}"
                                                      for r in records if r["decision_id"] == d))

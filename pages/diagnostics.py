@@ -29,7 +29,6 @@ st.caption("When a run does not learn, check four things in order: are the rewar
            "of the minimum value — masks too strict), does the state encoder separate task types, do all "
            "layers get gradient, does the policy still explore (entropy ≥ 1 nat)? Each step gives a verdict "
            "and the number behind it.")
-cli_equivalent("rwb doctor RUN", "prints the same")
 
 ws = resources.workspace()
 with_checkpoint = [r for r in runs.list_runs(ws, limit=200) if r["updates"] > 0]
@@ -46,7 +45,9 @@ ids = list(labels)
 run_id = st.selectbox("Run", ids, index=ids.index(finished[0]) if finished else 0, format_func=labels.get,
                       key="diag_run")
 
-diagnose_tab, evaluate_tab = st.tabs(["Four-step diagnosis", "Held-out evaluation"])
+# keyed and stateful: the open tab survives the rerun of a button
+diagnose_tab, evaluate_tab = st.tabs(["Four-step diagnosis", "Held-out evaluation"], key="diag_tab",
+                                     on_change="rerun")
 
 with diagnose_tab:
     if st.button("Diagnose", type="primary", key="diag_go"):

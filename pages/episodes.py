@@ -6,6 +6,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
+from core import review
 from core.episode_views import (
     EpisodeFilter,
     dataset_label,
@@ -18,6 +19,9 @@ from core.episode_views import (
 )
 
 USER_ERRORS = resources.USER_ERRORS
+SEND_FLASH = "episodes_review_flash"
+#: Field -> label of the send-to-review form's inputs, for the app's wording of its errors.
+SEND_LABELS = {"reason": "Reason for the reviewer", "step": "Step", "episode": "Open episode"}
 #: Field -> label of the import form's inputs, for the app's wording of import errors.
 IMPORT_LABELS = {"format": "Format", "dataset": "Dataset name", "messages_key": "Messages key",
                  "reward_key": "Reward key", "id_key": "Id key", "skip_invalid": "Skip invalid records"}
@@ -184,6 +188,44 @@ with browse_tab:
         st.stop()
     st.dataframe(detail.step_rows, hide_index=True,
                  column_config={"latency_ms": st.column_config.NumberColumn("latency (ms)")})
+
+    # ----------------------------------------------------------------- send a step to review
+    resources.show_flash(SEND_FLASH)
+    can_send = actor is not None and actor.can("enqueue_review")
+    sendable = [step for step in detail.steps if step.token != "INVALID"]
+    with st.form("episodes_send_review"):
+        st.markdown("**Send a step to review**")
+        picked = st.selectbox(
+            "Step", [step.t for step in sendable], key="episodes_review_step",
+            format_func=lambda t: next(f"t={s.t} · {s.action_label}" + (f" · risk {s.risk}" if s.risk else "")
+                                       for s in sendable if s.t == t),
+            help="A reviewer approves the action (it becomes training data) or rejects it (it becomes "
+                 "a mask rule). Steps whose action is INVALID have no action token to review.")
+        reason = st.text_input("Reason for the reviewer", key="episodes_review_reason",
+                               max_chars=review.MAX_REASON_CHARS,
+                               placeholder="What should the reviewer look at?")
+        why_not = None
+        if actor is None:
+            why_not = "Sign in as an analyst or admin to send steps to review."
+        elif not can_send:
+            why_not = (f"You act as {actor.name} ({actor.role}): only analysts and admins send steps "
+                       "to review.")
+        elif not sendable:
+            why_not = "No step of this episode maps to an action token."
+        send = st.form_submit_button("Send to review", disabled=why_not is not None, help=why_not)
+        if why_not:
+            st.caption(why_not)
+    cli_equivalent("rwb review send DATASET EPISODE STEP --reason TEXT")
+    if send and picked is not None:
+        try:
+            item = review.send_step(ws, actor, dataset, detail.episode_id, picked, reason, catalog=catalog)
+        except USER_ERRORS as exc:
+            resources.flash(SEND_FLASH, "error", f"Not sent: {user_message(exc, SEND_LABELS)}")
+        else:
+            resources.refresh_review_queue()
+            resources.flash(SEND_FLASH, "success", f"Step t={picked} is on the Review Queue as item "
+                                                   f"#{item['id']}.")
+        st.rerun()
 
     for step in detail.steps:
         token = f" · {step.token}" if step.token else ""

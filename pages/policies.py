@@ -14,7 +14,9 @@ from core.policies import policies_root, read_index
 from core.runs import list_runs
 
 USER_ERRORS = resources.USER_ERRORS
-FLASH = "policies_flash"
+#: Where each action's outcome is kept for the next render, shown next to its button.
+REGISTRY_FLASH = "policies_registry_flash"
+BUNDLES_FLASH = "policies_bundles_flash"
 
 st.title("Policies")
 st.caption("A trained run becomes a bundle (weights, catalog, masks, template, evaluation); a candidate "
@@ -30,14 +32,20 @@ def _can(permission: str) -> bool:
     return actor is not None and actor.can(permission)
 
 
-def _run_action(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
-    """Button callback: call one core function; keep its outcome for the next render."""
+def _run_action(flash: str, what: str, done: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Button callback (it runs before the page, so every list below is read after the
+    change): call one core function, keep its outcome under ``flash`` for the next render
+    (``done`` on success, why it could not ``what`` otherwise), and point the Registry tab's
+    pickers at the version it acted on."""
     try:
-        fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except USER_ERRORS as exc:
-        resources.flash(FLASH, "error", f"{label}: {user_message(exc)}")
-    else:
-        resources.flash(FLASH, "success", f"{label}: done")
+        resources.flash(flash, "error", f"Could not {what}: {user_message(exc)}")
+        return
+    if isinstance(result, dict) and result.get("name") and result.get("version"):
+        st.session_state["policies_name"] = result["name"]
+        st.session_state["policies_version"] = result["version"]
+    resources.flash(flash, "success", done)
 
 
 if actor is None:
@@ -45,9 +53,10 @@ if actor is None:
             "Everything here can still be read.")
 else:
     st.caption(f"Acting as **{actor.name}** ({actor.role}).")
-resources.show_flash(FLASH)
 
-registry_tab, runs_tab, compare_tab, history_tab = st.tabs(["Registry", "Runs & bundles", "Compare", "History"])
+# keyed and stateful: the open tab survives every action's rerun
+registry_tab, runs_tab, compare_tab, history_tab = st.tabs(["Registry", "Runs & bundles", "Compare", "History"],
+                                                           key="policies_tab", on_change="rerun")
 
 # --------------------------------------------------------------------------- registry
 with registry_tab:
@@ -83,16 +92,19 @@ with registry_tab:
             st.text_input("Why you approve", key="policies_comment",
                           placeholder="e.g. beats production on 50 held-out episodes")
             st.button("Approve", type="primary", key="policies_approve", on_click=lambda: _run_action(
-                f"approve {name} {version}", registry.approve, ws, actor, name, version,
-                st.session_state.get("policies_comment", "")))
+                REGISTRY_FLASH, f"approve {name} {version}", f"Approved {name} {version}: it may now be promoted.",
+                registry.approve, ws, actor, name, version, st.session_state.get("policies_comment", "")))
         if _can("promote") and chosen["stage"] == "approved":
             st.button("Promote", type="primary", key="policies_promote", on_click=lambda: _run_action(
-                f"promote {name} {version}", registry.promote, ws, actor, name, version))
+                REGISTRY_FLASH, f"promote {name} {version}", f"Promoted {name} {version}: it is production now.",
+                registry.promote, ws, actor, name, version))
         restore = registry.previous_version(ws, name)
         if _can("rollback") and restore is not None:
             st.button("Roll back", key="policies_rollback", help=f"Make {restore} active again",
-                      on_click=lambda: _run_action(f"roll back {name} to {restore}", registry.rollback, ws, actor,
-                                                   name))
+                      on_click=lambda: _run_action(REGISTRY_FLASH, f"roll {name} back",
+                                                   f"Rolled {name} back: {restore} is production again.",
+                                                   registry.rollback, ws, actor, name))
+        resources.show_flash(REGISTRY_FLASH)
         st.download_button("Download bundle", data=registry.bundle_bytes(ws, name, version),
                            file_name=f"{name}-{version}.zip", mime="application/zip", key="policies_download")
         if st.button("Check the promotion gate", key="policies_gate"):
@@ -132,8 +144,10 @@ with runs_tab:
                     except USER_ERRORS as exc:
                         st.error(user_message(exc))
                     else:
-                        st.success(f"Wrote {path.name}.")
-    bundles = list_bundles(ws)
+                        st.success(f"Wrote {path.name} from {run_id}: it is selected in the bundles "
+                                   "below, ready to register.")
+                        st.session_state["policies_bundle_file"] = path.name  # its picker is drawn below
+    bundles = list_bundles(ws)  # read after the export above, so a new bundle is listed at once
     st.subheader("Exported bundles")
     if not bundles:
         st.caption("None in this workspace yet.")
@@ -145,7 +159,9 @@ with runs_tab:
         picked = next(b for b in bundles if b["file"] == file)
         if _can("export_bundle"):
             st.button("Register as candidate", key="policies_register", on_click=lambda: _run_action(
-                f"register {file}", registry.register, ws, actor, picked["path"]))
+                BUNDLES_FLASH, f"register {file}", f"Registered {file}: it is a candidate in the Registry tab.",
+                registry.register, ws, actor, picked["path"]))
+            resources.show_flash(BUNDLES_FLASH)
         st.download_button("Download this bundle", data=exported_bundle_bytes(ws, file), file_name=file,
                            mime="application/zip", key="policies_download_export")
 

@@ -15,8 +15,9 @@ FLASH = "review_flash"
 CURRENT = "review_item_id"
 
 st.title("Review Queue")
-st.caption("High-risk actions from training (the same risky action three times in a row) and from serving "
-           "(a high-risk action served with low confidence). Approve = reasonable exploration, the step "
+st.caption("High-risk actions from training (the same risky action three times in a row), from serving "
+           "(a high-risk action served with low confidence) and steps of recorded episodes sent from the "
+           "**Episodes** page. Approve = reasonable exploration, the step "
            "becomes training data; reject = a mask rule, so neither training nor the decision engine takes "
            "that action in that state again.")
 
@@ -86,9 +87,13 @@ if can_review:
         item = review.get_item(ws, current)
         st.subheader(f"#{item['id']}: {item['action_label'] or item['token_name'] or item['token_id']}")
         st.write(f"**Why it is here:** {item['reason']}")
-        where = (f"serving, decision `{item['decision_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
-                 if item["origin"] == "serving" else
-                 f"training run `{item['run_id']}`, episode `{item['episode_id']}`, step {item['step_t']}")
+        if item["origin"] == "serving":
+            where = f"serving, decision `{item['decision_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
+        elif item["run_id"] is None:
+            where = (f"dataset `{item['dataset']}`, recorded episode `{item['episode_id']}`, step {item['step_t']}"
+                     f" (sent by {item['created_by']})")
+        else:
+            where = f"training run `{item['run_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
         st.caption(f"From {where}. Claimed until {item['claim_expires']}.")
         a1, a2, a3, a4 = st.columns(4)
         a1.metric("Action token", item["token_name"] or str(item["token_id"]))
@@ -128,12 +133,14 @@ status = st.selectbox("Show", ["open", "claimed", "decided", "all"], key="review
                       help="open = pending, or claimed with an expired lease")
 items = review.list_items(ws, status=None if status == "all" else status, limit=500)
 if not items:
-    st.info("No items here. Items arrive from training runs (curriculum level L3, **Training** page) "
-            "and from the decision engine serving a promoted policy — or check another status.")
+    st.info("No items here. Items arrive from training runs (curriculum level L3, **Training** page), "
+            "from the decision engine serving a promoted policy, and from **Send to review** on a step of "
+            "the **Episodes** page — or check another status.")
     cli_equivalent("rwb serve decide --policy NAME --request JSON", "serves a request")
 else:
     st.dataframe([{"id": i["id"], "status": i["status"] + (" (expired)" if i["claim_expired"] else ""),
-                   "origin": i["origin"], "action": i["action_label"] or i["token_name"], "risk": i["risk"],
+                   "origin": i["origin"] if i["origin"] == "serving" or i["run_id"] else "recorded episode",
+                   "action": i["action_label"] or i["token_name"], "risk": i["risk"],
                    "task type": i["task_type"], "reason": i["reason"], "age (min)": round(i["age_s"] / 60, 1),
                    "claimed by": i["claimed_by"], "decision": i["decision"], "comment": i["comment"]}
                   for i in items], hide_index=True, use_container_width=True)

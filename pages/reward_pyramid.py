@@ -6,7 +6,7 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
-from core.rewards import views
+from core.rewards import Template, views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 
 USER_ERRORS = resources.USER_ERRORS
@@ -42,13 +42,17 @@ if flash:
 if "rp_select" in st.session_state:
     st.session_state["rp_template"] = st.session_state.pop("rp_select")
 
-labels = {o.spec: o.label for o in options}
+# The picker shows the version and whether it is the latest; who saved it, when and why can be
+# long, so it goes in a caption that wraps instead of being cut off in the box.
+described = {o.spec: o for o in options}
 pick_dataset, pick_template = st.columns(2)
 dataset = pick_dataset.selectbox("Dataset", datasets, key="rp_dataset")
-spec = pick_template.selectbox("Template version", list(labels), format_func=labels.get,
+spec = pick_template.selectbox("Template version", list(described),
+                               format_func=lambda s: s + (" · latest" if described[s].latest else ""),
                                key="rp_template",
                                help="@0 is the template shipped with the workbench; every save in "
                                     "this workspace is a new version.")
+pick_template.caption(described[spec].label)
 
 work = st.session_state.get("rp_work")
 if work is None or work["spec"] != spec:
@@ -78,6 +82,10 @@ def _param_widget(field: views.ParamField, key: str):
         return st.number_input(field.name, value=field.value, format="%g", key=key,
                                placeholder="none" if field.optional else None, help=field.help or None)
     return st.text_input(field.name, value=field.value or "", key=key, help=field.help or None)
+
+
+TABS = ["Distributions", "Episodes", "Expectations", "Parameters", "YAML", "Save & versions",
+        "Calibration"]
 
 
 @st.fragment
@@ -123,144 +131,183 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
 
     # ------------------------------------------------------------------ the pyramid
     with view_col:
-        for col, m in zip(st.columns(len(report.metrics)), report.metrics):
-            col.metric(m.label, m.value, help=m.help)
+        # As wide as each label: a row too narrow wraps to the next line instead of cutting one.
+        with st.container(horizontal=True):
+            for m in report.metrics:
+                st.metric(m.label, m.value, help=m.help, width="content")
         st.plotly_chart(report.pyramid_figure, width="stretch", key="rp_pyramid")
         st.caption(report.pyramid_note)
         st.caption(f"Components computed for this dataset and parameters: "
                    f"{', '.join(report.computed) or 'none'}; read from the workspace cache: "
                    f"{', '.join(report.cached) or 'none'}. Weight, gating and return edits reuse them.")
 
-    tabs = view_col.tabs(["Distributions", "Episodes", "Expectations", "Parameters", "YAML",
-                          "Save & versions", "Calibration"])
-    with tabs[0]:
-        st.plotly_chart(report.contributions_figure, width="stretch", key="rp_components")
-        left, right = st.columns(2)
-        left.plotly_chart(report.levels_figure, width="stretch", key="rp_levels")
-        right.plotly_chart(report.returns_figure, width="stretch", key="rp_returns")
+    # Only the open tab runs: each holds tables, forms or charts that cost the browser (and the
+    # calibration the server) seconds.  Keyed, so the open tab stays open when the page reruns
+    # after a save, an applied edit or a version loaded.
+    (distributions, episodes, expectations, parameters, yaml_tab, versions,
+     calibration) = view_col.tabs(TABS, key="rp_tab", on_change="rerun")
+    if distributions.open:
+        with distributions:
+            distributions_section(report)
+    if episodes.open:
+        with episodes:
+            episodes_section(report)
+    if expectations.open:
+        with expectations:
+            expectations_section(report)
+    if parameters.open:
+        with parameters:
+            parameters_section(work, editor)
+    if yaml_tab.open:
+        with yaml_tab:
+            yaml_section(work, edited)
+    if versions.open:
+        with versions:
+            versions_section(work, edited, options)
+    if calibration.open:
+        with calibration:
+            calibration_section(dataset, edited)
 
-    with tabs[1]:
-        st.dataframe(report.episodes, hide_index=True, width="stretch", key="rp_episodes")
-        episode = st.selectbox("Explain one episode", report.episode_ids, key="rp_episode")
-        if episode:
-            explanation = views.explain_episode(report.result, episode)
-            st.caption(explanation.formula)
-            st.dataframe(explanation.steps, hide_index=True, width="stretch", key="rp_episode_steps")
-            steps = list(range(len(explanation.reward_components)))
-            if steps:
-                step = st.selectbox("reward_components of step", steps, index=len(steps) - 1,
-                                    key=f"rp_step_{episode}")
-                st.json(explanation.reward_components[step], expanded=True)
 
-    with tabs[2]:
-        check = report.check
-        if not check.results:
-            st.info("This template carries no expectations; add some in the YAML tab "
-                    "(kinds: episode_score, component_range, twins_rank, rank_auc).")
-        elif check.passed:
-            st.success(f"All {len(check.results)} expectations pass.")
-        else:
-            st.error(f"{len(check.failed)} of {len(check.results)} expectations fail: "
-                     + ", ".join(r.name for r in check.failed))
-        if check.results:
-            st.dataframe(report.expectations, hide_index=True, width="stretch", key="rp_expectations")
+def distributions_section(report: views.PyramidReport) -> None:
+    """Each component's contribution, each level's reward and the episode returns."""
+    st.plotly_chart(report.contributions_figure, width="stretch", key="rp_components")
+    left, right = st.columns(2)
+    left.plotly_chart(report.levels_figure, width="stretch", key="rp_levels")
+    right.plotly_chart(report.returns_figure, width="stretch", key="rp_returns")
 
-    with tabs[3]:
-        st.caption("Changing a parameter recomputes that component only (the others come from the cache).")
-        with st.form(f"rp_params{gen}"):
-            values: dict[str, dict] = {}
-            for c in editor.components:
-                with st.expander(f"{c.name} ({c.component}, {c.group})"):
-                    st.caption(c.description)
-                    values[c.name] = {p.name: _param_widget(p, f"rp_p{gen}_{c.name}_{p.name}")
-                                      for p in c.params}
-            applied = st.form_submit_button("Apply parameters")
-        if applied:
-            try:
-                work["template"] = views.apply_params(work["template"], values)
-            except USER_ERRORS as exc:
-                st.error(user_message(exc))
-            else:
-                st.rerun()
 
-    with tabs[4]:
-        st.caption("The whole template, expectations included. Errors name the key and the line.")
-        with st.form(f"rp_yaml{gen}"):
-            text = st.text_area("Template YAML", value=edited.to_yaml(), height=480)
-            use_yaml = st.form_submit_button("Use this YAML")
-        if use_yaml:
-            try:
-                work["template"] = views.apply_yaml(text, name=work["name"])
-            except USER_ERRORS as exc:
-                st.error(user_message(exc))
-            else:
-                work["gen"] += 1
-                st.rerun()
+def episodes_section(report: views.PyramidReport) -> None:
+    """Every episode's return, and one episode explained step by step."""
+    st.dataframe(report.episodes, hide_index=True, width="stretch", key="rp_episodes")
+    episode = st.selectbox("Explain one episode", report.episode_ids, key="rp_episode")
+    if episode:
+        explanation = views.explain_episode(report.result, episode)
+        st.caption(explanation.formula)
+        st.dataframe(explanation.steps, hide_index=True, width="stretch", key="rp_episode_steps")
+        steps = list(range(len(explanation.reward_components)))
+        if steps:
+            step = st.selectbox("reward_components of step", steps, index=len(steps) - 1,
+                                key=f"rp_step_{episode}")
+            st.json(explanation.reward_components[step], expanded=True)
 
-    with tabs[5]:
-        base = work["base_version"]
-        st.caption(f"You are editing {work['name']}@{base}. Saving writes a new version; if someone "
-                   "saved a newer one meanwhile, the save is refused and you can reload theirs.")
-        if actor is None or not actor.can("edit_template"):
-            st.info("Saving a version needs the analyst or admin role: sign in as one. "
-                    "Edits can still be tried out here.")
-            save = False
-        else:
-            with st.form("rp_save"):
-                name = st.text_input("Save as template", value=work["name"], key=f"rp_save_name{gen}")
-                message = st.text_input("Message", key=f"rp_save_message{gen}",
-                                        placeholder="why this change (shown in the version history)")
-                save = st.form_submit_button("Save as new version", type="primary")
-        if save:
-            try:
-                saved = save_template(ws, actor, name, edited,
-                                      base if name == work["name"] else None, message)
-            except TemplateConflict as exc:
-                st.session_state["rp_conflict"] = {
-                    "message": user_message(exc), "name": exc.name, "base": exc.base_version,
-                    "latest": exc.latest.label, "latest_version": exc.latest.version}
-            except USER_ERRORS as exc:
-                st.error(user_message(exc))
-            else:
-                st.session_state["rp_flash"] = f"Saved {saved.label}."
-                st.session_state["rp_select"] = saved.label
-                st.rerun()
-        conflict = st.session_state.get("rp_conflict")
-        if conflict:
-            st.error(conflict["message"])
-            if conflict["base"] is not None:
-                since = diff_versions(ws, conflict["name"], conflict["base"], conflict["latest_version"])
-                st.caption(f"What changed from version {conflict['base']} to {conflict['latest']}:")
-                st.dataframe(views.changes_table(since.changes), hide_index=True, key="rp_conflict_diff")
-            if st.button(f"Load {conflict['latest']} (drops your edits)", key="rp_conflict_reload"):
-                st.session_state.pop("rp_conflict", None)
-                st.session_state["rp_select"] = conflict["latest"]
-                st.rerun()
 
-        st.subheader("Versions")
+def expectations_section(report: views.PyramidReport) -> None:
+    """The template's expectations (reward unit tests and hacking probes) on this dataset."""
+    check = report.check
+    if not check.results:
+        st.info("This template carries no expectations; add some in the YAML tab "
+                "(kinds: episode_score, component_range, twins_rank, rank_auc).")
+    elif check.passed:
+        st.success(f"All {len(check.results)} expectations pass.")
+    else:
+        st.error(f"{len(check.failed)} of {len(check.results)} expectations fail: "
+                 + ", ".join(r.name for r in check.failed))
+    if check.results:
+        st.dataframe(report.expectations, hide_index=True, width="stretch", key="rp_expectations")
+
+
+def parameters_section(work: dict, editor: views.PyramidEditor) -> None:
+    """Every component's parameters, applied together."""
+    gen = work["gen"]
+    st.caption("Changing a parameter recomputes that component only (the others come from the cache).")
+    with st.form(f"rp_params{gen}"):
+        values: dict[str, dict] = {}
+        for c in editor.components:
+            with st.expander(f"{c.name} ({c.component}, {c.group})"):
+                st.caption(c.description)
+                values[c.name] = {p.name: _param_widget(p, f"rp_p{gen}_{c.name}_{p.name}")
+                                  for p in c.params}
+        applied = st.form_submit_button("Apply parameters")
+    if applied:
         try:
-            st.dataframe(views.versions_table(ws, work["name"]), hide_index=True, key="rp_versions")
+            work["template"] = views.apply_params(work["template"], values)
         except USER_ERRORS as exc:
             st.error(user_message(exc))
-            return
-        numbers = [o.version for o in options if o.name == work["name"]]   # newest first
-        if len(numbers) > 1:
-            older, newer = st.columns(2)
-            va = older.selectbox("Compare version", numbers, index=1, key="rp_diff_a")
-            vb = newer.selectbox("Against version", numbers, index=0, key="rp_diff_b")
-            diff = diff_versions(ws, work["name"], va, vb)
-            if diff.changes:
-                st.dataframe(views.changes_table(diff.changes), hide_index=True, key="rp_diff")
-            if diff.unified:
-                st.code(diff.unified, language="diff")
-            else:
-                st.caption("The two versions are identical.")
-
-    with tabs[6]:
-        calibration_section(dataset, edited)
+        else:
+            st.rerun()
 
 
-def calibration_section(dataset: str, template) -> None:
+def yaml_section(work: dict, edited: Template) -> None:
+    """The whole template as YAML, to edit as text."""
+    gen = work["gen"]
+    st.caption("The whole template, expectations included. Errors name the key and the line.")
+    with st.form(f"rp_yaml{gen}"):
+        text = st.text_area("Template YAML", value=edited.to_yaml(), height=480)
+        use_yaml = st.form_submit_button("Use this YAML")
+    if use_yaml:
+        try:
+            work["template"] = views.apply_yaml(text, name=work["name"])
+        except USER_ERRORS as exc:
+            st.error(user_message(exc))
+        else:
+            work["gen"] += 1
+            st.rerun()
+
+
+def versions_section(work: dict, edited: Template, options: list[views.TemplateOption]) -> None:
+    """Save the edit as a new version; the template's versions and what changed between two."""
+    gen = work["gen"]
+    base = work["base_version"]
+    st.caption(f"You are editing {work['name']}@{base}. Saving writes a new version; if someone "
+               "saved a newer one meanwhile, the save is refused and you can reload theirs.")
+    if actor is None or not actor.can("edit_template"):
+        st.info("Saving a version needs the analyst or admin role: sign in as one. "
+                "Edits can still be tried out here.")
+        save = False
+    else:
+        with st.form("rp_save"):
+            name = st.text_input("Save as template", value=work["name"], key=f"rp_save_name{gen}")
+            message = st.text_input("Message", key=f"rp_save_message{gen}",
+                                    placeholder="why this change (shown in the version history)")
+            save = st.form_submit_button("Save as new version", type="primary")
+    if save:
+        try:
+            saved = save_template(ws, actor, name, edited,
+                                  base if name == work["name"] else None, message)
+        except TemplateConflict as exc:
+            st.session_state["rp_conflict"] = {
+                "message": user_message(exc), "name": exc.name, "base": exc.base_version,
+                "latest": exc.latest.label, "latest_version": exc.latest.version}
+        except USER_ERRORS as exc:
+            st.error(user_message(exc))
+        else:
+            st.session_state["rp_flash"] = f"Saved {saved.label}."
+            st.session_state["rp_select"] = saved.label
+            st.rerun()
+    conflict = st.session_state.get("rp_conflict")
+    if conflict:
+        st.error(conflict["message"])
+        if conflict["base"] is not None:
+            since = diff_versions(ws, conflict["name"], conflict["base"], conflict["latest_version"])
+            st.caption(f"What changed from version {conflict['base']} to {conflict['latest']}:")
+            st.dataframe(views.changes_table(since.changes), hide_index=True, key="rp_conflict_diff")
+        if st.button(f"Load {conflict['latest']} (drops your edits)", key="rp_conflict_reload"):
+            st.session_state.pop("rp_conflict", None)
+            st.session_state["rp_select"] = conflict["latest"]
+            st.rerun()
+
+    st.subheader("Versions")
+    try:
+        st.dataframe(views.versions_table(ws, work["name"]), hide_index=True, key="rp_versions")
+    except USER_ERRORS as exc:
+        st.error(user_message(exc))
+        return
+    numbers = [o.version for o in options if o.name == work["name"]]   # newest first
+    if len(numbers) > 1:
+        older, newer = st.columns(2)
+        va = older.selectbox("Compare version", numbers, index=1, key="rp_diff_a")
+        vb = newer.selectbox("Against version", numbers, index=0, key="rp_diff_b")
+        diff = diff_versions(ws, work["name"], va, vb)
+        if diff.changes:
+            st.dataframe(views.changes_table(diff.changes), hide_index=True, key="rp_diff")
+        if diff.unified:
+            st.code(diff.unified, language="diff")
+        else:
+            st.caption("The two versions are identical.")
+
+
+def calibration_section(dataset: str, template: Template) -> None:
     """What the dataset's recorded outcomes say about the edited template."""
     st.caption("How well each component and the episode return rank the recorded outcomes: AUC "
                "(0.5 is chance) or rank correlation for graded outcomes, with a 90% interval from "

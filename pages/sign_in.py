@@ -7,7 +7,7 @@ import streamlit as st
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.errors import RwbError
-from core.users import LOCAL_ADDRESS, Session, end_session, multi_user, sign_in, sso_sign_in
+from core.users import LOCAL_ADDRESS, multi_user, sign_in, sso_sign_in
 
 st.title("Sign in")
 st.caption("Sign in to act with your role: analysts import, design rewards and train; reviewers "
@@ -21,15 +21,10 @@ actor = st.session_state.get("actor")
 address = st.context.ip_address
 address = address if isinstance(address, str) and address else LOCAL_ADDRESS
 
-
-def _start(session: Session) -> None:
-    st.session_state["actor"] = session.actor
-    st.session_state["session_token"] = session.token
-
-
 if not multi_user(ws):
-    st.info("This workspace has no users: everyone who opens it is the local admin, no sign-in needed. "
-            "Sign-in switches on once the workspace's owner adds users (the first one an admin).")
+    st.info("You are acting as the local admin: this workspace has no users, so everyone who opens it "
+            "is the local admin, no sign-in needed. Sign-in switches on once the workspace's "
+            "owner adds users (the first one an admin).")
     cli_equivalent("rwb users add NAME --role ROLE")
     st.stop()
 
@@ -40,9 +35,7 @@ signed_in_sso = sso and bool(st.user.is_logged_in)
 if actor is not None:
     st.success(f"Signed in as **{actor.name}** ({actor.role}).")
     if st.button("Sign out", key="sign_out"):
-        if "session_token" in st.session_state:
-            end_session(ws, st.session_state.pop("session_token"))
-        del st.session_state["actor"]
+        resources.sign_out()
         if signed_in_sso:
             st.logout()
         st.rerun()
@@ -51,7 +44,7 @@ if actor is not None:
 if signed_in_sso:
     # The identity provider says who this is; the workspace says which user (and role) that is.
     try:
-        _start(sso_sign_in(ws, st.user.to_dict(), address=address))
+        resources.start_session(sso_sign_in(ws, st.user.to_dict(), address=address))
     except RwbError as exc:
         st.error(user_message(exc))
         st.button("Sign out of single sign-on", key="sso_sign_out", on_click=st.logout)
@@ -65,7 +58,7 @@ with st.form("sign_in_form"):
     submitted = st.form_submit_button("Sign in", type="primary")
 if submitted:
     try:
-        _start(sign_in(ws, name, password, address=address))
+        resources.start_session(sign_in(ws, name, password, address=address))
     except RwbError as exc:
         st.error(user_message(exc))
     else:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import streamlit as st
 
 from rwb_app import charts, resources
-from rwb_app.messages import cli_equivalent
+from rwb_app.messages import cli_equivalent, user_message
 from core import runs
 from core.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
-#: Seconds between refreshes of the live curves while a shown run is running.
+#: Seconds between refreshes of the runs table and the live curves while a run is running.
 REFRESH_S = 2.0
+#: Session key of the last launch's outcome, shown under the Launch button until the next launch.
+LAUNCH_NOTICE = "train_launch_notice"
+SHOW = {"success": st.success, "warning": st.warning, "error": st.error}
 
 st.title("Training")
 st.caption("Train a masked PPO policy against a reward template on a dataset: the run goes on in a "
            "background process (it survives closing this page), its curves update live, and runs can be "
            "compared side by side.")
-cli_equivalent("rwb train --template NAME --dataset NAME", "the same from a terminal")
 
 ws = resources.workspace()
 actor = resources.acting_user()
@@ -25,7 +27,10 @@ actor = resources.acting_user()
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
 
 # --------------------------------------------------------------------------- launch
-with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
+# Open at first in a workspace without runs; decided once per session and keyed, so the panel
+# does not fold away (hiding the launch outcome in it) when the first launch adds a run.
+open_at_first = st.session_state.setdefault("train_launch_open", not runs.list_runs(ws, limit=1))
+with st.expander("Launch a run", expanded=open_at_first, key="train_launch_panel", on_change="rerun"):
     if not datasets:
         st.info("No dataset with steps yet: import episodes on the Episodes page, then come back to train on them.")
         cli_equivalent("rwb episodes import FILE")
@@ -72,13 +77,18 @@ with st.expander("Launch a run", expanded=not runs.list_runs(ws, limit=1)):
             try:
                 started = runs.launch_run(ws, actor, template=template, dataset=dataset, config=settings)
             except ConflictError as exc:
-                st.warning(f"Not launched: {exc}")
+                st.session_state[LAUNCH_NOTICE] = ("warning", f"Not launched: {exc}")
             except USER_ERRORS as exc:
-                st.error(f"Could not launch: {exc}")
+                st.session_state[LAUNCH_NOTICE] = ("error", f"Could not launch: {user_message(exc)}")
             else:
-                st.success(f"Started run {started['run_id']} (process {started['pid']}): it is shown below, "
-                           "its curves fill in as it trains.")
+                st.session_state[LAUNCH_NOTICE] = (
+                    "success", f"Started run {started['run_id']} (process {started['pid']}): it is shown below, "
+                               "its curves fill in as it trains.")
                 st.session_state["train_show"] = started["run_id"]
+        # kept until the next launch: a rerun of the page (a run ending) must not wipe it
+        if LAUNCH_NOTICE in st.session_state:
+            kind, text = st.session_state[LAUNCH_NOTICE]
+            SHOW[kind](text)
 
 # --------------------------------------------------------------------------- runs
 all_runs = runs.list_runs(ws, limit=200)
@@ -88,11 +98,29 @@ if not all_runs:
     st.stop()
 
 st.subheader("Runs")
-st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or "file",
-               "template": f"{r['template_name']} {r['template_version']}", "device": r["device"],
-               "steps": f"{r['env_steps']}/{r['total_steps']}", "level": r["last"].get("curriculum_level"),
-               "return": r["last"].get("return_mean"), "by": r["created_by"], "created": r["created_at"]}
-              for r in all_runs], hide_index=True, width="stretch")
+#: What the rest of this page was drawn from: when a run starts, ends or dies, the page reruns.
+drawn = {r["id"]: r["display_status"] for r in all_runs}
+
+
+def _steps(r: dict) -> str:
+    return f"{r['env_steps']:,} / {r['total_steps']:,}"
+
+
+@st.fragment(run_every=REFRESH_S if "running" in drawn.values() else None)
+def runs_table() -> None:
+    """The runs with their progress, read again on every refresh while one runs (the same
+    record the panel below reads, so the two never disagree)."""
+    now = runs.list_runs(ws, limit=200)
+    if {r["id"]: r["display_status"] for r in now} != drawn:
+        st.rerun()  # the pickers, the panel and the comparison change too
+    st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or "file",
+                   "template": f"{r['template_name']} {r['template_version']}", "device": r["device"],
+                   "env steps": _steps(r), "updates": r["updates"], "level": r["last"].get("curriculum_level"),
+                   "return": r["last"].get("return_mean"), "by": r["created_by"], "created": r["created_at"]}
+                  for r in now], hide_index=True, width="stretch")
+
+
+runs_table()
 
 ids = [r["id"] for r in all_runs]
 wanted = st.session_state.pop("train_show", None)
@@ -112,26 +140,32 @@ def live_run(run_id: str) -> None:
         return
     status = run["display_status"]
     left, right = st.columns([4, 1])
-    left.markdown(f"**{run_id}** · {status} · {run['env_steps']:,}/{run['total_steps']:,} env steps · "
+    left.markdown(f"**{run_id}** · {status} · {_steps(run)} env steps · "
                   f"{run['updates']} updates · {run['device']}")
     if run["interrupted"]:
         st.warning("Its trainer process is gone (killed?). It resumes from its last checkpoint with the "
                    "command below.")
         cli_equivalent(f"rwb train --resume {run_id}")
-    if run["error"]:
+    if run["error"] and run["status"] == "failed":
         st.error(f"The run failed: {run['error']}")
+    elif run["error"]:  # a note on how it ended (e.g. stopped after its trainer was gone), not a failure
+        st.info(f"It ended {run['status']}: {run['error']}.")
     if run["status"] == "running" and actor is not None and actor.can("train"):
         if right.button("Stop", key=f"train_stop_{run_id}", disabled=run["stop_requested"],
                         help="Stops after the current update, with a checkpoint."):
             try:
                 stopped = runs.stop_run(ws, actor, run_id)
             except USER_ERRORS as exc:
-                st.error(str(exc))
+                st.error(user_message(exc))
             else:
                 if stopped["status"] == "stopped":
-                    st.success(f"Stopped {run_id} (its trainer process was already gone).")
-                else:
-                    run = stopped
+                    st.session_state[f"train_stop_notice_{run_id}"] = (
+                        "success", f"Stopped {run_id} (its trainer process was already gone).")
+                    st.rerun()  # it no longer runs: the table, the picker and the refresh change
+                run = stopped
+    if f"train_stop_notice_{run_id}" in st.session_state:
+        kind, text = st.session_state[f"train_stop_notice_{run_id}"]
+        SHOW[kind](text)
     if run["status"] == "running" and run["stop_requested"]:
         # shown on every refresh until the trainer ends, so the request is never silent
         st.info(f"Stop requested for {run_id}: it stops after the current update, with a checkpoint.")
@@ -166,8 +200,12 @@ if len(picked) >= 1:
     else:
         st.dataframe(table, hide_index=True, width="stretch")
         titles = dict(runs.CURVES)
-        metric = st.selectbox("Metric", [m for m in titles if m in curves], format_func=titles.get,
-                              key="train_compare_metric")
+        metrics = [m for m in titles if m in curves]
+        if st.session_state.get("train_compare_metric") not in metrics:
+            # a choice made before these runs recorded it (or none, while nothing was recorded):
+            # show the first metric rather than an empty picker
+            st.session_state.pop("train_compare_metric", None)
+        metric = st.selectbox("Metric", metrics, format_func=titles.get, key="train_compare_metric")
         if metric:
             st.plotly_chart(charts.curve_figure(curves[metric], titles[metric]), width="stretch",
                             key="train_compare_chart")

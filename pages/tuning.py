@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rwb_app import resources
-from rwb_app.messages import cli_equivalent
+from rwb_app import charts, resources
+from rwb_app.messages import cli_equivalent, user_message
 from core import tuning
 from core.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
 #: Seconds between refreshes of a running study.
 REFRESH_S = 2.0
+#: Session key of the last start's outcome, shown under the Start button until the next start.
+START_NOTICE = "tune_start_notice"
+SHOW = {"success": st.success, "warning": st.warning, "error": st.error}
+
+
+def show_notice(key: str) -> None:
+    """The outcome kept under ``key`` (until the action runs again: a rerun must not wipe it)."""
+    if key in st.session_state:
+        kind, text = st.session_state[key]
+        SHOW[kind](text)
 
 st.title("Tuning")
 st.caption("Let Optuna search the pyramid's weights so that its returns rank successful episodes above failed "
            "ones (or follow your preference labels); the template's expectations are constraints, and the best "
            "weights become a new template version.")
-cli_equivalent("rwb tune --template NAME --dataset NAME", "the same from a terminal")
 
 ws = resources.workspace()
 actor = resources.acting_user()
 
 datasets = [d.name for d in ws.datasets() if d.n_steps > 0]
-studies_tab, start_tab, prefs_tab = st.tabs(["Studies", "Start a study", "Preference labels"])
+# keyed and stateful: the open tab survives every rerun (a start, an apply, a refresh)
+studies_tab, start_tab, prefs_tab = st.tabs(["Studies", "Start a study", "Preference labels"], key="tune_tab",
+                                            on_change="rerun")
 
 # --------------------------------------------------------------------------- start
 with start_tab:
@@ -73,13 +84,15 @@ with start_tab:
                                                trials=int(trials), study=study_name.strip() or None,
                                                bounds=bounds, fixed=fixed)
             except ConflictError as exc:
-                st.warning(f"Not started: {exc}")
+                st.session_state[START_NOTICE] = ("warning", f"Not started: {exc}")
             except USER_ERRORS as exc:
-                st.error(f"Could not start: {exc}")
+                st.session_state[START_NOTICE] = ("error", f"Could not start: {user_message(exc)}")
             else:
-                st.success(f"Started study {started['study']} (tuning run {started['run_id']}, worker process "
-                           f"{started['pid']}): watch it in the Studies tab.")
+                st.session_state[START_NOTICE] = (
+                    "success", f"Started study {started['study']} (tuning run {started['run_id']}, worker "
+                               f"process {started['pid']}): watch it in the Studies tab.")
                 st.session_state["tune_show"] = started["study"]
+        show_notice(START_NOTICE)
 
 # --------------------------------------------------------------------------- preference labels
 with prefs_tab:
@@ -120,13 +133,16 @@ with studies_tab:
     wanted = st.session_state.pop("tune_show", None)
     if wanted in names:
         st.session_state["tune_name"] = wanted
-    name = st.selectbox("Study", names, key="tune_name",
-                        format_func=lambda n: f"{n} ({next(s['status'] for s in studies if s['name'] == n)})")
-    running = next(s for s in studies if s["name"] == name)["status"] == "running"
+    #: Each study's status as this page run drew it (in the picker): when one changes, the page reruns.
+    drawn = {s["name"]: s["status"] for s in studies}
+    name = st.selectbox("Study", names, key="tune_name", format_func=lambda n: f"{n} ({drawn[n]})")
+    running = drawn[name] == "running"
 
     @st.fragment(run_every=REFRESH_S if running else None)
     def live_study(name: str) -> None:
         """The study's progress, best vs template weights, constraints and Optuna's figures."""
+        if {s["name"]: s["status"] for s in tuning.list_studies(ws)} != drawn:
+            st.rerun()  # a study started, ended or died: the picker and this report change
         try:
             report = resources.tuning_report(name)
         except USER_ERRORS as exc:
@@ -134,20 +150,25 @@ with studies_tab:
             return
         counts = report.counts
         left, right = st.columns([4, 1])
-        left.markdown(f"**{report.name}** · {report.status} · objective **{report.objective}** "
-                      f"({report.metric}) · template {report.template.get('name')}"
+        scored_by = f" ({report.metric})" if report.metric else ""   # none yet while the worker starts
+        left.markdown(f"**{report.name}** · {drawn[name]} · objective **{report.objective or '—'}**"
+                      f"{scored_by} · template {report.template.get('name')}"
                       f"{'@' + str(report.template['version']) if report.template.get('version') is not None else ''}"
                       f" · {counts.get('complete', 0)} complete, {counts.get('feasible', 0)} feasible, "
                       f"{counts.get('pruned', 0)} pruned · storage `{report.storage}`")
-        if report.status == "running" and actor is not None and actor.can("train"):
+        # an interrupted study (its worker gone) can still be stopped: that records it as ended
+        if drawn[name] in ("running", "interrupted") and actor is not None and actor.can("train"):
             if right.button("Stop", key=f"tune_stop_{name}", help="Workers stop after their current trial."):
                 try:
                     stopped = tuning.stop_tuning(ws, actor, name)
                 except USER_ERRORS as exc:
-                    st.error(str(exc))
+                    st.error(user_message(exc))
                 else:
                     if stopped["status"] != "running":
-                        st.success(f"Stopped {name} (its worker process was already gone).")
+                        st.session_state[f"tune_stop_notice_{name}"] = (
+                            "success", f"Stopped {name} (its worker process was already gone).")
+                        st.rerun()  # it no longer runs: the picker and the refresh change
+        show_notice(f"tune_stop_notice_{name}")
         if any(r["stop_requested"] and r["status"] in ("starting", "running") and r["process_alive"] is not False
                for r in tuning.study_runs(ws, name)):
             # shown on every refresh until the workers end, so the request is never silent
@@ -175,7 +196,8 @@ with studies_tab:
             st.dataframe(report.params, hide_index=True, width="stretch")
         if any(v is not None for v in report.held_out_series.get("held-out AUC", [])):
             st.caption("Objective and held-out AUC per trial (a gap that widens is over-fitting)")
-            st.line_chart(report.held_out_series, x="trial", y=["objective", "held-out AUC"])
+            st.plotly_chart(charts.trial_series_figure(report.held_out_series), width="stretch",
+                            key=f"tune_held_out_{name}")
         if report.figures:
             for key, title in (("history", "Optimisation history"), ("importances", "Parameter importances"),
                                ("parallel", "Parallel coordinates")):
@@ -190,16 +212,23 @@ with studies_tab:
         with st.expander("Recent trials (constraint values ≤ 0 are satisfied)"):
             st.dataframe(report.trials, hide_index=True, width="stretch")
         if report.best is not None and actor is not None and actor.can("edit_template"):
+            applied_key = f"tune_apply_notice_{name}"
             with st.form(f"tune_apply_{name}"):
                 message = st.text_input("Why (kept with the new version)", key=f"tune_apply_msg_{name}")
                 if st.form_submit_button("Apply the best weights as a new template version", type="primary"):
                     try:
                         applied = tuning.apply_study(ws, actor, name, message=message or None)
                     except USER_ERRORS as exc:
-                        st.error(str(exc))
+                        st.session_state[applied_key] = ("error", f"Not applied: {user_message(exc)}")
                     else:
-                        st.success(f"Saved {applied['label']} from trial {applied['trial']} "
-                                   f"({len(applied['diff'])} changes).")
+                        st.session_state[applied_key] = (
+                            "success", f"Saved {applied['label']} from trial {applied['trial']} "
+                                       f"({len(applied['diff'])} changes): pick it as the reward template "
+                                       "to train or tune on.")
+                        # the template pickers (here and on Training) list the new version now
+                        resources.refresh_template_specs()
+                        st.rerun()
+            show_notice(applied_key)
         log = tuning.tuning_log(ws, name)
         if log:
             with st.expander("Worker log (tail)"):

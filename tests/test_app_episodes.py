@@ -349,7 +349,8 @@ def test_rwb_app_serves_the_app(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     proc = subprocess.Popen(
         [sys.executable, "-c", "from core.cli import console; console()",
-         "--workspace", str(workspace), "app", "--port", str(port)],
+         "--workspace", str(workspace), "app", "--port", str(port),
+         "--no-prepare"],  # preparing the samples (minutes): tests/test_browser_pages.py
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 60

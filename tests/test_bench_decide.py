@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,42 @@ def test_the_machine_floor_of_nothing_is_empty_rather_than_a_crash(bench):
     for count, chunk in ((0, 0.5), (10, None)):
         empty = bench.machine_floor(None, count, chunk)
         assert (empty["n"], empty["p50"], empty["p99"], empty["steal"]) == (0, None, None, None)
+
+
+def test_the_tail_ratio_is_decides_p99_over_its_floors_p99_paced_and_back_to_back(bench):
+    out = {"replay": {"all": {"n": 100, "p50": 2.0, "p99": 3.9}}, "machine_floor": {"p50": 2.1, "p99": 2.6},
+           "back_to_back": {"all": {"n": 100, "p50": 1.4, "p99": 2.0}}, "back_to_back_floor": {"p50": 1.3, "p99": 1.6}}
+    t = bench.tail_ratios(out)
+    assert t == {"paced": pytest.approx(1.5), "back_to_back": pytest.approx(1.25), "goal": bench.TAIL_RATIO_GOAL}
+    out["back_to_back_floor"] = {"p50": None, "p99": None}   # nothing measured: no ratio rather than a crash
+    assert bench.tail_ratios(out)["back_to_back"] is None
+
+
+def test_back_to_back_decides_every_request_under_new_episode_ids_and_sorts_out_rl_boosts(bench):
+    class Engine:
+        def __init__(self):
+            self.ids, self.flushed = [], 0
+
+        def decide(self, request):
+            self.ids.append(request["episode_id"])
+            return SimpleNamespace(rl_boost=len(self.ids) % 2 == 0, intent_pending=len(self.ids) == 4)
+
+        def flush(self):
+            self.flushed += 1
+
+    steps = [[bench.Step({"episode_id": f"e{i}"}, float(k), 1.0) for k in range(3)] for i in range(2)]
+    engine, clock = Engine(), bench.ReplayClock()
+    out = bench.back_to_back(engine, clock, steps, 10.0, "-b2b")
+    assert engine.ids == ["e0-b2b"] * 3 + ["e1-b2b"] * 3 and engine.flushed == 1
+    assert out["all"]["n"] == 6 and out["rl_boost"]["n"] == 2        # requests 2 and 6 (4 was deferred)
+    assert clock.t == pytest.approx(1 / 10 + 2.0)                     # the last request's recorded time
+
+
+def test_the_production_size_is_the_network_the_demo_trains(bench):
+    from core.demo import FULL, demo_training_config
+    from core.ppo import PPOConfig
+
+    production, demo = PPOConfig(**bench.SIZES["production"]), demo_training_config(FULL)
+    assert (production.hidden, production.n_critics, production.encoder_config()) == \
+        (demo.hidden, demo.n_critics, demo.encoder_config())
+    assert demo.encoder_config().dim == 512 and PPOConfig(**bench.SIZES["small"]).encoder_config().dim == 64

@@ -347,7 +347,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     _main(pg).get_by_role("button", name="Export bundle").click()
     _see(pg, re.compile(r"Wrote .*\.zip"))
     _main(pg).get_by_role("button", name="Register as candidate").click()
-    _see(pg, re.compile(r"register .*: done"))
+    _see(pg, re.compile(r"Registered .*: it is a candidate"))
     _shot(pg, "05_policies_export")
 
     # 5. Review Queue: rae claims an item and approves it.
@@ -375,9 +375,9 @@ def test_main_path_in_a_real_browser(page, workspace):
     _main(pg).get_by_label("Why you approve").fill("beats the logged agent on held-out requests")
     _main(pg).get_by_label("Why you approve").press("Tab")
     _main(pg).get_by_role("button", name="Approve", exact=True).click()
-    _see(pg, re.compile(r"approve finance_risk \S+: done"))
+    _see(pg, re.compile(r"Approved finance_risk \S+: it may now be promoted"))
     _main(pg).get_by_role("button", name="Promote", exact=True).click()
-    _see(pg, re.compile(r"promote finance_risk \S+: done"))
+    _see(pg, re.compile(r"Promoted finance_risk \S+: it is production now"))
     production = _metric(pg, "Production")
     assert production != "—"
     index = json.loads((workspace["policies"] / "index.json").read_text())

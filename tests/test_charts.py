@@ -87,3 +87,18 @@ def test_compare_keeps_runs_recorded_at_different_steps(two_runs):
     by_run = {t.name: t for t in charts.curve_figure(frame).data}
     assert list(by_run[short].x) == [STEPS_PER_UPDATE, 3 * STEPS_PER_UPDATE // 2]
     assert len(by_run[long].x) == LONG_UPDATES
+
+
+def test_trial_series_skip_missing_values_and_mark_a_single_trial():
+    """A study's per-trial figures: a trial without a held-out AUC is skipped (not drawn at
+    0), one trial shows a dot, and the trial axis is whole numbers."""
+    fig = charts.trial_series_figure({"trial": [0, 1, 2], "objective": [0.5, 0.6, 0.7],
+                                      "held-out AUC": [None, 0.55, float("nan")]})
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["objective"].x) == [0, 1, 2] and list(by_name["objective"].y) == pytest.approx([0.5, 0.6, 0.7])
+    assert list(by_name["held-out AUC"].x) == [1] and list(by_name["held-out AUC"].y) == pytest.approx([0.55])
+    assert by_name["held-out AUC"].mode == "lines+markers"
+    assert fig.layout.xaxis.tickformat == ",d" and fig.layout.xaxis.title.text == "trial"
+    many = charts.trial_series_figure({"trial": list(range(charts.MARKERS_BELOW)),
+                                       "objective": [0.1] * charts.MARKERS_BELOW})
+    assert many.data[0].mode == "lines"

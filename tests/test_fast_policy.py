@@ -77,3 +77,25 @@ def test_a_module_it_does_not_reproduce_is_left_to_torch():
             self.agent = agent
 
     assert numpy_policy(Wrapped(), obs) is None
+
+
+def test_the_folded_first_layers_equal_the_dense_ones():
+    """The trace branch's table (embedding folded into its first layer) and the context
+    branch's sparse first layer compute what the dense layer computes on the module's input."""
+    agent = _trained_like(Agent(N_ACTIONS, StateEncoderConfig(dim=32), hidden=24, n_critics=2))
+    fast = NumpyPolicy(agent)
+    obs = {k: v.numpy() for k, v in _obs(12, seed=5).items()}
+    # the trace: the dense branch on the module's flattened input [embedding, reward, dt] per step
+    tokens = np.minimum(np.maximum(obs["trace_action"] + 2, 0), N_ACTIONS + 1)
+    reward = np.clip(obs["trace_reward"], -5.0, 5.0).astype(np.float32)   # core.state.Z_CLIP
+    x = np.concatenate([fast.action_embed[tokens], reward[..., None], obs["trace_dt"][..., None]], axis=2)
+    np.testing.assert_allclose(fast.trace_net.trace(tokens, reward, obs["trace_dt"]),
+                               fast.trace_net(x.reshape(len(x), -1)), atol=1e-5)
+    # the context: rows with a few non-zero columns, one all zeros, and a dense one
+    rng = np.random.default_rng(2)
+    ctx = np.zeros((4, obs["context"].shape[1]), np.float32)
+    for row, n in zip(ctx, (3, 7, 0)):
+        row[rng.choice(len(row), n, replace=False)] = rng.normal(size=n)
+    ctx[3] = obs["context"][0]
+    np.testing.assert_allclose(fast.context_net.sparse(ctx), fast.context_net(ctx), atol=1e-5)
+    np.testing.assert_allclose(fast.context_net.sparse(ctx[2:3]), fast.context_net(ctx[2:3]), atol=1e-5)

@@ -247,7 +247,7 @@ def test_app_and_workspace_commands_are_wired():
 
 
 # --------------------------------------------------------------------------- CI = README
-TEST_COMMAND = ".venv/bin/python -m pytest -q"
+TEST_COMMAND = ".venv/bin/python -m pytest -q -n auto --dist loadfile"
 
 
 def test_ci_runs_the_readme_test_command():

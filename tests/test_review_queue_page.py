@@ -110,3 +110,24 @@ def test_page_is_in_the_app_menu(queue_ws):
     at.switch_page("../pages/review_queue.py").run()
     assert not at.exception, at.exception
     assert [t.value for t in at.title] == ["Review Queue"]
+
+
+def test_a_sent_recorded_step_shows_where_it_comes_from(tmp_path, monkeypatch):
+    """A step sent from the Episodes page is listed as a recorded episode and, claimed, names
+    its dataset, episode, step and sender."""
+    path = tmp_path / "ws"
+    ws = Workspace.open(path)
+    review.enqueue(ws, Actor("ana", "analyst"), _item(
+        0, origin="training", decision_id=None, run_id=None, episode_id="fin-7", step_t=3,
+        reason="sent to review by ana", meta={"source": "recorded episode", "sent_by": "ana"}))
+    monkeypatch.setenv("RWB_WORKSPACE", str(path))
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception, at.exception
+    [queue] = [df.value for df in at.dataframe]
+    assert list(queue["origin"]) == ["recorded episode"]
+    _button(at, "Claim next item").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert any("dataset `finance`, recorded episode `fin-7`, step 3 (sent by ana)" in c.value
+               for c in at.caption)
+    ws.close()

@@ -58,10 +58,17 @@ def page(sample_workspace, tmp_path, monkeypatch):
     return path, computed
 
 
-def open_page(template: str = "finance_risk@0") -> AppTest:
+def open_page(template: str = "finance_risk@0", tab: str = "Distributions") -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=120)
     at.session_state["rp_dataset"] = DATASET
     at.session_state["rp_template"] = template
+    at.session_state["rp_tab"] = tab
+    return at.run()
+
+
+def show(at: AppTest, tab: str) -> AppTest:
+    """Open another tab of the results (only the open one runs)."""
+    at.session_state["rp_tab"] = tab
     return at.run()
 
 
@@ -95,9 +102,11 @@ def test_weight_edits_change_the_totals_without_recomputing(page):
     expected = rewards.score(ws, shipped, dataset=DATASET)
     assert metric(at, "Mean episode return") == f"{expected.returns.mean():.4f}"
     assert metric(at, "Expectations passing").endswith(f"/ {len(shipped.expectations)}")
+    assert len(at.get("plotly_chart")) == 4          # pyramid, components, levels, returns
+    show(at, "Episodes")
+    assert len(at.get("plotly_chart")) == 1          # the Distributions tab's charts run only there
     before = episodes_table(at)
     assert len(before) == expected.frame.n_episodes
-    assert len(at.get("plotly_chart")) == 6          # pyramid, components, levels, returns, ROC, deciles
     n_scorings = len(computed)
 
     widget = slider(at, "tool_validity")
@@ -130,7 +139,7 @@ def test_weight_edits_change_the_totals_without_recomputing(page):
 
 def test_parameter_edit_recomputes_only_that_component(page):
     _, computed = page
-    at = open_page()
+    at = open_page(tab="Parameters")
     before = metric(at, "Mean episode return")
     computed.clear()
     at.number_input(key="rp_p1_latency_per").set_value(0.5)
@@ -143,7 +152,7 @@ def test_parameter_edit_recomputes_only_that_component(page):
 
 
 def test_template_errors_are_shown_not_raised(page):
-    at = open_page()
+    at = open_page(tab="YAML")
     yaml_box = next(t for t in at.text_area if t.label == "Template YAML")
     text = yaml_box.value
     assert "tool_validity:" in text
@@ -153,6 +162,7 @@ def test_template_errors_are_shown_not_raised(page):
     messages = [e.value for e in at.error]
     assert any("unknown component 'tool_valdity' at line" in m for m in messages), messages
     # a bad parameter value is an error too, and the page keeps working
+    show(at, "Parameters")
     at.text_input(key="rp_p1_trade_reversal_opposites").set_value("[[a, b")
     next(b for b in at.button if b.label == "Apply parameters").click().run()
     assert not at.exception
@@ -167,7 +177,7 @@ def test_the_alias_bomb_in_the_yaml_box_is_refused_at_once(page):
 
     from test_fuzz_inputs import ALIAS_BOMB
 
-    at = open_page()
+    at = open_page(tab="YAML")
     before = metric(at, "Mean episode return")
     yaml_box = next(t for t in at.text_area if t.label == "Template YAML")
     yaml_box.set_value(ALIAS_BOMB)
@@ -182,7 +192,7 @@ def test_the_alias_bomb_in_the_yaml_box_is_refused_at_once(page):
 
 def test_save_creates_a_version_and_a_stale_save_shows_the_conflict(page):
     path, _ = page
-    at = open_page()
+    at = open_page(tab="Save & versions")
     slider(at, "latency").set_value(0.5).run()
     at.text_input(key="rp_save_message1").set_value("latency matters less")
     next(b for b in at.button if b.label == "Save as new version").click().run()
@@ -194,6 +204,7 @@ def test_save_creates_a_version_and_a_stale_save_shows_the_conflict(page):
     assert (v1.version, v1.base_version, v1.saved_by, v1.message) == (1, 0, "local", "latency matters less")
     assert v1.template().component("latency").weight == 0.5
     assert slider(at, "latency").value == 0.5       # the page now edits version 1
+    assert at.session_state["rp_tab"] == "Save & versions"   # the save kept the tab open
 
     # someone else saves version 2 meanwhile; this page still edits version 1
     other = v1.template().with_weights({"tool_validity": 0.9})
@@ -216,7 +227,7 @@ def test_save_creates_a_version_and_a_stale_save_shows_the_conflict(page):
 
 
 def test_calibration_tab_shows_power_and_roc_for_a_labelled_dataset(page):
-    at = open_page()
+    at = open_page(tab="Calibration")                # the tab runs only while it is open
     assert not at.exception
     table = next(d.value for d in at.dataframe if "90% low" in d.value.columns)
     assert table["score"].iloc[0] == "return"

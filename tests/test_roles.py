@@ -54,6 +54,17 @@ def _review_request() -> Any:
                          token_id=1)
 
 
+def _send_step(f: Any, ws: Workspace, a: Actor, t: str) -> Any:
+    """Send the first recorded step with a catalog token of the sample to review."""
+    from core.catalog import catalog_for_dataset
+    from core.review import recorded_steps
+
+    catalog = catalog_for_dataset(ws, "imp-seed")
+    step = next(s for e in ws.load_episodes("imp-seed", limit=5)
+                for s in recorded_steps(e, "imp-seed", catalog))
+    return f(ws, a, "imp-seed", step.episode_id, step.step_t, f"roles test {t}", catalog=catalog)
+
+
 def _ppo_config() -> Any:
     from core.ppo import PPOConfig
 
@@ -86,6 +97,7 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
     "core.runs.stop_run": lambda f, ws, a, t, d: f(ws, a, "no-such-run"),
     "core.review.enqueue": lambda f, ws, a, t, d: f(ws, a, _review_request()),
     "core.review.enqueue_many": lambda f, ws, a, t, d: f(ws, a, [_review_request()]),
+    "core.review.send_step": lambda f, ws, a, t, d: _send_step(f, ws, a, t),
     "core.review.claim": lambda f, ws, a, t, d: f(ws, a, dataset=f"no-items-{t}"),
     "core.review.release": lambda f, ws, a, t, d: f(ws, a, 10**9),
     "core.review.decide": lambda f, ws, a, t, d: f(ws, a, 10**9, "approve", "roles test"),
@@ -112,7 +124,7 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
 #: Calls above that are real and must succeed for a role that holds the permission.
 SUCCEEDS = {"core.importers.api.import_file", "core.episode_views.import_upload",
             "core.rewards.versions.save_template", "core.runs.create_run", "core.review.enqueue",
-            "core.review.enqueue_many", "core.review.claim", "core.audit.AuditWriter",
+            "core.review.enqueue_many", "core.review.send_step", "core.review.claim", "core.audit.AuditWriter",
             "core.audit.recover_unflushed", "core.audit.export", "core.users.list_users",
             "core.users.add_user", "core.users.set_role", "core.users.set_password",
             "core.users.disable_user", "core.keys.rotate"}
@@ -214,6 +226,7 @@ def test_the_known_answers_of_the_table():
     assert allowed["core.runs.launch_run"] == {"analyst", "admin"}
     assert allowed["core.review.decide"] == {"reviewer", "admin"}
     assert allowed["core.review.enqueue"] == {"analyst", "admin", SERVICE_ROLE}
+    assert allowed["core.review.send_step"] == {"analyst", "admin", SERVICE_ROLE}
     assert allowed["core.registry.register"] == {"analyst", "admin"}
     assert allowed["core.registry.approve"] == {"approver", "admin"}
     assert allowed["core.registry.promote"] == {"approver", "admin"}
@@ -357,6 +370,7 @@ def _open_pyramid(path: Path, role: str | None):
     at = AppTest.from_file(str(ROOT / "pages" / "reward_pyramid.py"), default_timeout=120)
     at.session_state["rp_dataset"] = "imp-seed"
     at.session_state["rp_template"] = "finance_risk@0"
+    at.session_state["rp_tab"] = "Save & versions"  # only the open tab runs
     if role is not None:
         ws = Workspace.open(path)
         session = sign_in(ws, *TEAM[role])

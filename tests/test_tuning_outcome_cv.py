@@ -222,7 +222,7 @@ def test_tuning_page_shows_held_out_auc_beside_the_objective(ws_root, capsys, mo
     assert not at.exception, at.exception
     metric = next(m for m in at.metric if m.label.startswith("Held-out AUC"))
     assert metric.value == f"{body['best']['held_out_auc']:.4f}"
-    assert at.get("vega_lite_chart")                 # objective and held-out AUC per trial
+    assert "tune_held_out_page-cv" in {c.key for c in at.get("plotly_chart")}  # held-out AUC per trial
     trials = next(d.value for d in at.dataframe if "held_out_auc" in d.value.columns)
     got = dict(zip(trials["trial"], trials["held_out_auc"]))
     assert got == pytest.approx({r["trial"]: r["held_out_auc"] for r in body["trials"]})

@@ -51,8 +51,9 @@ def test_report_figures_constraints_and_apply(ws):
     assert "Best soft_auc (training split)" in labels
     best = next(m for m in at.metric if m.label.startswith("Best"))
     assert best.value == f"{res.best['value']:.4f}"
-    charts = at.get("plotly_chart")
-    assert len(charts) == 3                      # history, importances, parallel coordinates
+    charts = {c.key for c in at.get("plotly_chart")}
+    # held-out AUC per trial, history, importances, parallel coordinates
+    assert charts == {f"tune_{k}_page-study" for k in ("held_out", "fig_history", "fig_importances", "fig_parallel")}
     tables = [d.value for d in at.dataframe]
     weights = next(t for t in tables if "component" in t.columns and "best" in t.columns)
     assert set(weights["component"]) == {c for c in res.baseline["weights"]}

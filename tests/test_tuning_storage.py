@@ -1,6 +1,6 @@
-"""The tuning storage: the batched writer of the default path against Optuna's own RDB
-storage (every field read back through optuna.load_study), resuming, and one writer per
-default-path study."""
+"""The tuning storage: the batched writer of the default path against Optuna's journal
+and RDB storages (every field read back through optuna.load_study), resuming, one writer
+per default-path study, and the migration of a legacy optuna.db."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from core import tuning
 from core.errors import ConflictError, InputError
-from core.tuning_storage import BatchedTrialWriter, count_trials, describe_url, open_rdb
+from core.tuning_storage import (BatchedTrialWriter, count_trials, describe_url, open_journal, open_rdb,
+                                 open_storage)
 from core.users import current_user
 from _tuning_fixtures import fin_fast, finance_workspace
 
@@ -46,18 +47,23 @@ def _same(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> None:
         assert (math.isnan(v) and math.isnan(w)) or v == w
 
 
-def test_batched_writer_round_trips_every_field(tmp_path):
+@pytest.mark.parametrize("backend", ["journal", "sqlite"])
+def test_batched_writer_round_trips_every_field(tmp_path, backend):
     memory = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     memory.optimize(_objective, n_trials=40, catch=(ValueError,))
     states = {t.state for t in memory.trials}
     assert {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL} <= states
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    rdb = open_rdb(url)
-    optuna.create_study(storage=rdb, study_name="s", direction="maximize")
-    writer = BatchedTrialWriter(rdb, "s")
+    if backend == "journal":
+        path = tmp_path / "optuna.log"
+        storage = open_journal(path)
+        fresh = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    else:
+        storage = fresh = open_rdb(f"sqlite:///{tmp_path / 'optuna.db'}")
+    optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    writer = BatchedTrialWriter(storage, "s")
     trials = memory.get_trials(deepcopy=False)
     assert writer.write(trials[:13]) == 13 and writer.write(trials[13:]) == 27
-    loaded = optuna.load_study(study_name="s", storage=url)
+    loaded = optuna.load_study(study_name="s", storage=fresh)     # a storage object of Optuna's own
     assert len(loaded.trials) == 40
     for a, b in zip(memory.trials, loaded.trials):
         _same(a, b)
@@ -67,17 +73,54 @@ def test_batched_writer_round_trips_every_field(tmp_path):
         writer.write(trials[:1])
 
 
-def test_batched_writer_refuses_a_second_writer(tmp_path):
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    rdb = open_rdb(url)
-    optuna.create_study(storage=rdb, study_name="s", direction="maximize")
+@pytest.mark.parametrize("backend", ["journal", "sqlite"])
+def test_batched_writer_refuses_a_second_writer(tmp_path, backend):
+    url = str(tmp_path / "optuna.log") if backend == "journal" else f"sqlite:///{tmp_path / 'optuna.db'}"
+    storage = open_storage(url)
+    optuna.create_study(storage=storage, study_name="s", direction="maximize")
     memory = optuna.create_study(direction="maximize")
     memory.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=4)
-    writer = BatchedTrialWriter(rdb, "s")
-    optuna.load_study(study_name="s", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    writer = BatchedTrialWriter(storage, "s")
+    other = (optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url)) if backend == "journal"
+             else url)                                                  # another process's own storage
+    optuna.load_study(study_name="s", storage=other).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
     with pytest.raises(ConflictError, match="another process"):
         writer.write(memory.trials)
-    assert count_trials(rdb, rdb.get_study_id_from_name("s")) == 1      # nothing half-written
+    assert count_trials(storage, storage.get_study_id_from_name("s")) == 1      # nothing half-written
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
+def test_count_trials_is_the_number_of_trials(n):
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=storage, study_name="other").optimize(lambda t: t.suggest_float("x", 0, 1),
+                                                                      n_trials=5)
+    study = optuna.create_study(storage=storage, study_name="c")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=n)
+    assert count_trials(storage, storage.get_study_id_from_name("c")) == len(study.trials) == n
+
+
+def test_a_legacy_optuna_db_is_migrated_to_the_journal(tmp_path):
+    ws = finance_workspace(tmp_path, n_episodes=20, seed=1)
+    legacy = ws.artifact_dir("tuning") / "optuna.db"
+    old = optuna.create_study(storage=f"sqlite:///{legacy}", study_name="old", direction="maximize")
+    old.set_user_attr("rwb", {"config": {"objective": "outcome"}})
+    old.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=6)
+    before, best = old.trials, old.best_trial.number
+    study = tuning.load_study(ws, "old")             # the workspace's default storage: its journal
+    assert not legacy.exists() and legacy.with_name("optuna.db.migrated").is_file()
+    assert study.user_attrs == {"rwb": {"config": {"objective": "outcome"}}}
+    assert [(t.number, t.params, t.values) for t in study.trials] == [(t.number, t.params, t.values) for t in before]
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(ws.artifact_dir("tuning") / "optuna.log")))
+    assert optuna.load_study(study_name="old", storage=journal).best_trial.number == best
+
+
+def test_open_storage_tells_a_journal_from_a_database(tmp_path):
+    assert isinstance(open_storage(str(tmp_path / "j.log")), optuna.storages.JournalStorage)
+    assert isinstance(open_storage(f"sqlite:///{tmp_path / 'r.db'}"), optuna.storages.RDBStorage)
+    assert open_journal(tmp_path / "j.log") is open_journal(str(tmp_path / "j.log"))   # one per file
+    with pytest.raises(InputError, match="SQLAlchemy URL"):
+        open_storage(str(tmp_path / "optuna.db"))
 
 
 def test_open_rdb_errors_name_the_storage():

@@ -39,8 +39,8 @@ _STATE: dict[str, Any] = {"workspace": None}
 
 
 def version() -> str:
-    """The installed package's version, else the checkout's pyproject.toml's (run from a
-    source tree that was never installed)."""
+    """The installed distribution's version (its metadata, written from pyproject.toml at
+    install time); a source tree run without installing reads the checkout's pyproject.toml."""
     from importlib import metadata
 
     try:
@@ -48,7 +48,9 @@ def version() -> str:
     except metadata.PackageNotFoundError:
         import tomllib
 
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"  # only in a checkout
+        if not pyproject.is_file():
+            return "unknown (not installed)"
         return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
 
 

@@ -55,7 +55,8 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Check the signature (by a key this workspace trusts), hashes, schema, paths, pickle payloads
-    and a smoke run; exit 2 when refused."""
+    and a smoke run; exit 2 when refused.  Then compare what the bundle was built with to this
+    environment: another embedding model or feature layout is a WARNING, other versions a note."""
     from core import bundle
 
     ws = open_workspace()
@@ -67,6 +68,13 @@ def verify(
             typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']:<9} {c['detail']}")
         for w in report.warnings:
             typer.echo(f"warning: {w} (accepted for inspection only: --allow-unsigned)", err=True)
+        for c in report.environment:
+            if c["level"] == "warning":
+                typer.echo(f"WARNING: {c['message']}", err=True)
+            elif c["level"] == "note":
+                typer.echo(f"note: {c['message']}")
+            else:
+                typer.echo(f"ok   env       {c['message']}")
         if report.ok:
             m = report.manifest or {}
             signer = f"signed by key {report.signer}" if report.signer else "NOT signed by a trusted key"

@@ -1,8 +1,9 @@
 """``rwb review``: work the review queue of high-risk actions (``core.review``).
 
-``claim`` takes the oldest open item (or the one named) for a lease; ``decide``
-approves it ("reasonable exploration": it becomes training data) or rejects it
-(it becomes a mask rule), exactly once.
+``send`` puts a step of a recorded episode on the queue; ``claim`` takes the
+oldest open item (or the one named) for a lease; ``decide`` approves it
+("reasonable exploration": it becomes training data) or rejects it (it becomes a
+mask rule), exactly once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.errors import InputError
 
-app = typer.Typer(help="The review queue of high-risk actions: list, claim, decide, stats.",
+app = typer.Typer(help="The review queue of high-risk actions: list, send, claim, decide, stats.",
                   no_args_is_help=True)
 
 
@@ -78,6 +79,28 @@ def show(
     _show(item)
     for e in item["events"]:
         typer.echo(f"  {e['at']} {e['event']:<9} {e['actor']}")
+
+
+@app.command("send")
+def send(
+    dataset: str = typer.Argument(..., help="Dataset of the recorded episode."),
+    episode_id: str = typer.Argument(..., help="Episode id."),
+    step: int = typer.Argument(..., help="Step number (t) within the episode."),
+    reason: str = typer.Option("", "--reason", "-m",
+                               help="What the reviewer should look at (at most 500 characters)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Send one step of a recorded episode to the review queue."""
+    from core import review
+
+    ws = open_workspace()
+    item = review.send_step(ws, acting_user(ws, as_name), dataset, episode_id, step, reason)
+    if as_json:
+        print_json(item)
+    else:
+        typer.echo(f"sent to review as item #{item['id']}")
+        _show(item)
 
 
 @app.command("claim")

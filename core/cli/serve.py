@@ -2,7 +2,8 @@
 
 ``decide`` serves requests with the promoted policy NAME (or a bundle zip/folder) and
 writes their audit records to the workspace; ``metrics`` does the same and prints the
-engine's Prometheus metrics (or, with ``--alert-rules``, the example alert rules).
+engine's Prometheus metrics (or, with ``--alert-rules``, the example alert rules);
+``http`` runs the HTTP decision service (``core.serve_http``, docs/http_service.md).
 """
 
 from __future__ import annotations
@@ -108,3 +109,73 @@ def metrics(
     _, text = serve_requests(open_workspace(), policy, _requests(request) if request else [],
                              config=_config(None, False, None))
     typer.echo(text, nl=False)
+
+
+@app.command("http")
+def http(
+    policy: str = typer.Option(..., "--policy", help=POLICY_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
+    workers: int = typer.Option(
+        1, "--workers", min=1,
+        help="Worker processes. Each keeps its own episodes and metrics: an episode's requests must reach "
+             "the same worker (one keep-alive connection per episode), else keep 1 and scale with processes "
+             "behind a balancer that routes by episode."),
+    confidence: Optional[float] = typer.Option(
+        None, "--confidence", help="RDE confidence below which RL-Boost runs (default 0.7)."),
+    force_rde: bool = typer.Option(False, "--force-rde", help="force_rde_override: always serve the baseline."),
+    budget_ms: Optional[float] = typer.Option(
+        None, "--budget-ms", help="Time budget of candidate generation (default 300 ms)."),
+    wait_for_intent: bool = typer.Option(
+        False, "--wait-for-intent",
+        help="An RL-Boost whose query is not embedded yet waits for the sentence model (within the budget) "
+             "instead of letting the baseline answer at once."),
+    max_batch: int = typer.Option(256, "--max-batch", min=1, help="Requests one batch call may carry."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log every HTTP request (uvicorn's access log)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the start-up line as one JSON object."),
+) -> None:
+    """Serve decisions over HTTP until stopped (Ctrl-C / SIGTERM commit the audit records).
+    The decide endpoints need `Authorization: Bearer ...` when RWB_SERVE_TOKEN is set."""
+    import json
+    import os
+
+    # fastapi and uvicorn are the [http] extra: imported only when the service runs
+    try:
+        import uvicorn
+
+        from core.serve_http import ENV_TOKEN, ServiceSettings, build_app, check_policy, service_config
+    except ImportError as exc:
+        raise InputError(f"the HTTP service needs the [http] extra ({exc.name} is not installed): "
+                         "pip install 'reward-workbench[http]'") from None
+
+    options: dict = {"force_rde_override": force_rde, "wait_for_intent": wait_for_intent}
+    if confidence is not None:
+        options["confidence_threshold"] = confidence
+    if budget_ms is not None:
+        options["time_budget_ms"] = budget_ms
+    ws = open_workspace()
+    root = str(ws.root)
+    ws.close()
+    settings = ServiceSettings(policy=policy, workspace=root, token=os.environ.get(ENV_TOKEN),
+                               policies_root=os.environ.get("RWB_POLICIES_DIR") or None,
+                               max_batch=max_batch, config=service_config(**options))
+    if workers == 1:
+        app_or_factory = build_app(settings)
+        version = app_or_factory.state.service.engine.policy_version
+    else:
+        version = check_policy(settings)  # a usage error stops here, before any worker starts
+        os.environ.update(settings.to_env())  # what each worker's create_app() reads
+        app_or_factory = "core.serve_http:create_app"
+    info = {"url": f"http://{host}:{port}", "policy_version": version, "workers": workers,
+            "token_required": settings.token is not None, "workspace": root}
+    if as_json:
+        typer.echo(json.dumps(info))
+    else:
+        typer.echo(f"serving {version} at {info['url']} ({workers} worker{'s' if workers > 1 else ''}, "
+                   f"token {'required' if info['token_required'] else 'not required'}; audit in {root})")
+    sys.stdout.flush()
+    try:
+        uvicorn.run(app_or_factory, host=host, port=port, workers=workers if workers > 1 else None,
+                    factory=workers > 1, access_log=access_log, log_level="info")
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass

@@ -25,8 +25,9 @@ from core.errors import InputError
 app = typer.Typer(help="Tune a reward pyramid's weights with Optuna: run studies, apply results, label preferences.",
                   invoke_without_command=True, no_args_is_help=False)
 
-STORAGE_HELP = ("SQLAlchemy URL of a shared Optuna storage (postgresql://…); workers on one URL and study "
-                "share the study. Default: the workspace's artifacts/tuning/optuna.db.")
+STORAGE_HELP = ("SQLAlchemy URL of a shared Optuna storage (postgresql://…) or an Optuna journal file (….log); "
+                "workers on one storage and study share the study. Default: the workspace's "
+                "artifacts/tuning/optuna.log.")
 
 
 def _fmt(x: Any) -> str:

@@ -7,6 +7,14 @@ orders can be returned (within 30 days) or exchanged, and only one of the two,
 once.  Complaints outside the agent's scope (double charges, lost parcels, very
 old breakages) belong to a human agent.
 
+Each request comes from the state of the customer's order, and the agent reads what
+that request needs, so the tool calls and their results differ by task the way a real
+shop's do: a status question reads the order and tracks the parcel with the carrier;
+a return reads the order and the product's return policy; an exchange or a change to a
+pending order reads the product's variants; an address change reads the profile; a
+double charge shows in the order's payment history, a lost parcel in the carrier's
+tracking, an old breakage against the return policy.
+
 Behaviour policies (after the fourth seed article's returns bot):
 
 * ``resolve`` — identifies the user, looks the order up, confirms, performs the one
@@ -74,6 +82,21 @@ _CITIES = (("Austin", "TX", "787"), ("Denver", "CO", "802"), ("Seattle", "WA", "
            ("Portland", "OR", "972"), ("Charlotte", "NC", "282"))
 _STREETS = ("Maple Avenue", "Oak Street", "Cedar Lane", "Elm Drive", "Pine Road", "Lakeview Boulevard",
             "Hillcrest Way", "River Street")
+#: Return-policy category of each product (the policy is per category).
+_CATEGORY = {"T-Shirt": "apparel", "Running Shoes": "footwear", "Hiking Boots": "footwear",
+             "Water Bottle": "kitchen", "Coffee Maker": "kitchen", "Electric Kettle": "kitchen",
+             "Desk Lamp": "home", "Office Chair": "home", "Backpack": "bags", "Yoga Mat": "sports",
+             "Mechanical Keyboard": "electronics", "Bluetooth Speaker": "electronics",
+             "Wireless Earbuds": "electronics", "Smart Watch": "electronics"}
+_CONDITION = {"apparel": "unworn, with tags attached", "footwear": "unworn, in the original box",
+              "kitchen": "unused, in the original packaging", "home": "undamaged, with all parts",
+              "bags": "unused, with tags attached", "sports": "unused, in the original packaging",
+              "electronics": "with all accessories and the original packaging"}
+_CARRIERS = ("UPS", "FedEx", "USPS", "DHL eCommerce")
+#: What a customer disputes, and the record that shows it: the payment history (a second
+#: charge), the carrier's tracking (marked delivered, never received), the return policy
+#: (a breakage reported long after the return window).
+DISPUTES = ("double_charge", "not_received", "late_breakage")
 _RETURN_REASONS = ("it doesn't fit", "it arrived damaged", "I changed my mind",
                    "the quality is worse than expected", "it stopped working after a week")
 
@@ -94,15 +117,15 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
         "Please exchange my {product}: {kind} {old} to {new}.",
     ),
     "cancel_order": (
-        "Please cancel my order {order}, I {cancel_text}.",
-        "I {cancel_text}: cancel the {product} order please.",
+        "Please cancel my order {order} right away, I {cancel_text}.",
+        "I {cancel_text}: cancel the {product} order asap, before it ships.",
         "Can you cancel order {order}? I {cancel_text}.",
         "I want to cancel the {product} I ordered yesterday.",
-        "Cancel my pending order for the {product}, please.",
+        "Cancel my pending order for the {product} today, please.",
     ),
     "modify_order": (
         "Can I change the {product} in my pending order to {new} {kind}?",
-        "Before it ships, switch my {product} from {old} to {new}.",
+        "Before it ships, quickly switch my {product} from {old} to {new}.",
         "Please modify order {order}: I want the {product} in {new}, not {old}.",
         "I picked the wrong {kind} for the {product}; make it {new} before it ships.",
         "Update my pending {product} order to the {new} version please.",
@@ -117,15 +140,25 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
         "Where is my order {order}?",
         "Has my {product} shipped yet?",
         "What's the status of my order with the {product}?",
-        "I'm still waiting for order {order}, can you check on it?",
+        "I'm still waiting for order {order}, I need it by tomorrow; can you check on it?",
         "Any update on when my {product} will arrive?",
     ),
-    "refund_dispute": (
-        "I was charged twice for order {order} and I want my money back now.",
-        "My {product} arrived broken months ago and nobody helped me, I demand a refund!",
-        "The package with my {product} says delivered but I never received it.",
+}
+_DISPUTE_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "double_charge": (
+        "I was charged twice for order {order} and I want my money back right now.",
         "Your company took payment for order {order} twice, fix this immediately.",
+        "My card shows two payments for the {product}, refund the extra one immediately!",
+    ),
+    "not_received": (
+        "The package with my {product} says delivered but I never received it.",
         "I'm filing a complaint: the {product} was never delivered and support ignored me.",
+        "Order {order} is marked as delivered, but nothing arrived. I want a refund right away.",
+    ),
+    "late_breakage": (
+        "My {product} arrived broken months ago and nobody helped me, I demand a refund immediately!",
+        "The {product} from order {order} broke after two months, I want my money back.",
+        "I'm filing a complaint: my {product} fell apart long ago and I still have no refund.",
     ),
 }
 _PREFIXES = ("", "", "Hello! ", "Hi there. ", "Good morning, ")
@@ -134,9 +167,9 @@ _INTENTS = {"return_item": ["return", "refund"], "exchange_item": ["exchange"], 
             "modify_order": ["modify"], "update_address": ["update_address"], "order_status": ["order_status"],
             "refund_dispute": ["refund", "complaint", "dispute"]}
 _LATENCY = {"authenticate_user": 90, "get_user_profile": 70, "get_user_orders": 110, "get_order_details": 95,
-            "search_products": 180, "get_product_details": 120, "cancel_order": 320, "modify_order": 340,
-            "return_order": 360, "exchange_order": 380, "update_user_address": 260,
-            "transfer_to_human_agents": 150}
+            "search_products": 180, "get_product_details": 120, "track_shipment": 240, "get_return_policy": 60,
+            "cancel_order": 320, "modify_order": 340, "return_order": 360, "exchange_order": 380,
+            "update_user_address": 260, "transfer_to_human_agents": 150}
 #: The tools this world answers (tools.json must offer all of them).
 TOOLS_USED = frozenset(_LATENCY)
 #: Write tool that fulfils each task type; the opposite action the oscillating agent flips to.
@@ -154,7 +187,8 @@ class EcomTask:
     __slots__ = ("seed", "type", "first", "last", "user_id", "email", "zip", "address", "new_address",
                  "product", "product_id", "kind", "old", "new", "price", "order_id", "item_id",
                  "new_item_id", "status", "days", "hour", "day", "patience", "reason", "cancel_reason",
-                 "email_given", "order_given", "query", "intents", "noise")
+                 "email_given", "order_given", "query", "intents", "noise", "dispute", "carrier",
+                 "transit_days")
 
 
 def _variant_id(t: EcomTask, option: str, pro: bool) -> str:
@@ -203,13 +237,15 @@ def build_tasks(task_seeds: list[int], U: np.ndarray) -> list[EcomTask]:
         t.order_id = f"#W{int(u[10] * 9e6) + 10**6}"
         t.item_id = f"{int(u[11] * 9e9) + 10**9}"
         t.new_item_id = f"{int(u[12] * 9e9) + 10**9}"
+        t.dispute = DISPUTES[int(u[36] * len(DISPUTES))] if t.type == "refund_dispute" else None
         if t.type in ("cancel_order", "modify_order"):
             t.status, t.days = "pending", -1
-        elif t.type == "order_status":
-            t.status = "processed" if u[13] < 0.5 else "delivered"
-            t.days = -1 if t.status == "processed" else 1 + int(u[14] * 5)
+        elif t.type == "order_status":  # not shipped yet, on its way, or delivered a few days ago
+            t.status = "processed" if u[13] < 0.25 else "shipped" if u[13] < 0.75 else "delivered"
+            t.days = 1 + int(u[14] * 5) if t.status == "delivered" else -1
         elif t.type == "refund_dispute":
-            t.status, t.days = "delivered", 20 + int(u[14] * 150)
+            t.status = "delivered"
+            t.days = 40 + int(u[14] * 130) if t.dispute == "late_breakage" else 2 + int(u[14] * 18)
         elif t.type == "update_address":
             t.status, t.days = "delivered", 3 + int(u[14] * 60)
         else:  # returns and exchanges: delivered; some returns fall outside the 30-day window
@@ -221,6 +257,8 @@ def build_tasks(task_seeds: list[int], U: np.ndarray) -> list[EcomTask]:
         t.reason = _RETURN_REASONS[int(u[23] * len(_RETURN_REASONS))]
         t.cancel_reason = _CANCEL[int(u[24] * 2)]
         t.email_given = u[25] < 0.5
+        t.carrier = _CARRIERS[int(u[37] * len(_CARRIERS))]
+        t.transit_days = 1 + int(u[38] * 4)
         t.noise = normals[i]
         _write_query(t, u[27], u[28])
         tasks.append(t)
@@ -228,7 +266,7 @@ def build_tasks(task_seeds: list[int], U: np.ndarray) -> list[EcomTask]:
 
 
 def _write_query(t: EcomTask, u_template: float, u_prefix: float) -> None:
-    templates = _TEMPLATES[t.type]
+    templates = _DISPUTE_TEMPLATES[t.dispute] if t.dispute else _TEMPLATES[t.type]
     a = t.new_address
     text = templates[int(u_template * len(templates))].format(
         product=t.product.lower(), order=t.order_id, reason=t.reason, Reason=t.reason[0].upper() + t.reason[1:],
@@ -284,16 +322,50 @@ class EcomEpisode:
     def _mood(self, delta: float) -> None:
         self.sentiment = min(1.0, max(0.0, self.sentiment + delta))
 
+    def _tracking_id(self) -> str | None:
+        """The carrier's tracking number once the order has shipped (none before)."""
+        t = self.task
+        return f"{t.seed % 10**12:012d}" if t.status in ("shipped", "delivered") else None
+
     def _order(self) -> dict[str, Any]:
         t = self.task
-        fulfil: dict[str, Any] = {"tracking_id": f"{t.seed % 10**12:012d}"}
-        if t.status == "delivered":
-            fulfil["days_since_delivery"] = t.days
-        return {"order_id": t.order_id, "user_id": t.user_id, "status": self.status,
-                "items": [{"item_id": t.item_id, "product_id": t.product_id, "name": t.product,
-                           "options": {t.kind: t.old}, "price": t.price}],
-                "total": t.price, "payment_method_id": f"credit_card_{t.seed % 9000000 + 1000000}",
-                "fulfillment": fulfil}
+        payment = {"transaction_type": "payment", "amount": t.price,
+                   "payment_method_id": f"credit_card_{t.seed % 9000000 + 1000000}"}
+        # a double charge is a second capture of the same amount a minute later
+        history = [payment, dict(payment)] if t.dispute == "double_charge" else [payment]
+        order: dict[str, Any] = {
+            "order_id": t.order_id, "user_id": t.user_id, "status": self.status,
+            "items": [{"item_id": t.item_id, "product_id": t.product_id, "name": t.product,
+                       "options": {t.kind: t.old}, "price": t.price}],
+            "total": t.price, "payment_history": history}
+        tracking = self._tracking_id()
+        if tracking is not None:
+            fulfil: dict[str, Any] = {"tracking_id": tracking, "carrier": t.carrier}
+            if t.status == "delivered":
+                fulfil["days_since_delivery"] = t.days
+            order["fulfillment"] = fulfil
+        return order
+
+    def _tracking(self) -> dict[str, Any]:
+        """The carrier's view of the parcel (``track_shipment``)."""
+        t = self.task
+        city = self.address["city"]
+        if t.status == "shipped":
+            return {"tracking_id": self._tracking_id(), "carrier": t.carrier, "status": "in transit",
+                    "days_in_transit": t.transit_days, "estimated_days_to_delivery": 1 + t.seed % 3,
+                    "last_event": {"location": f"{city} sorting facility", "description": "arrived at facility"}}
+        return {"tracking_id": self._tracking_id(), "carrier": t.carrier, "status": "delivered",
+                "days_in_transit": t.transit_days, "days_since_delivery": t.days,
+                "last_event": {"location": city, "description": "delivered, left at front door"},
+                "signature": None}
+
+    def _policy(self) -> dict[str, Any]:
+        """The return policy of the product's category (``get_return_policy``)."""
+        t = self.task
+        category = _CATEGORY[t.product]
+        return {"product_id": t.product_id, "category": category, "return_window_days": RETURN_WINDOW_DAYS,
+                "condition": _CONDITION[category], "refund_method": "original payment method",
+                "return_shipping": "free prepaid label", "exchanges": "same product, another option"}
 
     def _result(self, tool: str, p: dict[str, Any]) -> tuple[Any, str | None]:
         t = self.task
@@ -327,6 +399,14 @@ class EcomEpisode:
                 {"product_id": t.product_id, "name": t.product, "price_from": t.price, "rating": 4.2},
                 {"product_id": f"{int(t.product_id) + 7}", "name": f"{t.product} Pro", "price_from":
                  round(t.price * 1.6, 2), "rating": 4.6}]}, None
+        if tool == "track_shipment":
+            if p["tracking_id"] != self._tracking_id():
+                return None, f"tracking number '{p['tracking_id']}' not found"
+            return self._tracking(), None
+        if tool == "get_return_policy":
+            if p["product_id"] != t.product_id:
+                return None, f"product '{p['product_id']}' not found"
+            return self._policy(), None
         if tool == "get_product_details":
             pro = p["product_id"] != t.product_id
             name, kind, options, _, _ = next(x for x in _PRODUCTS if x[0] == t.product)
@@ -490,32 +570,66 @@ def _done_text(t: EcomTask) -> str:
                               f"{t.new_address['city']}, {t.new_address['state']}."}[t.type]
 
 
-def _handle(ep: EcomEpisode) -> None:
-    """The resolving path after identification (shared by resolve and upsell)."""
+def _status_text(ep: EcomEpisode) -> str:
+    t = ep.task
+    if t.status == "processed":
+        return (f"Your order {t.order_id} with the {t.product.lower()} is packed and will ship within 2 days; "
+                f"you'll get a tracking number by email then.")
+    if t.status == "shipped":
+        eta = 1 + t.seed % 3
+        return (f"Your {t.product.lower()} is on its way with {t.carrier} (tracking {ep._tracking_id()}) and "
+                f"should arrive in {eta} day{'s' if eta > 1 else ''}.")
+    return (f"Your order {t.order_id} was delivered {t.days} day{'s' if t.days > 1 else ''} ago and left at "
+            f"the front door; {t.carrier} tracking {ep._tracking_id()}.")
+
+
+def _dispute_text(t: EcomTask) -> str:
+    return {"double_charge": f"I can see two payments of ${t.price:.2f} for order {t.order_id}. Refunding a "
+                             f"duplicate charge needs a colleague from billing; I'll pass on the details.",
+            "not_received": f"{t.carrier} shows order {t.order_id} as delivered {t.days} days ago, left at the "
+                            f"front door. A lost-parcel claim needs a colleague; I'll pass on the details.",
+            "late_breakage": f"Order {t.order_id} was delivered {t.days} days ago, past our {RETURN_WINDOW_DAYS}-"
+                             f"day return window, so I can't create a return; a colleague can review an "
+                             f"exception."}[t.dispute]
+
+
+def _look_up(ep: EcomEpisode) -> bool:
+    """Read what the request needs (after identification): the profile for an address
+    change; otherwise the order, then the carrier's tracking for a parcel question, the
+    return policy for a return or a late breakage, the product's variants for an exchange
+    or a change.  False when the order cannot be found (the episode has ended)."""
     t = ep.task
     if t.type == "update_address":
         ep.call("get_user_profile", {"user_id": t.user_id}, "Reading the current profile and address.")
-    else:
-        order = ep.find_order()
-        if order is None:
-            ep.final("I couldn't find that order, please check the order number.")
-            return
+        return True
+    if ep.find_order() is None:
+        ep.final("I couldn't find that order, please check the order number.")
+        return False
+    if (t.type == "order_status" and t.status != "processed") or t.dispute == "not_received":
+        ep.call("track_shipment", {"tracking_id": ep._tracking_id()}, f"Tracking the parcel with {t.carrier}.")
+    elif t.type == "return_item" or t.dispute == "late_breakage":
+        ep.call("get_return_policy", {"product_id": t.product_id},
+                f"Reading the return policy for the {t.product.lower()}.")
+    elif t.type in ("exchange_item", "modify_order"):
+        ep.call("get_product_details", {"product_id": t.product_id}, f"Finding the {t.new} variant.")
+    return True
+
+
+def _act(ep: EcomEpisode) -> None:
+    """The resolving move once the facts are read: answer, refuse, hand over, or confirm,
+    write and summarise (shared by resolve and upsell)."""
+    t = ep.task
     if t.type == "order_status":
-        where = ("has been delivered" if t.status == "delivered" else "is packed and will ship within 2 days")
-        ep.final(f"Your order {t.order_id} with the {t.product.lower()} {where}; tracking id "
-                 f"{t.seed % 10**12:012d}.")
+        ep.final(_status_text(ep))
         return
     if t.type == "refund_dispute":
-        ep.say("I'm sorry about this. A billing or delivery dispute needs a colleague with more authority; "
-               "I'll pass on the details.", None)
-        ep.transfer(f"Dispute on {t.order_id}: outside the agent's scope.")
+        ep.say(f"I'm sorry about this. {_dispute_text(t)}", None)
+        ep.transfer(f"Dispute on {t.order_id} ({t.dispute.replace('_', ' ')}): outside the agent's scope.")
         return
     if t.type == "return_item" and t.days > RETURN_WINDOW_DAYS:
         ep.final(f"I'm sorry, order {t.order_id} was delivered {t.days} days ago and our return window is "
                  f"{RETURN_WINDOW_DAYS} days, so I can't create a return. I can help with anything else.")
         return
-    if t.type in ("exchange_item", "modify_order"):
-        ep.call("get_product_details", {"product_id": t.product_id}, f"Finding the {t.new} variant.")
     ep.say(_confirm_text(t), "Yes, please.")
     ep.write(_INTENT_TOOL[t.type])
     ep.final(_done_text(t))
@@ -526,7 +640,8 @@ def run_resolve(ep: EcomEpisode) -> None:
     if not ep.identify():
         ep.final("I couldn't verify your account, so I can't make changes.")
         return
-    _handle(ep)
+    if _look_up(ep):
+        _act(ep)
 
 
 def run_escalate(ep: EcomEpisode) -> None:
@@ -538,10 +653,12 @@ def run_escalate(ep: EcomEpisode) -> None:
 
 
 def run_upsell(ep: EcomEpisode) -> None:
-    """Resolves, but pushes a pricier product on the way (and sometimes again at the end)."""
+    """Resolves, but pushes a pricier product once it knows the order (and sometimes again at the end)."""
     t, d = ep.task, ep.d
     if not ep.identify():
         ep.final("I couldn't verify your account. Meanwhile, have you seen our new arrivals?")
+        return
+    if not _look_up(ep):
         return
     ep.call("search_products", {"query": f"{t.product.lower()} premium"}, "Looking for an upgrade to offer.")
     pro_id = f"{int(t.product_id) + 7}"
@@ -556,7 +673,6 @@ def run_upsell(ep: EcomEpisode) -> None:
         ep.pushes_declined += 1
         ep._mood(-0.2)
     if accepted and t.type in ("return_item", "exchange_item") and t.days <= RETURN_WINDOW_DAYS:
-        ep.find_order()
         ep.call("exchange_order", {"order_id": t.order_id,
                                    "exchanges": [{"item_id": t.item_id,
                                                   "new_item_id": _variant_id(t, t.old, pro=True)}]},
@@ -564,7 +680,7 @@ def run_upsell(ep: EcomEpisode) -> None:
         ep.final(f"Done: your {t.product.lower()} will be exchanged for the {t.product} Pro; "
                  f"the price difference of ${t.price * 0.6:.2f} goes on your card.")
         return
-    _handle(ep)
+    _act(ep)
     if ep.answered and d.chance(0.35):
         ep.pushes_declined += 1
         ep._mood(-0.1)
@@ -577,14 +693,16 @@ def run_oscillate(ep: EcomEpisode) -> None:
     if not ep.identify():
         ep.final("I couldn't verify your account.")
         return
-    if t.type == "update_address":
-        ep.call("get_user_profile", {"user_id": t.user_id}, "Reading the profile.")
-    else:
-        ep.find_order()
-    if t.type == "order_status":  # nothing to write: flip-flops between the two look-ups
+    if not _look_up(ep):
+        return
+    if t.type == "order_status":  # nothing to write: flip-flops between the order and its tracking
+        tracking = ep._tracking_id()
         for _ in range(d.randint(2, 3)):
-            ep.call("get_user_orders", {"user_id": t.user_id}, "Let me look at the order list again.")
+            if tracking is None:
+                ep.call("get_user_orders", {"user_id": t.user_id}, "Let me look at the order list again.")
             ep.call("get_order_details", {"order_id": t.order_id}, "And the order details again.")
+            if tracking is not None:
+                ep.call("track_shipment", {"tracking_id": tracking}, "And the tracking again.")
             ep.flips += 1
             ep._mood(-0.15)
         ep.final(f"Your order {t.order_id} is {t.status}, I think.")

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.policies.folder import (ENV_ROOT, INDEX, INDEX_FORMAT, active_version, empty_index, load_bundle_for,
+from core.policy_folder import (ENV_ROOT, INDEX, INDEX_FORMAT, active_version, empty_index, load_bundle_for,
                                   policies_root, read_index)
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -50,7 +50,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from core import safe_yaml
+from core import package_data, safe_yaml
 from core.errors import InputError
 from core.rewards.components import COMPONENTS, LEVEL_TITLES, LEVELS
 
@@ -652,8 +652,8 @@ def parse_template(text: str, *, file: str | None = None) -> Template:
 
 
 def templates_dir() -> Path:
-    """The repository's ``reward_templates/`` folder (shipped templates)."""
-    return Path(__file__).resolve().parents[2] / "reward_templates"
+    """The shipped templates (``reward_templates/`` in the checkout)."""
+    return package_data.templates_dir()
 
 
 def list_templates() -> list[dict[str, str]]:

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from core import safe_yaml
 from core.errors import InputError
@@ -47,6 +46,8 @@ from core.rewards.template import ComponentSpec, Template, TemplateError
 from core.rewards.versions import TemplateVersion, get_template, list_versions, parse_spec, template_names
 
 if TYPE_CHECKING:  # pragma: no cover
+    import plotly.graph_objects as go
+
     from core.store import Workspace
 
 ParamKind = Literal["number", "integer", "choice", "flag", "text", "yaml"]
@@ -342,6 +343,8 @@ def pyramid_figure(result: ScoreResult) -> go.Figure:
     """The pyramid: one band per level, L1 (widest) at the bottom.  A band is split among its
     components in proportion to their weights; its label gives the level's total weight, its
     gate and how often the gate passes and the level earns."""
+    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+
     t = result.template
     fig = go.Figure()
     n = len(t.levels)
@@ -404,6 +407,8 @@ def _box_stats(values: np.ndarray) -> dict[str, list[float]]:
 def contributions_figure(result: ScoreResult) -> go.Figure:
     """Per component, the distribution of its weighted, gated contribution per step (box
     plots from precomputed quartiles, so the figure stays small on a million steps)."""
+    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+
     t = result.template
     contrib = result.contributions()
     names = list(result.matrix.step_names)
@@ -418,14 +423,18 @@ def contributions_figure(result: ScoreResult) -> go.Figure:
         fig.add_trace(go.Box(x=result.matrix.episode_names, name="per episode (R_final terms)",
                              boxmean=True, marker={"color": LEVEL_COLOURS["episode"]}, **_box_stats(ep)))
     fig.update_layout(title="Each component's reward (weighted, gated): min · quartiles · max, dashed = mean",
-                      height=380, margin={"l": 10, "r": 10, "t": 50, "b": 10}, showlegend=True,
-                      legend={"orientation": "h", "y": -0.2})
+                      height=400, margin={"l": 10, "r": 10, "t": 80, "b": 10}, showlegend=True,
+                      # above the boxes: below, it covered the slanted component names
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
+                      xaxis={"automargin": True})
     return fig
 
 
 def _hist_traces(groups: Sequence[tuple[str, np.ndarray]], colours: Sequence[str] | None = None
                  ) -> list[go.Bar]:
     """Overlaid histograms of several value sets on common bins (binned here with numpy)."""
+    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+
     data = [v for _, v in groups if v.size]
     if not data:
         return []
@@ -446,6 +455,8 @@ def _hist_traces(groups: Sequence[tuple[str, np.ndarray]], colours: Sequence[str
 
 def levels_figure(result: ScoreResult) -> go.Figure:
     """Distribution of each level's gated reward per step, of the penalties and of the step reward."""
+    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+
     t = result.template
     groups = [(f"{lv.key} {lv.title}", result.level_totals[:, i]) for i, lv in enumerate(t.levels)]
     colours = [LEVEL_COLOURS.get(lv.key, "#888") for lv in t.levels]
@@ -463,6 +474,8 @@ def levels_figure(result: ScoreResult) -> go.Figure:
 
 def returns_figure(result: ScoreResult) -> go.Figure:
     """Distribution of episode returns, one colour per behaviour label (when the data has them)."""
+    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+
     behaviour = result.frame.behaviour.astype(object)
     labels = sorted({str(b) for b in behaviour if b not in (None, "")})
     if labels:

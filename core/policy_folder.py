@@ -1,6 +1,7 @@
 """The promoted-policies folder: where it is, its ``index.json``, and the verified bundle of
-a promoted version (see :mod:`core.policies` for the layout).  Serving and the registry
-read the folder through this module; :func:`core.policies.load` builds an engine on it."""
+a promoted version (see :mod:`core.policies` for the layout).  The registry and serving read
+the folder through this module, which sits below both; :func:`core.policies.load`, above
+serving, builds an engine on it."""
 
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ ENV_ROOT = "RWB_POLICIES_DIR"
 
 
 def policies_root(root: str | Path | None = None) -> Path:
-    """``root``, else ``$RWB_POLICIES_DIR``, else this package folder (``core/policies``)."""
+    """``root``, else ``$RWB_POLICIES_DIR``, else the ``core/policies`` package folder."""
     if root is not None:
         return Path(root)
     env = os.environ.get(ENV_ROOT)
-    return Path(env) if env else Path(__file__).resolve().parent
+    return Path(env) if env else Path(__file__).resolve().parent / "policies"
 
 
 def empty_index() -> dict[str, Any]:
