@@ -3,9 +3,20 @@ case counts in the terminal summary."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker computes with one thread: the workers already fill the
+    cores, and a second intra-op thread per worker only makes them contend (children
+    started by tests inherit the setting)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
+
 
 @pytest.fixture
 def ws(tmp_path):
