@@ -26,7 +26,15 @@ START=$SECONDS
 step() { echo "== wheel smoke [$((SECONDS - START)) s]: $*"; }
 
 step "build the sdist and the wheel (isolated build: the declared build requirements)"
-.venv/bin/python -m build --outdir "$WORK/dist" . > "$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
+# From a copy of the checkout: a build writes into its source folder (egg-info, an unpacked
+# sdist), and the test suite builds from the checkout at the same time.
+.venv/bin/python - "$SRC" "$WORK/src" <<'EOF_COPY'
+import shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2], symlinks=True, ignore=shutil.ignore_patterns(
+    ".git", ".venv", "workspace", "demo-workspace", "test-output", "__pycache__", "*.egg-info", "build",
+    "dist", ".hypothesis", ".pytest_cache"))
+EOF_COPY
+.venv/bin/python -m build --outdir "$WORK/dist" "$WORK/src" > "$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
 .venv/bin/python -m twine check --strict "$WORK"/dist/*
 WHEEL="$(ls "$WORK"/dist/*.whl)"
 

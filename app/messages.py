@@ -66,6 +66,8 @@ def user_message(exc: BaseException, labels: Mapping[str, str] | None = None) ->
 
 
 def cli_equivalent(command: str, note: str = "") -> None:
-    """A small caption under the in-app instruction: the same from a terminal
-    (``note``, if given, says what the command does beyond the page's action)."""
-    st.caption(f"{CLI_PREFIX}`{command}`" + (f" ({note})" if note else ""))
+    """A small caption under the in-app instruction saying the same works from a terminal;
+    the command itself is in the caption's tooltip, so the page's text stays in the app's
+    words (``note``, if given, says what the command does beyond the page's action)."""
+    st.caption("Also from the command line" + (f" ({note})" if note else "") + ": hover the sign.",
+               help=f"{CLI_PREFIX}`{command}`")

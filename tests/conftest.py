@@ -1,5 +1,5 @@
-"""Suite-wide pytest fixtures and hooks: a fresh workspace per test, and the fuzz tests'
-case counts in the terminal summary."""
+"""Suite-wide pytest fixtures and hooks: a fresh workspace per test, background launches
+replaced by ``sleep`` children, and the fuzz tests' case counts in the terminal summary."""
 
 from __future__ import annotations
 
@@ -26,6 +26,32 @@ def ws(tmp_path):
     w = Workspace.open(tmp_path / "ws")
     yield w
     w.close()
+
+
+@pytest.fixture
+def children(monkeypatch):
+    """The background launches of core.runs and core.tuning start ``sleep 120`` instead;
+    the children are ended after the test (by their own pids)."""
+    import subprocess
+    import types
+
+    from core import runs, tuning
+
+    started: list[subprocess.Popen] = []
+
+    def fake_popen(cmd, **kwargs):
+        proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        started.append(proc)
+        return proc
+
+    fake = types.SimpleNamespace(Popen=fake_popen, DEVNULL=subprocess.DEVNULL, STDOUT=subprocess.STDOUT)
+    monkeypatch.setattr(runs, "subprocess", fake)
+    monkeypatch.setattr(tuning, "subprocess", fake)
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait()
 
 
 #: kind of input ("template", "episode file") -> number of generated cases run.

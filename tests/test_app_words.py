@@ -133,4 +133,4 @@ def test_episodes_page_shows_an_unknown_format_in_the_apps_words(tmp_path, monke
     assert len(errors) == 1 and "--" not in errors[0]
     assert errors[0].startswith("mystery.jsonl: cannot tell the format")
     assert errors[0].endswith(f"**Format**: choose one of {', '.join(IMPORTERS)}.")
-    assert any(c.value.startswith(CLI_PREFIX + "`rwb episodes import") for c in at.caption)
+    assert any(c.proto.help.startswith(CLI_PREFIX + "`rwb episodes import") for c in at.caption)

@@ -94,7 +94,7 @@ def test_empty_trail_says_how_to_fill_it(tmp_path, monkeypatch):
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not at.exception, at.exception
     assert "**Policies** page" in at.info[0].value  # the app's way first
-    assert any(c.value.startswith("From the command line: `rwb serve decide") for c in at.caption)
+    assert any(c.proto.help.startswith("From the command line: `rwb serve decide") for c in at.caption)
 
 
 def test_page_is_in_the_app_menu(audit_ws):

@@ -29,14 +29,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from _browser import free_port, running_app
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENS = ROOT / "test-output" / "screens"
@@ -62,10 +62,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is n
 
 
 # --------------------------------------------------------------------------- the workspace and the app
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = free_port  # (imported under this name by tests/test_browser_actions.py)
 
 
 def build_workspace(base: Path) -> dict:
@@ -108,34 +105,10 @@ def workspace(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def app_url(workspace) -> str:
-    port = _free_port()
-    env = {**os.environ, "RWB_POLICIES_DIR": str(workspace["policies"])}
-    log = open(workspace["root"].parent / "app.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace["root"]),
-                             "app", "--port", str(port), "--headless"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail("the app did not start:\n" + (workspace["root"].parent / "app.log").read_text())
-        time.sleep(0.3)
-    yield url
-    _stop_background_runs(workspace["root"])
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with running_app(workspace["root"], workspace["root"].parent / "app.log",
+                     env={"RWB_POLICIES_DIR": str(workspace["policies"])}) as url:
+        yield url
+        _stop_background_runs(workspace["root"])
 
 
 def _stop_background_runs(root: Path) -> None:

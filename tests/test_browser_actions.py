@@ -14,13 +14,8 @@ are those of tests/test_browser.py (waits are for text, never fixed sleeps).
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,7 +25,6 @@ from test_browser import (
     CHROMIUM_ARGS,
     WAIT_MS,
     _fill,
-    _free_port,
     _idle,
     _main,
     _open,
@@ -39,6 +33,8 @@ from test_browser import (
     _stop_background_runs,
 )
 from test_browser import _shot as page_shot
+
+from _browser import running_app
 
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -71,45 +67,20 @@ def _runs(root: Path) -> list[tuple[str, str, int]]:
 def page(workspace):
     from playwright.sync_api import sync_playwright
 
-    port = _free_port()
-    env = {**os.environ, "RWB_POLICIES_DIR": str(workspace.parent / "policies")}
-    log_path = workspace.parent / "app.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace), "app",
-                             "--port", str(port), "--headless"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
+    with running_app(workspace, workspace.parent / "app.log",
+                     env={"RWB_POLICIES_DIR": str(workspace.parent / "policies")}) as url:
         try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail("the app did not start:\n" + log_path.read_text())
-        time.sleep(0.3)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1500, "height": 1100})
-            pg = context.new_page()
-            pg.set_default_timeout(WAIT_MS)
-            pg.goto(url)
-            yield pg
-            context.close()
-            browser.close()
-    finally:
-        _stop_background_runs(workspace)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                context = browser.new_context(viewport={"width": 1500, "height": 1100})
+                pg = context.new_page()
+                pg.set_default_timeout(WAIT_MS)
+                pg.goto(url)
+                yield pg
+                context.close()
+                browser.close()
+        finally:
+            _stop_background_runs(workspace)
 
 
 def _shot(pg, name: str) -> None:
@@ -171,6 +142,7 @@ def test_export_lists_the_bundle_at_once(page, workspace):
     _select(pg, "Run to export", run_id)
     _main(pg).get_by_role("button", name="Export bundle").click()
     _see(pg, re.compile(rf"Wrote (\S+\.zip) from {run_id}"))
+    _idle(pg)  # the rerun has drawn the list below the message too (not the previous run's)
     file = re.search(rf"Wrote (\S+\.zip) from {run_id}", _main(pg).inner_text()).group(1)
     assert _main(pg).get_by_text("None in this workspace yet.").count() == 0
     bundle = _main(pg).get_by_role("combobox", name="Bundle", exact=True)

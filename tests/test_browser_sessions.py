@@ -20,16 +20,13 @@ never fixed sleeps.
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from _browser import running_app
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENS = ROOT / "test-output" / "screens"
@@ -42,12 +39,6 @@ WAIT_MS = 60_000
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -67,34 +58,8 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def app_url(workspace) -> str:
-    port = _free_port()
-    log_path = workspace.parent / "app.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "rwb"), "--workspace", str(workspace),
-                             "app", "--port", str(port), "--headless"],
-                            env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail("the app did not start:\n" + log_path.read_text())
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with running_app(workspace, workspace.parent / "app.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

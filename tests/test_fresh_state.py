@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import types
 from pathlib import Path
 
 import pandas as pd
@@ -183,27 +182,6 @@ def test_rollback_restores_the_previous_version_on_the_page(policy_ws, tmp_path)
 
 
 # --------------------------------------------------------------------------- training and tuning
-@pytest.fixture
-def children(monkeypatch):
-    """The background launches of core.runs and core.tuning start ``sleep 120`` instead;
-    the children are ended after the test (by their own pids)."""
-    started: list[subprocess.Popen] = []
-
-    def fake_popen(cmd, **kwargs):
-        proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        started.append(proc)
-        return proc
-
-    fake = types.SimpleNamespace(Popen=fake_popen, DEVNULL=subprocess.DEVNULL, STDOUT=subprocess.STDOUT)
-    monkeypatch.setattr(runs, "subprocess", fake)
-    monkeypatch.setattr(tuning, "subprocess", fake)
-    yield started
-    for proc in started:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture
 def fin_ws(tmp_path, monkeypatch):
     ws = finance_workspace(tmp_path / "ws", n_episodes=40, seed=2)

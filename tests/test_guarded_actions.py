@@ -9,8 +9,6 @@ tests/test_runs.py and tests/test_tuning_page.py."""
 
 from __future__ import annotations
 
-import subprocess
-import types
 from pathlib import Path
 
 import pytest
@@ -26,27 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINING = str(ROOT / "pages" / "training.py")
 TUNING = str(ROOT / "pages" / "tuning.py")
 SMALL = {"total_steps": 2048, "n_envs": 16, "device": "cpu", "seed": 0}
-
-
-@pytest.fixture
-def children(monkeypatch):
-    """Replace the background launch of core.runs and core.tuning by ``sleep 120``; the
-    children are ended after the test (by their own pids)."""
-    started: list[subprocess.Popen] = []
-
-    def fake_popen(cmd, **kwargs):
-        proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        started.append(proc)
-        return proc
-
-    fake = types.SimpleNamespace(Popen=fake_popen, DEVNULL=subprocess.DEVNULL, STDOUT=subprocess.STDOUT)
-    monkeypatch.setattr(runs, "subprocess", fake)
-    monkeypatch.setattr(tuning, "subprocess", fake)
-    yield started
-    for proc in started:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
