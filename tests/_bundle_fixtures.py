@@ -100,6 +100,19 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     return _CACHE["run"]
 
 
+def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """The shared run in a workspace of the caller's own (a copy): what a module registers,
+    approves and promotes there never meets another module's registrations of the same
+    names in the shared workspace."""
+    import dataclasses
+    import shutil
+
+    shared = trained(tmp_path_factory)
+    root = tmp_path_factory.mktemp("bundle-ws-copy") / "ws"
+    shutil.copytree(shared.root, root)
+    return dataclasses.replace(shared, root=root)
+
+
 def members(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as zf:
         return {i.filename: zf.read(i) for i in zf.infolist()}

@@ -26,7 +26,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained  # noqa: F401
+from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained_copy  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, registry, serve_http
 from core.bundle import load_bundle
@@ -97,7 +97,7 @@ def _total(samples: dict, name: str, **labels: str) -> float:
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return trained(tmp_path_factory)
+    return trained_copy(tmp_path_factory)  # its own registry: test_serving.py registers "svc" too
 
 
 @pytest.fixture(scope="module")
