@@ -212,6 +212,8 @@ def test_launch_lists_the_run_in_the_table_and_the_picker(fin_ws, children):
     _ok(at)
     new = next(r["id"] for r in runs.list_runs(fin_ws) if r["id"] != first["run_id"])
     assert any(s.value.startswith(f"Started run {new}") for s in at.success)
+    at.run()  # the table's own refresh (every 2 s while a run runs): it settles on what the launch wrote
+    assert any(s.value.startswith(f"Started run {new}") for s in at.success)  # the notice stays
     table = _runs_table(at)
     assert list(table["run"]) == [new, first["run_id"]]
     assert table.set_index("run").loc[new, "status"] == "running"
