@@ -64,7 +64,11 @@ def test_the_workspace_journal_opens_with_plain_optuna(tuned):
 
 
 def test_an_sqlite_url_study_opens_with_plain_optuna(tuned):
-    _check(optuna.load_study(study_name="rdb", storage=tuned["rdb_url"]), tuned["results"]["rdb"])
+    # the URL's database holds exactly the study `rwb tune --storage URL` made, readable as is
+    assert [s.study_name for s in optuna.get_all_study_summaries(tuned["rdb_url"])] == ["rdb"]
+    study = optuna.load_study(study_name="rdb", storage=tuned["rdb_url"])
+    assert len(study.trials) == 9
+    _check(study, tuned["results"]["rdb"])
 
 
 def test_optuna_dashboard_lists_the_journal_study(tuned):
