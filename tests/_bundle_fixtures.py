@@ -113,6 +113,25 @@ def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     return dataclasses.replace(shared, root=root)
 
 
+def promote_svc(run: Trained, root: Path) -> Path:
+    """A policies folder at ``root`` with ``svc`` 0.1.0 promoted and 0.2.0 approved, through
+    ``run``'s registry (its own evaluation re-labelled: 0.2.0 beats 0.1.0, both beat the expert)."""
+    from core import registry
+    from core.bundle import load_bundle
+
+    w = run.workspace()
+    expert = load_bundle(run.bundle).manifest.evaluation["expert_return"]
+    with pytest.MonkeyPatch.context() as mp:
+        registry_figures(mp, {("svc", "0.1.0"): expert + 1.0, ("svc", "0.2.0"): expert + 2.0})
+        for version in ("0.1.0", "0.2.0"):
+            path = reseal(run.bundle, root.parent / f"{root.name}-svc-{version}.zip", name="svc", version=version)
+            registry.register(w, run.actor("ana"), path)
+            registry.approve(w, run.actor("bob"), "svc", version, "beats the baseline on held-out episodes")
+    registry.promote(w, run.actor("bob"), "svc", "0.1.0", root=root)
+    w.close()
+    return root
+
+
 def members(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as zf:
         return {i.filename: zf.read(i) for i in zf.infolist()}

@@ -26,10 +26,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained_copy  # noqa: F401
+from _bundle_fixtures import module_hash_embedder, promote_svc, trained_copy  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, registry, serve_http
-from core.bundle import load_bundle
 from core.serving import Decision, DecisionEngine, ServingConfig
 from core.store import DB_NAME, Workspace
 from core.users import LOCAL_ADMIN
@@ -103,18 +102,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def promoted(run, tmp_path_factory):
     """A policies folder with ``svc`` 0.1.0 promoted and 0.2.0 approved, through the registry."""
-    root = tmp_path_factory.mktemp("http-policies")
-    w = run.workspace()
-    expert = load_bundle(run.bundle).manifest.evaluation["expert_return"]
-    with pytest.MonkeyPatch.context() as mp:
-        registry_figures(mp, {("svc", "0.1.0"): expert + 1.0, ("svc", "0.2.0"): expert + 2.0})
-        for version in ("0.1.0", "0.2.0"):
-            path = reseal(run.bundle, root.parent / f"http-svc-{version}.zip", name="svc", version=version)
-            registry.register(w, run.actor("ana"), path)
-            registry.approve(w, run.actor("bob"), "svc", version, "beats the baseline on held-out episodes")
-    registry.promote(w, run.actor("bob"), "svc", "0.1.0", root=root)
-    w.close()
-    return root
+    return promote_svc(run, tmp_path_factory.mktemp("http-policies"))
 
 
 class Server:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
-from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained  # noqa: F401
+from _bundle_fixtures import module_hash_embedder, promote_svc, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
 from core import audit, registry, review, serving
 from core.bundle import load_bundle
@@ -493,19 +493,7 @@ def test_decide_batch_matches_one_by_one(run, bundle, tmp_path):
 @pytest.fixture(scope="module")
 def promoted(run, tmp_path_factory):
     """A policies folder with ``svc`` 0.1.0 promoted and 0.2.0 approved, through the registry."""
-    root = tmp_path_factory.mktemp("policies")
-    w = run.workspace()
-    expert = load_bundle(run.bundle).manifest.evaluation["expert_return"]
-    with pytest.MonkeyPatch.context() as mp:
-        # the registry's own evaluation, re-labelled: 0.2.0 beats 0.1.0, both beat the expert
-        registry_figures(mp, {("svc", "0.1.0"): expert + 1.0, ("svc", "0.2.0"): expert + 2.0})
-        for version in ("0.1.0", "0.2.0"):
-            path = reseal(run.bundle, root.parent / f"svc-{version}.zip", name="svc", version=version)
-            registry.register(w, run.actor("ana"), path)
-            registry.approve(w, run.actor("bob"), "svc", version, "beats the baseline on held-out episodes")
-    registry.promote(w, run.actor("bob"), "svc", "0.1.0", root=root)
-    w.close()
-    return root
+    return promote_svc(run, tmp_path_factory.mktemp("policies"))
 
 
 def test_a_new_promoted_version_is_served_from_the_next_episode_start(run, promoted, ws):
