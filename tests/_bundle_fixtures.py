@@ -96,20 +96,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
     bundle = export_bundle(ws, ana, result["run_id"], root.parent / "finance_risk-0.1.0.zip")
     ws.close()
+    import shutil
+
+    # What trained_copy hands out: the workspace as built, before any module registers in it.
+    shutil.copytree(root, root.parent / "bundle-ws-as-built")
     _CACHE["run"] = Trained(root=root, run_id=result["run_id"], bundle=bundle)
     return _CACHE["run"]
 
 
 def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    """The shared run in a workspace of the caller's own (a copy): what a module registers,
-    approves and promotes there never meets another module's registrations of the same
-    names in the shared workspace."""
+    """The shared run in a workspace of the caller's own (a copy of the workspace as built,
+    not as other modules have left it): what a module registers, approves and promotes there
+    never meets another module's registrations of the same names in the shared workspace."""
     import dataclasses
     import shutil
 
     shared = trained(tmp_path_factory)
     root = tmp_path_factory.mktemp("bundle-ws-copy") / "ws"
-    shutil.copytree(shared.root, root)
+    shutil.copytree(shared.root.parent / "bundle-ws-as-built", root)
     return dataclasses.replace(shared, root=root)
 
 
