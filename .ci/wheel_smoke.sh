@@ -73,7 +73,7 @@ step "rwb --version, rwb reward show tool_agent"
 grep -q "tool_agent" "$WORK/reward.txt"
 
 step "train a tiny run on generated finance episodes, export it as a bundle"
-SAMPLE="$("$VENV/bin/python" -c 'from core.datasets import sample_files; print(sample_files()[0])')"
+SAMPLE="$("$VENV/bin/python" -c 'from core.data.datasets import sample_files; print(sample_files()[0])')"
 case "$SAMPLE" in "$VENV"/*) ;; *) echo "the sample is read from $SAMPLE, not from the install" >&2; exit 1 ;; esac
 "$RWB" datasets generate --domain finance --episodes 24 --seed 1 --out "$WORK/finance.jsonl" > /dev/null
 "$RWB" --workspace "$WORK/ws" train --template finance_risk --episodes "$WORK/finance.jsonl" --steps 512 --device cpu \

@@ -17,9 +17,9 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` from a checkout
 import streamlit as st  # noqa: E402
 
 from rwb_app import resources  # noqa: E402
-from core.errors import RwbError  # noqa: E402
-from core.package_data import resource_dir  # noqa: E402
-from core.store import WorkspaceError  # noqa: E402
+from core.base.errors import RwbError  # noqa: E402
+from core.base.package_data import resource_dir  # noqa: E402
+from core.records.store import WorkspaceError  # noqa: E402
 
 # The pages/ folder as installed (rwb_app/page_scripts: a pages/ folder beside this script
 # would switch Streamlit to its older multipage mode).

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import streamlit as st
 
-from core.errors import InputError
+from core.base.errors import InputError
 
 #: ``--some-flag`` and its metavar, if any (``--dataset NAME``, ``--out F.zip``).
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?: [A-Z][A-Z0-9_.]*\b)?")
@@ -39,7 +39,7 @@ def app_words(text: str, labels: Mapping[str, str] | None = None) -> str:
 def user_message(exc: BaseException, labels: Mapping[str, str] | None = None) -> str:
     """An error as a page shows it: where, what was wrong, and what to do in the app.
 
-    For an :class:`~core.errors.InputError` with ``allowed`` values the fix reads
+    For an :class:`~core.base.errors.InputError` with ``allowed`` values the fix reads
     "Format: choose one of auto, rwb, …"; otherwise CLI options in the text become the
     labels of the page's inputs (``labels`` maps field → label).  The CLI keeps
     ``str(exc)`` unchanged.

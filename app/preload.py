@@ -26,7 +26,7 @@ SOURCES = (HERE / "page_scripts", HERE / "resources.py", HERE / "charts.py", HER
 #: Imported by Streamlit itself when a page first shows a table or a chart.
 RENDERING = ("pandas", "pyarrow", "plotly.graph_objects", "plotly.io")
 #: Modules that load torch: imported on the first action that needs them, not at start.
-SKIP = frozenset({"core.state", "core.statemap", "core.doctor", "core.evaluation"})
+SKIP = frozenset({"core.state.features", "core.state.statemap", "core.rl.doctor", "core.rl.evaluation"})
 
 
 def _imported_names(path: Path) -> set[str]:
@@ -58,7 +58,7 @@ def _is_module(name: str) -> bool:
     # find_spec imports the parent package: SKIP is checked before.
     try:
         return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):   # "core.errors.InputError": a parent is not a package
+    except (ImportError, ValueError):   # "core.base.errors.InputError": a parent is not a package
         return False
 
 

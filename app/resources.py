@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from core.catalog import Catalog, catalog_for_dataset
-from core.episode_views import dataset_version
-from core.errors import RwbError
-from core.store import Workspace, WorkspaceError, default_workspace_path
-from core.workspace_setup import WorkspaceStatus, init_workspace
+from core.records.catalog import Catalog, catalog_for_dataset
+from core.data.episode_views import dataset_version
+from core.base.errors import RwbError
+from core.records.store import Workspace, WorkspaceError, default_workspace_path
+from core.sample.workspace_setup import WorkspaceStatus, init_workspace
 
 #: What a page shows as a message instead of a traceback: the errors core raises for bad
 #: input, missing rights, conflicts and unreadable workspaces.
@@ -35,14 +35,14 @@ def show_flash(key: str) -> None:
         {"error": st.error, "info": st.info}.get(kept[0], st.success)(kept[1])
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.users import Actor, Session
+    from core.access.users import Actor, Session
     from core.rewards import ScoreResult, StepsFrame, Template
     import numpy as np
 
     from core.rewards.calibration import CalibrationReport
     from core.rewards.views import PyramidReport
-    from core.statemap import StateMapReport
-    from core.tuning import StudyReport
+    from core.state.statemap import StateMapReport
+    from core.tuning.studies import StudyReport
 
 
 def workspace_path() -> str:
@@ -113,8 +113,8 @@ def _states_map(path: str, dataset: str, version: str, space: str, gating: str, 
     # import or an edit recomputes; the core function also keeps the map as a workspace
     # artifact, so a restarted app loads it instead of redoing it.
     # Imported here: the encoder pulls in torch, which the other pages do not need.
-    from core.state import StateEncoderConfig
-    from core.statemap import TsneConfig, states_map
+    from core.state.features import StateEncoderConfig
+    from core.state.statemap import TsneConfig, states_map
 
     return states_map(_workspace(path), dataset=dataset, space=space,
                       encoder=StateEncoderConfig(gating=gating, intent=intent, seed=seed),  # type: ignore[arg-type]
@@ -205,7 +205,7 @@ _WHO_SHOWN = "who_acts_shown"
 def start_session(session: "Session") -> None:
     """Make ``session`` (a fresh sign-in) this tab's, and hand its cookie to the browser so
     that a reload, a typed address or a new tab stays signed in."""
-    from core.users import SESSION_MAX_S, session_cookie
+    from core.access.users import SESSION_MAX_S, session_cookie
 
     st.session_state["actor"] = session.actor
     st.session_state["session_token"] = session.token
@@ -216,7 +216,7 @@ def start_session(session: "Session") -> None:
 def sign_out() -> None:
     """End this tab's session in the workspace (every tab and reload of it is signed out)
     and delete the browser's cookie."""
-    from core.users import end_session
+    from core.access.users import end_session
 
     token = st.session_state.pop("session_token", None)
     st.session_state.pop("actor", None)
@@ -253,7 +253,7 @@ def _resume_from_cookie(ws: Workspace) -> None:
     """Sign this tab in from the browser's session cookie (a reload, a typed address, a new
     tab), once per cookie; a cookie whose session ended is deleted, saying why."""
     from rwb_app import session_cookie
-    from core.users import SessionEnded, session_actor, session_cookie_token
+    from core.access.users import SessionEnded, session_actor, session_cookie_token
 
     value = session_cookie.browser_cookie()
     if value is None or st.session_state.get(_COOKIE_SEEN) == value:
@@ -277,7 +277,7 @@ def _sentence(exc: Exception) -> str:
 
 def _who_acts(ws: Workspace, *, touch: bool) -> "Actor | None":
     """Who acts in this tab now (SessionEnded when its session ended); see acting_user()."""
-    from core.users import current_user, multi_user, session_actor
+    from core.access.users import current_user, multi_user, session_actor
 
     actor = st.session_state.get("actor")
     token = st.session_state.get("session_token")
@@ -297,7 +297,7 @@ def acting_user() -> "Actor | None":
     expired or was revoked (sign-out, password or role changed), the user is signed out
     and the reason kept under :data:`SESSION_FLASH`.  ``core`` checks the permission again
     on every call."""
-    from core.users import SessionEnded, multi_user
+    from core.access.users import SessionEnded, multi_user
 
     ws = workspace()
     if "actor" not in st.session_state and multi_user(ws):
@@ -321,7 +321,7 @@ def who_acts_changed() -> bool:
     """Whether who acts in this tab is no longer who its last run of acting_user() found:
     users were added to a workspace that had none, the session ended or the role changed
     elsewhere.  A look that is not the user's activity (it does not keep the session alive)."""
-    from core.users import SessionEnded
+    from core.access.users import SessionEnded
 
     if _WHO_SHOWN not in st.session_state:
         return False  # no run has said who acts yet
@@ -354,14 +354,14 @@ def refresh_template_specs() -> None:
 def _run_curves(path: str, run_ids: tuple[str, ...], progress: tuple) -> dict:
     # `progress` (updates and status of each run) changes with every recorded update, so a
     # refresh that finds no new update reuses the curves.
-    from core.runs import run_curves
+    from core.rl.runs import run_curves
 
     return run_curves(_workspace(path), list(run_ids))
 
 
 def run_curves(run_ids: tuple[str, ...]) -> dict:
-    """Every metric curve of ``run_ids`` (core.runs.run_curves), recomputed when a run records an update."""
-    from core.runs import run_progress
+    """Every metric curve of ``run_ids`` (core.rl.runs.run_curves), recomputed when a run records an update."""
+    from core.rl.runs import run_progress
 
     return _run_curves(_session_path(), tuple(run_ids), run_progress(workspace(), run_ids))
 
@@ -369,14 +369,14 @@ def run_curves(run_ids: tuple[str, ...]) -> dict:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _diagnosis(path: str, run_id: str, checkpoint: int | None) -> dict:
     # Keyed by the run's latest checkpoint: a new checkpoint is a new policy to diagnose.
-    from core.doctor import diagnose
+    from core.rl.doctor import diagnose
 
     return diagnose(_workspace(path), run_id)
 
 
 def diagnosis(run_id: str) -> dict:
-    """The four-step diagnosis of ``run_id`` (core.doctor.diagnose), once per checkpoint."""
-    from core.runs import latest_checkpoint
+    """The four-step diagnosis of ``run_id`` (core.rl.doctor.diagnose), once per checkpoint."""
+    from core.rl.runs import latest_checkpoint
 
     ckpt = latest_checkpoint(workspace(), run_id)
     return _diagnosis(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"])
@@ -384,15 +384,15 @@ def diagnosis(run_id: str) -> dict:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int, dataset: str | None) -> dict:
-    from core.evaluation import evaluate
+    from core.rl.evaluation import evaluate
 
     return evaluate(_workspace(path), run_id, repeats=repeats, dataset=dataset)
 
 
 def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> dict:
-    """The held-out evaluation of ``run_id`` (core.evaluation.evaluate), once per checkpoint:
+    """The held-out evaluation of ``run_id`` (core.rl.evaluation.evaluate), once per checkpoint:
     on its own held-out split, or on every episode of another workspace ``dataset``."""
-    from core.runs import latest_checkpoint
+    from core.rl.runs import latest_checkpoint
 
     ckpt = latest_checkpoint(workspace(), run_id)
     return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats, dataset)
@@ -401,13 +401,13 @@ def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> dic
 # --------------------------------------------------------------------------- review queue and audit
 @st.cache_data(show_spinner=False, ttl=5)
 def _review_queue_stats(path: str) -> dict:
-    from core.review import stats
+    from core.guard.review import stats
 
     return stats(_workspace(path))
 
 
 def review_queue_stats() -> dict:
-    """Review-queue statistics (core.review.stats), refreshed every few seconds and after
+    """Review-queue statistics (core.guard.review.stats), refreshed every few seconds and after
     every claim or decision (:func:`refresh_review_queue`)."""
     return _review_queue_stats(_session_path())
 
@@ -419,20 +419,20 @@ def refresh_review_queue() -> None:
 
 @st.cache_data(show_spinner=False, ttl=5)
 def _audit_summary(path: str) -> dict:
-    from core.audit import stats
+    from core.access.audit import stats
 
     return stats(_workspace(path))
 
 
 def audit_summary() -> dict:
-    """Counts of the audit trail (core.audit.stats), refreshed every few seconds."""
+    """Counts of the audit trail (core.access.audit.stats), refreshed every few seconds."""
     return _audit_summary(_session_path())
 
 
 @st.cache_data(show_spinner=False, ttl=5, max_entries=32)
 def _audit_records(path: str, episode_id: str | None, policy_version: str | None, since: str | None,
                    until: str | None, final_action: int | str | None, limit: int) -> list[dict]:
-    from core.audit import list_records
+    from core.access.audit import list_records
 
     return list_records(_workspace(path), episode_id=episode_id, policy_version=policy_version, since=since,
                         until=until, final_action=final_action, limit=limit)
@@ -440,7 +440,7 @@ def _audit_records(path: str, episode_id: str | None, policy_version: str | None
 
 def audit_records(*, episode_id: str | None = None, policy_version: str | None = None, since: str | None = None,
                   until: str | None = None, final_action: int | str | None = None, limit: int = 200) -> list[dict]:
-    """Audit records matching the filters, newest first (core.audit.list_records); the trail
+    """Audit records matching the filters, newest first (core.access.audit.list_records); the trail
     only grows, so a few seconds of caching never shows a changed record."""
     return _audit_records(_session_path(), episode_id, policy_version, since, until, final_action, limit)
 
@@ -450,28 +450,28 @@ def audit_records(*, episode_id: str | None = None, policy_version: str | None =
 def _tuning_report(path: str, name: str, fingerprint: tuple) -> "StudyReport":
     # `fingerprint` (trial count, storage) changes whenever a worker writes trials, so a
     # refresh without new trials reuses the figures (they take seconds on a large study).
-    from core.tuning import study_report
+    from core.tuning.studies import study_report
 
     return study_report(_workspace(path), name)
 
 
 def tuning_report(name: str) -> "StudyReport":
     """The Tuning page's report of study ``name`` (recomputed only when trials were added)."""
-    from core.tuning import study_fingerprint
+    from core.tuning.studies import study_fingerprint
 
     ws = workspace()
     return _tuning_report(_session_path(), name, (*study_fingerprint(ws, name), len(_runs_of(ws, name))))
 
 
 def _runs_of(ws: Workspace, name: str) -> list:
-    from core.tuning import study_runs
+    from core.tuning.studies import study_runs
 
     return [(r["id"], r["status"], r["trials_done"]) for r in study_runs(ws, name)]
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _space_rows(path: str, template: str, withhold: bool) -> list[dict]:
-    from core.tuning import space_rows
+    from core.tuning.studies import space_rows
 
     return space_rows(_workspace(path), template, withhold=withhold)
 

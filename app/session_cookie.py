@@ -9,7 +9,7 @@ takes extra routes next to Streamlit's own; this module holds the one the app ad
 
 The hand-off, after a sign-in (or a sign-out):
 
-1. the script makes the cookie value (``core.users.session_cookie``: the session token,
+1. the script makes the cookie value (``core.access.users.session_cookie``: the session token,
    its expiry and an HMAC) and :func:`issue` keeps it in this process's memory under a
    random ticket, for :data:`TICKET_TTL_S`;
 2. :func:`hand_off` renders a few lines of JavaScript that post the ticket to the route

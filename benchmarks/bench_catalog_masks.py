@@ -16,9 +16,9 @@ import time
 import numpy as np
 import torch
 
-from core.catalog import CatalogOptions, build_catalog
-from core.episodes import Action, ToolSchema
-from core.masking import MaskRules
+from core.records.catalog import CatalogOptions, build_catalog
+from core.records.episodes import Action, ToolSchema
+from core.guard.masking import MaskRules
 
 
 def _tools(n: int) -> list[ToolSchema]:

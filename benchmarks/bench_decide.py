@@ -1,4 +1,4 @@
-"""Latency and throughput of the decision engine's decide() (core.serving), audit write included.
+"""Latency and throughput of the decision engine's decide() (core.serve.serving), audit write included.
 
     python benchmarks/bench_decide.py [--size small|production | --bundle FILE.zip] [--episodes 100]
                                       [--rate 10] [--max-gap 1.0] [--batch 64] [--hash-embedder] [--torch-threads 1]
@@ -12,7 +12,7 @@ network ``rwb demo`` trains (512-d state, 256-wide heads, 1.7M weights; a few mi
 ``--bundle`` serves another, e.g. ``demo-workspace/artifacts/bundles/finance_risk-0.1.0.zip``.  The
 recorded episodes after the training ones (about six steps each) become request
 sequences: state, query, task type and the last tool result of every step.  The sentence
-model is the real offline MiniLM (``core.embed``) unless ``--hash-embedder`` is given.
+model is the real offline MiniLM (``core.base.embed``) unless ``--hash-embedder`` is given.
 
 1. **Realistic replay** (the headline): episodes start ``--rate`` per second, and each
    episode's next request comes after its recorded gap (capped at ``--max-gap`` seconds),
@@ -82,11 +82,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core import audit  # noqa: E402
-from core.embed import HashEmbedder  # noqa: E402
-from core.serving import DecisionEngine, ServingConfig  # noqa: E402
-from core.store import Workspace  # noqa: E402
-from core.users import LOCAL_ADMIN  # noqa: E402
+from core.access import audit  # noqa: E402
+from core.base.embed import HashEmbedder  # noqa: E402
+from core.serve.serving import DecisionEngine, ServingConfig  # noqa: E402
+from core.records.store import Workspace  # noqa: E402
+from core.access.users import LOCAL_ADMIN  # noqa: E402
 
 TARGET_MS = 2.0
 #: Goal of the tail ratio: decide()'s p99 over the machine floor's p99 (section 5).
@@ -129,7 +129,7 @@ class TimedEmbedder:
 
 # =========================================================================== inputs
 #: The policies the bench trains (``--size``): the network of the bench's own small policy,
-#: and the production-size one ``rwb demo`` trains (core.demo.FULL: PPOConfig's default
+#: and the production-size one ``rwb demo`` trains (core.sample.demo.FULL: PPOConfig's default
 #: 512-d encoder and 2×256 heads, three critics) — trained briefly, which changes its
 #: weights but not the arithmetic a decision costs.
 SIZES = {"small": {"hidden": 64, "n_critics": 2, "encoder": {"dim": 64}},
@@ -138,10 +138,10 @@ SIZES = {"small": {"hidden": 64, "n_critics": 2, "encoder": {"dim": 64}},
 
 def build_bundle(work: Path, n_train: int, size: str = "small") -> Path:
     """Import the finance sample, train a policy of ``size`` (:data:`SIZES`), export its bundle."""
-    from core.bundle import export_bundle
-    from core.importers import import_file
-    from core.ppo import PPOConfig
-    from core.runs import train
+    from core.govern.bundle import export_bundle
+    from core.data.importers import import_file
+    from core.rl.ppo import PPOConfig
+    from core.rl.runs import train
 
     sample = ROOT / "datasets" / "finance" / "sample.jsonl"
     lines = sample.read_text(encoding="utf-8").splitlines()
@@ -172,7 +172,7 @@ def episodes_of(first: int, n: int) -> list[list[Step]]:
     """Recorded episodes of the finance sample (after the training ones) as request sequences."""
     from datetime import datetime
 
-    from core.importers import read_file
+    from core.data.importers import read_file
 
     out = []
     for ep in read_file(ROOT / "datasets" / "finance" / "sample.jsonl").episodes[first:first + n]:
@@ -322,7 +322,7 @@ def machine_floor(due: list[float] | None, count: int, chunk_ms: float) -> dict:
 def policy_forward(bundle: Any) -> Callable[[], Any] | None:
     """A call of the served policy's numpy forward on one fixed smoke state (None when the
     policy serves through torch): fixed numpy work of the engine's own kind."""
-    from core.serving import PolicyRuntime
+    from core.serve.serving import PolicyRuntime
 
     fast = PolicyRuntime(bundle).fast
     if fast is None:
@@ -673,23 +673,23 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
                        list[Any]]:
     """A factory of fresh engines (own workspace, clock and timed embedder), the list of
     engines it made and the list of sentence-model processes they share (to close)."""
-    import core.embed
+    import core.base.embed
 
     made: list[DecisionEngine] = []
-    processes: list[core.embed.ModelProcess] = []
+    processes: list[core.base.embed.ModelProcess] = []
 
     def make(name: str, cls: type = DecisionEngine, *, model: str = "process", **config: Any):
         """``model``: "process" — the engine's default (the workspace cache read-only, the
         sentence model in a child process, one shared by the engines); "thread" — the same
         with the model in this process; "storing" — the workspace's storing embedder."""
         ws = Workspace.open(work / name)
-        base = core.embed.workspace_embedder(ws)
+        base = core.base.embed.workspace_embedder(ws)
         if embedder is not None:
             inner = embedder
         elif model == "process":
             if not processes:
-                processes.append(core.embed.ModelProcess())
-            inner = core.embed.CacheReader(base, processes[0])
+                processes.append(core.base.embed.ModelProcess())
+            inner = core.base.embed.CacheReader(base, processes[0])
         else:
             inner = base if model == "storing" else base.reader()
         timed = TimedEmbedder(inner)
@@ -729,12 +729,12 @@ def parse_args() -> argparse.Namespace:
 
 def policy_size(bundle: Any) -> str:
     """The served policy's size and the forward serving runs (numpy, or the torch module)."""
-    from core.serving import PolicyRuntime
+    from core.serve.serving import PolicyRuntime
 
     agent = bundle.policy
     n = sum(int(p.numel()) for p in agent.parameters()) if hasattr(agent, "parameters") else 0
     dim = getattr(getattr(getattr(agent, "encoder", None), "config", None), "dim", "?")
-    forward = "numpy (core.fast_policy)" if PolicyRuntime(bundle).fast is not None else "torch"
+    forward = "numpy (core.serve.fast_policy)" if PolicyRuntime(bundle).fast is not None else "torch"
     return f"{dim}-d encoded state, {getattr(agent, 'hidden', '?')}-wide heads, {n:,} weights, {forward} forward"
 
 
@@ -786,7 +786,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
         engine.ws.close()
     return {"policy": bundle.policy_version, "policy_size": size, "episodes": len(episodes),
             "rate": args.rate, "max_gap": args.max_gap,
-            "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
+            "embedder": "hash" if args.hash_embedder else "MiniLM (core.base.embed)",
             "replay": real, "machine_floor": floor, "back_to_back": unpaced, "back_to_back_floor": unpaced_floor,
             "cold_penalty": penalty, "replay_model_in_process": real_thread,
             "replay_waiting": real_wait,
@@ -805,11 +805,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="rwb-bench-decide-", dir=args.workspace))
     embedder = None
     if args.hash_embedder:
-        import core.embed
+        import core.base.embed
 
         embedder = HashEmbedder()
-        core.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
-    from core.bundle import load_bundle
+        core.base.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
+    from core.govern.bundle import load_bundle
 
     out = measure(work, load_bundle(args.bundle or build_bundle(work, args.train, args.size)), embedder, args)
     out["tail_ratio"] = tail_ratios(out)

@@ -1,4 +1,4 @@
-"""What the HTTP decision service (``rwb serve http``, core.serve_http) adds to decide().
+"""What the HTTP decision service (``rwb serve http``, core.serve.serve_http) adds to decide().
 
     python benchmarks/bench_http.py [--bundle FILE.zip --signer-workspace DIR] [--size production]
                                     [--episodes 80] [--connections 1,8,32] [--hash-embedder]
@@ -10,7 +10,7 @@ Without ``--bundle`` a policy of ``--size`` is trained and exported the way
 become request sequences (state, query, task type, the last tool result of every step).
 
 In one run, on the same requests and the same engine settings (the service's:
-:func:`core.serve_http.service_config`):
+:func:`core.serve.serve_http.service_config`):
 
 1. **in-process**: a fresh engine, one ``decide()`` after the other (audit write included);
 2. **HTTP**: ``rwb serve http`` in its own process (real uvicorn on a free port) and a
@@ -46,11 +46,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_decide import build_bundle, episodes_of, percentiles  # noqa: E402
-from core.store import Workspace  # noqa: E402
-from core.users import LOCAL_ADMIN  # noqa: E402
+from core.records.store import Workspace  # noqa: E402
+from core.access.users import LOCAL_ADMIN  # noqa: E402
 
 #: `rwb ARGS` with the hash embedder in place of the sentence model (--hash-embedder).
-HASHED_RWB = ("import sys, core.embed; core.embed.workspace_embedder = lambda _ws: core.embed.HashEmbedder(); "
+HASHED_RWB = ("import sys, core.base.embed; core.base.embed.workspace_embedder = lambda _ws: core.base.embed.HashEmbedder(); "
               "from core.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
@@ -68,7 +68,7 @@ def renamed(episodes: list[list[dict]], suffix: str) -> list[list[dict]]:
 # =========================================================================== in process
 def in_process(ws_path: Path, bundle_path: Path, episodes: list[list[dict]], config: Any, embedder: Any) -> dict:
     """decide() one request after the other on a fresh engine (warm-up first)."""
-    from core.serving import load
+    from core.serve.serving import load
 
     ws = Workspace.open(ws_path)
     options = {"embedder": embedder} if embedder is not None else {}
@@ -172,7 +172,7 @@ def over_http(ws_path: Path, bundle_path: Path, episodes: list[list[dict]], leve
 # =========================================================================== the run
 def trusting(path: Path, signer: Path) -> Path:
     """A workspace at ``path`` that trusts the key of the workspace ``signer``."""
-    from core import keys
+    from core.access import keys
 
     src = Workspace.open(signer, create=False)
     pem = path.parent / f"{path.name}-signer.pem"
@@ -185,15 +185,15 @@ def trusting(path: Path, signer: Path) -> Path:
 
 
 def measure(work: Path, args: argparse.Namespace) -> dict:
-    from core.bundle import load_bundle
-    from core.serve_http import service_config
+    from core.govern.bundle import load_bundle
+    from core.serve.serve_http import service_config
 
     embedder = None
     if args.hash_embedder:
-        import core.embed
+        import core.base.embed
 
-        embedder = core.embed.HashEmbedder()
-        core.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
+        embedder = core.base.embed.HashEmbedder()
+        core.base.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
     if args.bundle:
         bundle_path, signer = Path(args.bundle), Path(args.signer_workspace or Path(args.bundle).parents[2])
     else:
@@ -207,7 +207,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict:
     http = over_http(trusting(work / "http-ws", signer), bundle_path, episodes, args.connections,
                      args.hash_embedder, work / "service.log")
     return {"policy_version": bundle.policy_version, "requests": n, "episodes": len(episodes),
-            "embedder": "hash" if args.hash_embedder else "MiniLM (core.embed)",
+            "embedder": "hash" if args.hash_embedder else "MiniLM (core.base.embed)",
             "in_process": local, "http": {str(c): r for c, r in http.items()},
             "overhead_ms": {str(c): r["p50"] - local["p50"] for c, r in http.items()},
             "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}

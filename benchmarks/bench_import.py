@@ -5,11 +5,11 @@ Usage::
     .venv/bin/python benchmarks/bench_import.py                 # 100k steps, rwb + openai
     .venv/bin/python benchmarks/bench_import.py --steps 20000 --format rwb --workers 1
 
-The file is generated with ``core.datasets.generate`` (finance domain) when that module is
+The file is generated with ``core.data.datasets.generate`` (finance domain) when that module is
 there, else with the small synthetic generator below; it is written both as the
 workbench's own JSON Lines (``rwb``) and as OpenAI chat-completions logs (``openai``).
 
-The fast path is :func:`core.importers.import_file`: each episode validated in one
+The fast path is :func:`core.data.importers.import_file`: each episode validated in one
 pydantic-core pass into plain dicts (no models; the models' Python validators replaced by
 whole-episode checks), one canonical dump per episode for both the stored body and its
 content hash, the cyclic GC paused, big rwb files shared with worker processes when cores
@@ -41,17 +41,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.episodes import Episode, ToolSchema  # noqa: E402
-from core.importers import import_file  # noqa: E402
-from core.importers.rwb import header_line  # noqa: E402
-from core.store import Workspace  # noqa: E402
+from core.records.episodes import Episode, ToolSchema  # noqa: E402
+from core.data.importers import import_file  # noqa: E402
+from core.data.importers.rwb import header_line  # noqa: E402
+from core.records.store import Workspace  # noqa: E402
 
 TARGET_STEPS_PER_S = 20_000
 
 
 # --------------------------------------------------------------------------- data
 def synthetic_episodes(n_steps: int, seed: int = 0) -> tuple[list[Episode], list[ToolSchema]]:
-    """Finance-like episodes (used only when core.datasets is not available)."""
+    """Finance-like episodes (used only when core.data.datasets is not available)."""
     rng = random.Random(seed)
     tools = [ToolSchema(name=name, parameters={"type": "object", "properties": {
         "symbol": {"type": "string"}, "period": {"type": "string", "enum": ["q1", "q2", "q3", "q4"]},
@@ -88,12 +88,12 @@ def synthetic_episodes(n_steps: int, seed: int = 0) -> tuple[list[Episode], list
 
 
 def generated_episodes(n_steps: int, seed: int = 0) -> tuple[list[Episode], list[ToolSchema], str]:
-    """Episodes with at least ``n_steps`` steps, from core.datasets when available."""
+    """Episodes with at least ``n_steps`` steps, from core.data.datasets when available."""
     try:
-        from core.datasets import generate
+        from core.data.datasets import generate
     except ImportError:
         eps, tools = synthetic_episodes(n_steps, seed)
-        return eps, tools, "synthetic (core.datasets not available)"
+        return eps, tools, "synthetic (core.data.datasets not available)"
     probe = generate("finance", 50, seed)
     per_episode = max(1.0, sum(e.n_steps for e in probe.episodes) / len(probe.episodes))
     n_eps = int(n_steps / per_episode * 1.05) + 1
@@ -104,7 +104,7 @@ def generated_episodes(n_steps: int, seed: int = 0) -> tuple[list[Episode], list
             break
         episodes.append(ep)
         total += ep.n_steps
-    return episodes, list(ds.tools), "core.datasets.generate('finance')"
+    return episodes, list(ds.tools), "core.data.datasets.generate('finance')"
 
 
 def write_rwb(episodes: list[Episode], tools: list[ToolSchema], out: Path) -> Path:
@@ -177,8 +177,8 @@ def fast_import(path: Path, fmt: str, root: Path) -> tuple[Clock, int, int]:
 
 def naive_import(path: Path, fmt: str, root: Path) -> tuple[Clock, int, int]:
     """Reference: models, ``insert_episodes`` in one transaction, ``normalize_many`` per call."""
-    from core.catalog import build_catalog
-    from core.importers import read_file
+    from core.records.catalog import build_catalog
+    from core.data.importers import read_file
 
     ws = Workspace.open(root)
     with Clock() as clock:
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.workers is not None:
         os.environ["RWB_IMPORT_WORKERS"] = str(args.workers)
-    from core.importers.parallel import import_workers
+    from core.data.importers.parallel import import_workers
 
     # Wall-clock rates depend on what else the machine runs; CPU-second rates far less.
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "

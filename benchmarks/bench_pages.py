@@ -1,7 +1,7 @@
 """Time to usable of every page of the app, in a real browser, first and second open.
 
 Starts ``rwb app`` on a fresh folder (so the start imports the sample datasets and
-prepares the workspace, see :mod:`core.warmup`), then opens the root address and every
+prepares the workspace, see :mod:`core.sample.warmup`), then opens the root address and every
 page by its address in Debian's Chromium (Playwright, headless), twice, and prints a
 table and the worst page.  With ``--reference`` it measures the same on another fresh
 folder started with ``--no-prepare`` (the app as it was: the first visit imports the

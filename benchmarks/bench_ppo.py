@@ -3,11 +3,11 @@
 Same simulator (the recorded-episode simulator over a generated finance dataset scored
 by ``finance_risk``, finance mask rules), same network — a 2×256 tanh MLP actor and a
 2×256 tanh MLP critic over the 512-d encoded state of one fixed, seeded
-:class:`core.state.StateEncoder` — and the same PPO settings (rollout length, epochs,
+:class:`core.state.features.StateEncoder` — and the same PPO settings (rollout length, epochs,
 minibatch count, learning rate, γ, λ, clip, entropy and value coefficients, gradient
 clip).  Differences that belong to the trainers themselves stay: ours steps all its
-environments as tensors (:class:`core.sim.BatchedSim`) and adds the adaptive KL penalty;
-SB3 steps the Gymnasium wrapper (:class:`core.sim.RecordedEpisodeEnv`, wrapped to emit
+environments as tensors (:class:`core.rl.sim.BatchedSim`) and adds the adaptive KL penalty;
+SB3 steps the Gymnasium wrapper (:class:`core.rl.sim.RecordedEpisodeEnv`, wrapped to emit
 the same 512-d state) one environment at a time through ``DummyVecEnv`` — with 1 and
 with 8 environments, the better one counts.  No curriculum on either side.
 
@@ -44,14 +44,14 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 from bench_sim import bench_tables  # noqa: E402
-from core import ppo  # noqa: E402
-from core.sim import RecordedEpisodeEnv, SimTables  # noqa: E402
-from core.state import INTENT_RULE_DIM, TRACE_LEN, StateEncoder  # noqa: E402
+from core.rl import ppo  # noqa: E402
+from core.rl.sim import RecordedEpisodeEnv, SimTables  # noqa: E402
+from core.state.features import INTENT_RULE_DIM, TRACE_LEN, StateEncoder  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the shared 512-d state
 def unflatten(flat: torch.Tensor, n_actions: int, text_dim: int, context_dim: int) -> dict[str, torch.Tensor]:
-    """The encoder input of :func:`core.sim.flatten_obs` rows (the Gymnasium observation)."""
+    """The encoder input of :func:`core.rl.sim.flatten_obs` rows (the Gymnasium observation)."""
     o = 0
     parts = {}
     for key, width in (("intent_emb", text_dim), ("intent_rules", INTENT_RULE_DIM), ("context", context_dim)):
@@ -85,7 +85,7 @@ class EncodedState(gymnasium.ObservationWrapper):
 
 
 class SB3Agent:
-    """An SB3 MaskablePPO policy seen through core.ppo's agent interface (for evaluation)."""
+    """An SB3 MaskablePPO policy seen through core.rl.ppo's agent interface (for evaluation)."""
 
     def __init__(self, model: Any, encoder: StateEncoder):
         self.policy, self.encoder = model.policy, encoder

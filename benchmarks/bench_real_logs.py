@@ -48,9 +48,9 @@ REFERENCE_TEMPLATE = ROOT / "benchmarks" / "reference_tool_agent_every_reply.yam
 def first_run_child(path: str, template: str, workspace: str, options: str) -> None:
     """In a fresh process: import ``path`` into an empty workspace and score it (prints JSON)."""
     t0 = time.perf_counter()
-    from core.importers import import_file
+    from core.data.importers import import_file
     from core.rewards import score
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     ws = Workspace.open(Path(workspace))
     t_import = time.perf_counter()
@@ -102,16 +102,16 @@ def best_single_feature(frame, labels) -> tuple[str, float]:
 def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
     import numpy as np
 
-    from core import tuning
-    from core.importers import import_file
+    from core.tuning import studies as tuning
+    from core.data.importers import import_file
     from core.rewards.api import load_frame, score
     from core.rewards.calibration import calibrate_result, outcome_columns
     from core.rewards.learned import fit_outcome_model
     from core.rewards.components import ScoringContext
-    from core.embed import workspace_embedder
-    from core.errors import InputError
-    from core.store import Workspace
-    from core.users import current_user
+    from core.base.embed import workspace_embedder
+    from core.base.errors import InputError
+    from core.records.store import Workspace
+    from core.access.users import current_user
 
     path = REAL / name / "episodes.jsonl"
     out: dict = {"dataset": name, "first_run": first_run(path, "tool_agent", options)}

@@ -9,7 +9,7 @@
 (c) the embedding cache: scoring the same data a second time sends no text to the
     sentence model.
 
-The million steps are a generated finance dataset (``core.datasets``) tiled with
+The million steps are a generated finance dataset (``core.data.datasets``) tiled with
 ``StepsFrame.tile`` (copies follow each other in time).  Run::
 
     .venv/bin/python benchmarks/bench_rewards.py [--steps 1000000] [--episodes 60]
@@ -32,11 +32,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core import rewards  # noqa: E402
-from core.datasets import generate  # noqa: E402
-from core.embed import Embedder  # noqa: E402
+from core.data.datasets import generate  # noqa: E402
+from core.base.embed import Embedder  # noqa: E402
 from core.rewards import COMPONENTS, ComponentCache, Pyramid, ScoringContext  # noqa: E402
 from core.rewards.reference import REFERENCES  # noqa: E402
-from core.store import Workspace  # noqa: E402
+from core.records.store import Workspace  # noqa: E402
 
 
 CPU: dict[str, float] = {}  # label -> median process CPU seconds of the last timed() call

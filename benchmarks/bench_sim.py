@@ -1,14 +1,14 @@
 """Recorded-episode simulator speed, side by side, in one run.
 
-(a) the batched simulator (:class:`core.sim.BatchedSim`): B environments stepped as
+(a) the batched simulator (:class:`core.rl.sim.BatchedSim`): B environments stepped as
     tensors, each step with uniformly random actions among the unmasked ones
-    (:func:`core.sim.random_masked_actions`, timed too) — masks evaluated, counterfactual
+    (:func:`core.rl.sim.random_masked_actions`, timed too) — masks evaluated, counterfactual
     draws, auto-resets, observations gathered; target ≥ 1M env-steps/s on 2 CPU cores;
-(b) the Gymnasium wrapper (:class:`core.sim.RecordedEpisodeEnv`) stepped one environment
+(b) the Gymnasium wrapper (:class:`core.rl.sim.RecordedEpisodeEnv`) stepped one environment
     at a time, as Stable-Baselines3's DummyVecEnv does, with the same random policy;
 (c) the ratio.
 
-The data is a generated finance dataset (``core.datasets.generate``) scored with the
+The data is a generated finance dataset (``core.data.datasets.generate``) scored with the
 ``finance_risk`` pyramid and the finance mask rules; intents are embedded by the offline
 sentence model.  The machine may be shared: wall time then includes waiting for a core,
 so the CPU time of the process is printed beside it.  Run::
@@ -43,14 +43,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from core.datasets import datasets_dir, generate  # noqa: E402
-from core.sim import (BatchedSim, RecordedEpisodeEnv, SimTables, build_sim_tables_from,  # noqa: E402
+from core.data.datasets import datasets_dir, generate  # noqa: E402
+from core.rl.sim import (BatchedSim, RecordedEpisodeEnv, SimTables, build_sim_tables_from,  # noqa: E402
                       random_masked_actions)
 
 
 def bench_tables(episodes: int = 300, seed: int = 20240917, device: str = "cpu", embedder: Any = None) -> SimTables:
     """Simulator tables of a generated finance dataset (the benchmarks' common data)."""
-    from core.embed import Embedder
+    from core.base.embed import Embedder
 
     ds = generate("finance", episodes, seed=seed)
     if embedder is None:

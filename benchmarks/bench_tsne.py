@@ -5,12 +5,12 @@ Usage::
     .venv/bin/python benchmarks/bench_tsne.py                    # 20k states, all methods
     .venv/bin/python benchmarks/bench_tsne.py --n 5000 --skip-sklearn
 
-One run, one set of states: generated finance episodes (``core.datasets.generate``)
-until there are ``--n`` steps, their raw state features (``core.state``), encoded to
+One run, one set of states: generated finance episodes (``core.data.datasets.generate``)
+until there are ``--n`` steps, their raw state features (``core.state.features``), encoded to
 512-d by the seeded state encoder.  Every method gets the same states and the same
 PCA-50 first:
 
-* ``opentsne-tuned``   — :func:`core.statemap.tsne_map` with its defaults (exact
+* ``opentsne-tuned``   — :func:`core.state.statemap.tsne_map` with its defaults (exact
   neighbours by one BLAS product up to 30k states, FFT gradients, PCA initialisation,
   perplexity 40, 100 + 150 iterations, 2 threads);
 * ``opentsne-default`` — openTSNE's own defaults (perplexity 30, annoy, 250 + 500
@@ -45,11 +45,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.catalog import build_catalog  # noqa: E402
-from core.datasets import generate  # noqa: E402
-from core.embed import Embedder  # noqa: E402
-from core.state import encode_states, extract_features  # noqa: E402
-from core.statemap import TsneConfig, tsne_map, tsne_map_sklearn  # noqa: E402
+from core.records.catalog import build_catalog  # noqa: E402
+from core.data.datasets import generate  # noqa: E402
+from core.base.embed import Embedder  # noqa: E402
+from core.state.features import encode_states, extract_features  # noqa: E402
+from core.state.statemap import TsneConfig, tsne_map, tsne_map_sklearn  # noqa: E402
 
 TARGET_SECONDS, TARGET_SPEEDUP = 30.0, 5.0
 

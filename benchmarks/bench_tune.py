@@ -1,6 +1,6 @@
 """Weight tuning speed on 100k steps, side by side (target ≥ 1,000 trials/min on 2 cores).
 
-(a) ``core.tuning.tune`` exactly as ``rwb tune`` runs it by default: outcome objective,
+(a) ``core.tuning.studies.tune`` exactly as ``rwb tune`` runs it by default: outcome objective,
     multivariate TPE, the template's expectations as constraints, trials kept in
     Optuna's in-memory storage and written to the workspace's Optuna journal in batches
     every second — trials/min over the whole study, flushes included;
@@ -35,11 +35,12 @@ if str(ROOT) not in sys.path:
 
 import optuna  # noqa: E402
 
-from core import rewards, tuning  # noqa: E402
-from core.datasets import generate  # noqa: E402
+from core import rewards  # noqa: E402
+from core.tuning import studies as tuning
+from core.data.datasets import generate  # noqa: E402
 from core.rewards import ComponentCache, Pyramid, ScoringContext  # noqa: E402
-from core.store import Workspace  # noqa: E402
-from core.users import current_user  # noqa: E402
+from core.records.store import Workspace  # noqa: E402
+from core.access.users import current_user  # noqa: E402
 
 
 def rate(n: int, wall: float, cpu: float) -> dict[str, float]:
@@ -72,7 +73,7 @@ def main() -> None:
 
     # one scoring fills the embedding and component caches (not part of any figure)
     t0 = time.perf_counter()
-    from core.embed import workspace_embedder
+    from core.base.embed import workspace_embedder
 
     ctx = ScoringContext(embedder=workspace_embedder(ws))
     Pyramid(template).compute_matrix(tuning.withhold_outcomes(frame), ctx=ctx,

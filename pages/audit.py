@@ -9,7 +9,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import audit
+from core.access import audit
 
 USER_ERRORS = resources.USER_ERRORS
 

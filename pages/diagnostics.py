@@ -6,7 +6,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent
-from core import runs
+from core.rl import runs
 
 USER_ERRORS = resources.USER_ERRORS
 SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}

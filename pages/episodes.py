@@ -6,8 +6,8 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import review
-from core.episode_views import (
+from core.guard import review
+from core.data.episode_views import (
     EpisodeFilter,
     dataset_label,
     episode_filter_choices,

@@ -8,10 +8,10 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import registry
-from core.bundle import export_bundle, exported_bundle_bytes, list_bundles
+from core.govern import registry
+from core.govern.bundle import export_bundle, exported_bundle_bytes, list_bundles
 from core.policies import policies_root, read_index
-from core.runs import list_runs
+from core.rl.runs import list_runs
 
 USER_ERRORS = resources.USER_ERRORS
 #: Where each action's outcome is kept for the next render, shown next to its button.

@@ -8,7 +8,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import review
+from core.guard import review
 
 USER_ERRORS = resources.USER_ERRORS
 FLASH = "review_flash"

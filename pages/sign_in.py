@@ -6,8 +6,8 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
-from core.errors import RwbError
-from core.users import LOCAL_ADDRESS, multi_user, sign_in, sso_sign_in
+from core.base.errors import RwbError
+from core.access.users import LOCAL_ADDRESS, multi_user, sign_in, sso_sign_in
 
 st.title("Sign in")
 st.caption("Sign in to act with your role: analysts import, design rewards and train; reviewers "

@@ -6,8 +6,8 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import runs
-from core.errors import ConflictError
+from core.rl import runs
+from core.base.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
 #: Seconds between refreshes of the runs table and the live curves while a run is running.

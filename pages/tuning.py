@@ -6,8 +6,8 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
-from core import tuning
-from core.errors import ConflictError
+from core.tuning import studies as tuning
+from core.base.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
 #: Seconds between refreshes of a running study.

@@ -36,12 +36,12 @@ class Trained:
     bundle: Path
 
     def workspace(self):
-        from core.store import Workspace
+        from core.records.store import Workspace
 
         return Workspace.open(self.root)
 
     def actor(self, name: str):
-        from core.users import Actor
+        from core.access.users import Actor
 
         return Actor(name=name, role=ROLES[name])
 
@@ -50,7 +50,7 @@ _CACHE: dict[str, Trained] = {}
 
 
 def tiny_config() -> Any:
-    from core.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig
 
     return PPOConfig(total_steps=2048, n_envs=64, rollout_len=16, update_epochs=2, n_minibatches=2,
                      bc_epochs=2, hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu",
@@ -59,7 +59,7 @@ def tiny_config() -> Any:
 
 def hash_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
     """Swap the sentence model for the hash embedder (everywhere core looks it up)."""
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,10 +74,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     """The shared workspace, run and bundle (built on first use in this process)."""
     if "run" in _CACHE:
         return _CACHE["run"]
-    from core.importers import import_file
-    from core.runs import train
-    from core.store import Workspace
-    from core.users import LOCAL_ADMIN, Actor, add_user
+    from core.data.importers import import_file
+    from core.rl.runs import train
+    from core.records.store import Workspace
+    from core.access.users import LOCAL_ADMIN, Actor, add_user
 
     root = tmp_path_factory.mktemp("bundle-ws")
     sample = Path(__file__).resolve().parents[1] / "datasets" / "finance" / "sample.jsonl"
@@ -92,7 +92,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
         add_user(ws, ada, name, ROLES[name], password=PASSWORDS[name])
     ana = Actor("ana", "analyst")
     result = train(ws, ana, template="finance_risk", dataset="finance", config=tiny_config())
-    from core.bundle import export_bundle
+    from core.govern.bundle import export_bundle
 
     bundle = export_bundle(ws, ana, result["run_id"], root.parent / "finance_risk-0.1.0.zip")
     ws.close()
@@ -120,8 +120,8 @@ def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 def promote_svc(run: Trained, root: Path) -> Path:
     """A policies folder at ``root`` with ``svc`` 0.1.0 promoted and 0.2.0 approved, through
     ``run``'s registry (its own evaluation re-labelled: 0.2.0 beats 0.1.0, both beat the expert)."""
-    from core import registry
-    from core.bundle import load_bundle
+    from core.govern import registry
+    from core.govern.bundle import load_bundle
 
     w = run.workspace()
     expert = load_bundle(run.bundle).manifest.evaluation["expert_return"]
@@ -156,8 +156,8 @@ def write_zip(path: Path, files: dict[str, bytes], *, symlinks: tuple[str, ...] 
 
 def workspace_key(root: Path) -> Any:
     """The signing key of the workspace at ``root`` (made on first need)."""
-    from core.keys import signing_key
-    from core.store import Workspace
+    from core.access.keys import signing_key
+    from core.records.store import Workspace
 
     ws = Workspace.open(root)
     try:
@@ -188,7 +188,7 @@ def reseal(src: Path, dst: Path, *, name: str | None = None, version: str | None
     exporter) sealed over the same — or the given — files and signed with the private key
     ``signer`` (default ``"run"``: the shared workspace's key, as its exporter would; None:
     unsigned)."""
-    from core.bundle import BUNDLE_FILES, write_bundle
+    from core.govern.bundle import BUNDLE_FILES, write_bundle
 
     m = members(src)
     manifest = json.loads(m["manifest.json"])
@@ -220,7 +220,7 @@ def registry_figures(mp: pytest.MonkeyPatch, returns: dict[tuple[str, str], floa
     (tests/test_signing.py) do not."""
     import copy
 
-    from core import registry
+    from core.govern import registry
 
     real = registry._own_record
 

@@ -14,8 +14,8 @@ import hashlib
 
 import numpy as np
 
-from core.catalog import build_catalog
-from core.episodes import Action, Episode, Outcome, Step, Task, ToolSchema
+from core.records.catalog import build_catalog
+from core.records.episodes import Action, Episode, Outcome, Step, Task, ToolSchema
 from core.rewards.frame import StepsFrame, build_frame
 
 TOOLS = [

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.embed import HashEmbedder  # noqa: F401 (the tests import it from here)
-from core.episodes import Action, Episode, Outcome, Step, Task, ToolSchema
+from core.base.embed import HashEmbedder  # noqa: F401 (the tests import it from here)
+from core.records.episodes import Action, Episode, Outcome, Step, Task, ToolSchema
 
 TOOLS = [
     ToolSchema(name="get_quote", parameters={
@@ -87,7 +87,7 @@ def make_episodes(n: int = 60, seed: int = 0) -> list[Episode]:
 
 def dataset_workspace(path, episodes=None, name: str = "fx"):
     """A workspace at ``path`` holding ``episodes`` (default :func:`make_episodes`) as dataset ``name``."""
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     ws = Workspace.open(path)
     eps = make_episodes() if episodes is None else episodes

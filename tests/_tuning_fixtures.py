@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.datasets import generate, write_jsonl
+from core.data.datasets import generate, write_jsonl
 from core.rewards.template import Template, parse_template
-from core.store import Workspace
+from core.records.store import Workspace
 
 #: finance_risk without output_consistency (the one component that needs the sentence model).
 FIN_FAST = """\

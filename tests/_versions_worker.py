@@ -6,10 +6,10 @@ from __future__ import annotations
 def save_on_base_zero(root: str, i: int, barrier, results) -> None:
     """Open the workspace, wait for the others, then save finance_risk on base 0."""
     from core.rewards.template import load_template
-    from core.errors import ConflictError
+    from core.base.errors import ConflictError
     from core.rewards.versions import save_template
-    from core.store import Workspace
-    from core.users import Actor
+    from core.records.store import Workspace
+    from core.access.users import Actor
 
     ws = Workspace.open(root)
     text = load_template("finance_risk").with_weights({"latency": 0.1 * (i + 1)}).to_yaml()

@@ -21,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def ws(tmp_path):
     """A fresh workspace in the test's temporary folder (a module may define its own)."""
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     w = Workspace.open(tmp_path / "ws")
     yield w
@@ -30,12 +30,13 @@ def ws(tmp_path):
 
 @pytest.fixture
 def children(monkeypatch):
-    """The background launches of core.runs and core.tuning start ``sleep 120`` instead;
+    """The background launches of core.rl.runs and core.tuning.studies start ``sleep 120`` instead;
     the children are ended after the test (by their own pids)."""
     import subprocess
     import types
 
-    from core import runs, tuning
+    from core.rl import runs
+    from core.tuning import studies as tuning
 
     started: list[subprocess.Popen] = []
 

@@ -8,10 +8,10 @@ import random
 import time
 from typing import Any
 
-from core import review
-from core.errors import ConflictError
-from core.store import Workspace
-from core.users import Actor
+from core.guard import review
+from core.base.errors import ConflictError
+from core.records.store import Workspace
+from core.access.users import Actor
 
 
 def reviewer_process(root: str, name: str, seed: int, start: Any, results: Any) -> None:

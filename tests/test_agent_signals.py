@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.catalog import build_catalog
-from core.episodes import Action, Episode, Step, Task
+from core.records.catalog import build_catalog
+from core.records.episodes import Action, Episode, Step, Task
 from core.rewards import COMPONENTS, ScoringContext, build_frame
 from core.rewards.agent_signals import is_write_tool
 from _rewards_fixtures import FakeEmbedder
@@ -62,7 +62,7 @@ def test_unrecovered_errors_hand_computed():
 
 def test_answer_consistency_with_the_real_model():
     """An answer that repeats what the tools said scores above one that does not."""
-    from core.embed import Embedder
+    from core.base.embed import Embedder
 
     result = '{"reservation_id": "EHGLP3", "status": "cancelled", "refund": 350, "currency": "USD"}'
     episodes = [

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.catalog import catalog_for_dataset
+from core.records.catalog import catalog_for_dataset
 from core.cli import main as rwb
-from core.episode_views import (
+from core.data.episode_views import (
     EpisodeFilter,
     import_formats,
     import_summary,
@@ -29,10 +29,10 @@ from core.episode_views import (
     list_episodes,
     show_episode,
 )
-from core.episodes import Action, Episode, Outcome, Step, Task
-from core.errors import InputError
-from core.store import Workspace
-from core.workspace_setup import SAMPLE_DATASETS, ensure_samples, init_workspace
+from core.records.episodes import Action, Episode, Outcome, Step, Task
+from core.base.errors import InputError
+from core.records.store import Workspace
+from core.sample.workspace_setup import SAMPLE_DATASETS, ensure_samples, init_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")
@@ -122,7 +122,7 @@ def test_ensure_samples_touches_only_an_empty_workspace(tmp_path):
 
 
 def test_samples_are_generated_when_the_checkout_files_are_missing(tmp_path, monkeypatch):
-    from core import datasets
+    from core.data import datasets
 
     committed = {p.parent.name: p for p in datasets.sample_files()}
     monkeypatch.setattr(datasets, "sample_files", lambda: [])

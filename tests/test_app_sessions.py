@@ -1,4 +1,4 @@
-"""Sessions that last: the signed session cookie (core.users), the route that sets it
+"""Sessions that last: the signed session cookie (core.access.users), the route that sets it
 (rwb_app.session_cookie) and the app's reading of it (rwb_app.resources, AppTest).
 
 Times are given explicitly (``now=``); nothing sleeps.  The browser's cookie is stood in
@@ -21,9 +21,9 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 from streamlit.testing.v1 import AppTest
 
-from core import users
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, SESSION_MAX_S, Actor, SessionEnded
+from core.access import users
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, SESSION_MAX_S, Actor, SessionEnded
 from rwb_app import session_cookie
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from rwb_app.messages import CLI_PREFIX, app_words, user_message
-from core.errors import InputError
-from core.importers import IMPORTERS
-from core.store import Workspace
+from core.base.errors import InputError
+from core.data.importers import IMPORTERS
+from core.records.store import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 EPISODES_PAGE = str(ROOT / "pages" / "episodes.py")
@@ -95,7 +95,7 @@ def test_user_message_replaces_flags_by_labels():
 
 
 def test_an_upload_keeps_the_errors_structure(tmp_path):
-    from core.episode_views import import_upload
+    from core.data.episode_views import import_upload
 
     ws = Workspace.open(tmp_path / "ws")
     with pytest.raises(InputError) as info:

@@ -1,4 +1,4 @@
-"""The audit trail (core.audit): exact schema, append-only, batching without loss, export."""
+"""The audit trail (core.access.audit): exact schema, append-only, batching without loss, export."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from core import audit
-from core.catalog import build_catalog
+from core.access import audit
+from core.records.catalog import build_catalog
 from core.cli import root
-from core.episodes import Episode, ToolSchema
-from core.errors import ConflictError, InputError, PermissionDenied
-from core.store import DB_NAME, Workspace
-from core.users import LOCAL_ADMIN, Actor
+from core.records.episodes import Episode, ToolSchema
+from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.records.store import DB_NAME, Workspace
+from core.access.users import LOCAL_ADMIN, Actor
 
 ENGINE = Actor.service()
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,9 +209,9 @@ def test_exit_handlers_commit_or_spill_and_recover(tmp_path):
     ok, locked = Workspace.open(tmp_path / "ok"), Workspace.open(tmp_path / "locked")
     script = f"""
         import sqlite3
-        from core.store import Workspace
-        from core import audit
-        from core.users import Actor
+        from core.records.store import Workspace
+        from core.access import audit
+        from core.access.users import Actor
         ok, locked = Workspace.open({str(ok.root)!r}), Workspace.open({str(locked.root)!r})
         w1 = audit.AuditWriter(ok, Actor.service(), batch_size=1000, flush_interval_s=3600)
         w2 = audit.AuditWriter(locked, Actor.service(), batch_size=1000, flush_interval_s=3600,
@@ -315,7 +315,7 @@ def test_export_as_episodes_decodes_tokens_with_the_catalog(ws, tmp_path):
         "required": ["period"]})
     catalog = build_catalog([tool])
     q3 = catalog.normalize(
-        __import__("core.episodes").episodes.Action(kind="tool_call", tool="get_stock_data",
+        __import__("core.records.episodes").episodes.Action(kind="tool_call", tool="get_stock_data",
                                                     params={"period": "q3"})).token_id
     audit.write_record(ws, ENGINE, {"input_hash": "a", "final_action": q3, "episode_id": "x"})
     audit.write_record(ws, ENGINE, {"input_hash": "b", "final_action": "F0", "episode_id": "x"})
@@ -333,7 +333,7 @@ def test_export_as_episodes_decodes_tokens_with_the_catalog(ws, tmp_path):
 
 
 def test_served_episodes_reimport_round_trip(ws, tmp_path):
-    from core.importers import import_file
+    from core.data.importers import import_file
 
     _serve(ws)
     out = tmp_path / "served.jsonl"

@@ -102,8 +102,8 @@ def test_back_to_back_decides_every_request_under_new_episode_ids_and_sorts_out_
 
 
 def test_the_production_size_is_the_network_the_demo_trains(bench):
-    from core.demo import FULL, demo_training_config
-    from core.ppo import PPOConfig
+    from core.sample.demo import FULL, demo_training_config
+    from core.rl.ppo import PPOConfig
 
     production, demo = PPOConfig(**bench.SIZES["production"]), demo_training_config(FULL)
     assert (production.hidden, production.n_critics, production.encoder_config()) == \

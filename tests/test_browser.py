@@ -70,13 +70,14 @@ def build_workspace(base: Path) -> dict:
     would have left them), a finished run with review items, a tuning study, and a file to upload."""
     import dataclasses
 
-    from core import datasets, rewards
-    from core.demo import FULL, demo_training_config
-    from core.importers import import_file
-    from core.runs import train
-    from core.store import Workspace
-    from core.tuning import tune
-    from core.users import LOCAL_ADMIN, Actor, add_user
+    from core import rewards
+    from core.data import datasets
+    from core.sample.demo import FULL, demo_training_config
+    from core.data.importers import import_file
+    from core.rl.runs import train
+    from core.records.store import Workspace
+    from core.tuning.studies import tune
+    from core.access.users import LOCAL_ADMIN, Actor, add_user
 
     ws = Workspace.open(base / "ws")
     data = datasets.generate_file("finance", GENERATED, 2024, base / f"{DATASET}.jsonl", behaviours="noisy")

@@ -46,9 +46,9 @@ STEPS = 2048
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    from core import datasets
-    from core.importers import import_file
-    from core.store import Workspace
+    from core.data import datasets
+    from core.data.importers import import_file
+    from core.records.store import Workspace
 
     base = tmp_path_factory.mktemp("browser-actions")
     ws = Workspace.open(base / "ws")

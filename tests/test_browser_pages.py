@@ -1,7 +1,7 @@
 """Every page of the sample app opens usable, in a real browser, and is screenshotted.
 
 ``rwb app`` starts on an empty folder, as a new analyst's first start does: before
-Streamlit serves, it imports the sample datasets and scores them (core.warmup, with its
+Streamlit serves, it imports the sample datasets and scores them (core.sample.warmup, with its
 progress on the terminal).  Then each page is opened by its address in Debian's Chromium
 and must become usable (benchmarks/bench_pages.py says what that means) within a loose
 limit; a full-page screenshot of each lands in ``test-output/screens/page-<address>.png``

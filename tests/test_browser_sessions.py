@@ -44,9 +44,9 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is n
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     """A workspace with one tiny dataset and no users yet."""
-    from core import datasets
-    from core.importers import import_file
-    from core.store import Workspace
+    from core.data import datasets
+    from core.data.importers import import_file
+    from core.records.store import Workspace
 
     base = tmp_path_factory.mktemp("sessions")
     ws = Workspace.open(base / "ws")
@@ -140,8 +140,8 @@ def _sign_in(pg, name: str) -> None:
 # --------------------------------------------------------------------------- the test
 @pytest.mark.timeout(600)
 def test_sign_in_survives_reload_and_typed_addresses(context, app_url, workspace):
-    from core.store import Workspace
-    from core.users import LOCAL_ADMIN, Actor, add_user, set_password
+    from core.records.store import Workspace
+    from core.access.users import LOCAL_ADMIN, Actor, add_user, set_password
 
     # 1. No users: the local admin acts, on every page, the sign-in page included.
     first = context.new_page()

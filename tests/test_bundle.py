@@ -1,4 +1,4 @@
-"""Policy bundles (core.bundle) and the RDE tree (core.rde): export from a real tiny run,
+"""Policy bundles (core.govern.bundle) and the RDE tree (core.rl.rde): export from a real tiny run,
 verify, load, and refuse every kind of tampering.
 
 Tampering kinds (issue 6): a flipped byte in any file, an added file, a path escaping the
@@ -21,7 +21,7 @@ import pytest
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import PASSWORDS, members, module_hash_embedder, reseal, trained, write_zip  # noqa: F401
-from core.bundle import (
+from core.govern.bundle import (
     BUNDLE_FILES,
     MANIFEST,
     SIGNATURE,
@@ -58,7 +58,7 @@ def assert_refused(path: Path, *words: str) -> str:
 
 # --------------------------------------------------------------------------- the exported bundle
 def test_export_writes_a_bundle_a_person_can_open(run):
-    from core.runs import get_run, run_template, template_hash
+    from core.rl.runs import get_run, run_template, template_hash
 
     files = members(run.bundle)
     assert list(files) == [MANIFEST, *BUNDLE_FILES, SIGNATURE]
@@ -97,19 +97,19 @@ def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_pat
     """An imperfect agent's logs (no expert label): the RDE tree imitates the behaviour whose
     training episodes earned the most, and the bundle verifies."""
     from _bundle_fixtures import tiny_config
-    from core import datasets
-    from core.bundle import export_bundle
-    from core.importers import import_file
-    from core.runs import train
-    from core.store import Workspace
-    from core.users import LOCAL_ADMIN
+    from core.data import datasets
+    from core.govern.bundle import export_bundle
+    from core.data.importers import import_file
+    from core.rl.runs import train
+    from core.records.store import Workspace
+    from core.access.users import LOCAL_ADMIN
 
     data = datasets.generate_file("finance", 90, 5, tmp_path / "agent.jsonl", behaviours="noisy,hacker")
     ws = Workspace.open(tmp_path / "ws")
     import_file(ws, data["out"], dataset="agent")
     run_id = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="agent", config=tiny_config())["run_id"]
-    from core.runs import open_run
-    from core.sim import logged_returns
+    from core.rl.runs import open_run
+    from core.rl.sim import logged_returns
 
     d = open_run(ws, run_id, need_policy=False).data
     earned = logged_returns(d.tables, d.train_episodes)
@@ -342,12 +342,12 @@ def test_pickle_signatures():
 # --------------------------------------------------------------------------- export with review rules, via the CLI
 def test_cli_export_includes_review_rules_and_verify_reports(run, loaded, tmp_path, monkeypatch, capsys):
     from core.cli import main
-    from core.review import ReviewRequest, claim, decide, enqueue
+    from core.guard.review import ReviewRequest, claim, decide, enqueue
 
     # a copy of the workspace, so the rejected review stays out of the other tests
     ws_copy = tmp_path / "ws"
     shutil.copytree(run.root, ws_copy)
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     ws = Workspace.open(ws_copy)
     rae = run.actor("rae")
@@ -380,8 +380,8 @@ def test_cli_export_includes_review_rules_and_verify_reports(run, loaded, tmp_pa
 
 
 def test_export_refuses_wrong_role_and_unfinished_runs(run, tmp_path):
-    from core.bundle import export_bundle
-    from core.errors import InputError, PermissionDenied
+    from core.govern.bundle import export_bundle
+    from core.base.errors import InputError, PermissionDenied
 
     ws = run.workspace()
     with pytest.raises(PermissionDenied):
@@ -395,7 +395,7 @@ def test_export_refuses_wrong_role_and_unfinished_runs(run, tmp_path):
 def test_rde_predictor_matches_scikit_learn_and_a_slow_walk(run):
     from sklearn.tree import DecisionTreeClassifier
 
-    from core.rde import RdeModel, decisions_of, fit_rde
+    from core.rl.rde import RdeModel, decisions_of, fit_rde
 
     bundle = load_bundle(run.bundle)
     ws = run.workspace()
@@ -427,8 +427,8 @@ def test_rde_predictor_matches_scikit_learn_and_a_slow_walk(run):
 
 
 def test_rde_refuses_malformed_arrays(loaded):
-    from core.errors import InputError
-    from core.rde import RdeModel
+    from core.base.errors import InputError
+    from core.rl.rde import RdeModel
 
     arrays = loaded.rde.arrays()
     arrays["children_left"] = arrays["children_left"].copy()

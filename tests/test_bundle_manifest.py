@@ -18,9 +18,9 @@ import torch
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import members, module_hash_embedder, trained, workspace_key  # noqa: F401
-from core import bundle as B
-from core.bundle import MANIFEST, Manifest, environment_checks, verify_bundle, write_bundle
-from core.keys import trust_store
+from core.govern import bundle as B
+from core.govern.bundle import MANIFEST, Manifest, environment_checks, verify_bundle, write_bundle
+from core.access.keys import trust_store
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_the_manifest_names_versions_model_layout_and_catalog(run, manifest):
     assert built["torch"] == torch.__version__ and built["numpy"] == np.__version__
     assert built["reward_workbench"] == importlib.metadata.version("reward-workbench")
     # these tests embed with the hash embedder: it is what the bundle names, with no model files
-    assert built["embedding_model"] == {"name": "core.embed.HashEmbedder", "sha256": None, "dim": 384,
+    assert built["embedding_model"] == {"name": "core.base.embed.HashEmbedder", "sha256": None, "dim": 384,
                                         "package": None, "package_version": None}
     files = members(run.bundle)
     catalog = json.loads(files["catalog.json"])
@@ -70,7 +70,7 @@ def test_the_manifest_names_versions_model_layout_and_catalog(run, manifest):
 def test_the_feature_layout_describes_the_encoder_inputs(run, manifest):
     from safetensors.numpy import load
 
-    from core.sim import OBS_KEYS
+    from core.rl.sim import OBS_KEYS
 
     layout = manifest["built_with"]["feature_layout"]
     assert [i["name"] for i in layout["inputs"]] == list(OBS_KEYS)
@@ -134,7 +134,7 @@ def test_another_model_hash_is_a_loud_warning_naming_both(run, tmp_path, capsys)
     code, out, err = verify_cli(run, path, capsys)
     assert code == 0                                         # a warning, not a refusal
     warning = next(line for line in err.splitlines() if line.startswith("WARNING: embedding model differs"))
-    assert "sha256 abababababab…" in warning and "core.embed.HashEmbedder (no model files" in warning
+    assert "sha256 abababababab…" in warning and "core.base.embed.HashEmbedder (no model files" in warning
     # against the packaged sentence model: both digests are named
     checks = environment_checks(Manifest.model_validate_json(members(path)[MANIFEST]), embedder=None)
     model = next(c for c in checks if c.item == "embedding_model")
@@ -153,7 +153,7 @@ def test_another_feature_layout_is_a_warning_naming_both(manifest):
     layout["digest"] = B.manifest_digest({"version": layout["version"], "inputs": layout["inputs"]})
     old = m.model_copy(update={"built_with": m.built_with.model_copy(
         update={"feature_layout": B.FeatureLayout.model_validate(layout)})})
-    from core.embed import HashEmbedder
+    from core.base.embed import HashEmbedder
 
     check = next(c for c in environment_checks(old, HashEmbedder()) if c.item == "feature_layout")
     here = B.feature_layout()
@@ -163,7 +163,7 @@ def test_another_feature_layout_is_a_warning_naming_both(manifest):
 
 
 def test_other_library_versions_are_a_note(manifest):
-    from core.embed import HashEmbedder
+    from core.base.embed import HashEmbedder
 
     m = Manifest.model_validate(manifest)
     old = m.model_copy(update={"built_with": m.built_with.model_copy(update={"torch": "1.13.1", "numpy": "1.26.4"})})

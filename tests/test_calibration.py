@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from _real_logs import REAL, rwb_import_labelled
-from core.errors import InputError
-from core.importers import read_file
+from core.base.errors import InputError
+from core.data.importers import read_file
 from core.rewards.api import frame_from_episodes, score
 from core.rewards.calibration import calibrate_result, outcome_columns
 from core.rewards.outcomes import auc, episode_labels

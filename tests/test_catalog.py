@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.catalog import (OTHER, UNSET, Catalog, CatalogOptions, build_catalog, catalog_for_dataset,
+from core.records.catalog import (OTHER, UNSET, Catalog, CatalogOptions, build_catalog, catalog_for_dataset,
                           load_tools_file, show_catalog)
-from core.episodes import Action, Episode, Step, Task, ToolSchema
-from core.errors import InputError
+from core.records.episodes import Action, Episode, Step, Task, ToolSchema
+from core.base.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -354,7 +354,7 @@ def _episode(i: int, tool: str, params: dict) -> Episode:
 
 
 def test_catalog_for_dataset(tmp_path, trading_tools):
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     ws = Workspace.open(tmp_path / "ws")
     with ws.transaction() as conn:

@@ -1,4 +1,4 @@
-"""Run curves as figures (app.charts.curve_figure over core.runs.run_curves): whole-number
+"""Run curves as figures (app.charts.curve_figure over core.rl.runs.run_curves): whole-number
 step axes, markers on short runs, and every compared run kept, a run of one update included."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 from _state_fixtures import HashEmbedder
 from rwb_app import charts
-from core import runs
-from core.ppo import PPOConfig
-from core.store import Workspace
-from core.users import LOCAL_ADMIN
+from core.rl import runs
+from core.rl.ppo import PPOConfig
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN
 
 SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "finance" / "sample.jsonl"
 LONG_UPDATES = charts.MARKERS_BELOW + 5
@@ -27,8 +27,8 @@ def _metrics(update: int) -> dict:
 @pytest.fixture
 def two_runs(tmp_path, monkeypatch):
     """A workspace with a run of :data:`LONG_UPDATES` updates and a newer run stopped after one."""
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
-    from core.importers import import_file
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    from core.data.importers import import_file
 
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
     subset = tmp_path / "finance.jsonl"

@@ -178,7 +178,7 @@ def test_shell_completion(rwb, monkeypatch):
 
 
 def test_review_claim_lease_help_names_the_default():
-    from core.review import DEFAULT_LEASE_SECONDS
+    from core.guard.review import DEFAULT_LEASE_SECONDS
 
     claim = dict(COMMANDS)[("rwb", "review", "claim")]
     lease = next(p for p in claim.params if p.name == "lease")

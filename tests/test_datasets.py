@@ -1,4 +1,4 @@
-"""Synthetic episode generators (core.datasets, core.datagen) and `rwb datasets`."""
+"""Synthetic episode generators (core.data.datasets, core.data.datagen) and `rwb datasets`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import datasets
+from core.data import datasets
 from core.cli import main as rwb
-from core.datagen import common, ecommerce, finance
-from core.episodes import ToolSchema
-from core.errors import InputError
+from core.data.datagen import common, ecommerce, finance
+from core.records.episodes import ToolSchema
+from core.base.errors import InputError
 
 N = 500
 
@@ -167,7 +167,7 @@ def test_streamed_file_equals_the_in_memory_one(domain, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("spec", datasets.SAMPLES, ids=lambda s: s.domain)
 def test_committed_samples_regenerate_byte_for_byte(spec):
-    assert spec.path.is_file(), f"missing {spec.path}; run core.datasets.write_samples()"
+    assert spec.path.is_file(), f"missing {spec.path}; run core.data.datasets.write_samples()"
     data = spec.path.read_bytes()
     assert len(data) < 3_000_000
     regenerated = "".join(line + "\n" for line in datasets.generate(spec.domain, spec.episodes, spec.seed).lines())
@@ -446,7 +446,7 @@ def test_cli_generate_prints_one_json_summary(tmp_path, capsys):
 
 
 def test_cli_list_shows_workspace_datasets(tmp_path, capsys):
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     ws = Workspace.open(tmp_path / "ws")
     episodes = datasets.generate("finance", 5, 1).episodes
@@ -466,8 +466,8 @@ def test_cli_list_shows_workspace_datasets(tmp_path, capsys):
 def test_good_behaviours_pass_the_shipped_masks(domain, good):
     """The committed mask rules (datasets/<domain>/masks.yaml) never block a logged step of
     the well-behaved policies, and do block some of the others (what training must avoid)."""
-    from core.catalog import build_catalog
-    from core.masking import load_masks, logged_mask_report
+    from core.records.catalog import build_catalog
+    from core.guard.masking import load_masks, logged_mask_report
 
     ds = datasets.generate(domain, 400, seed=31)
     catalog = build_catalog(ds.tools, ds.episodes)

@@ -1,4 +1,4 @@
-"""``rwb demo`` (core.demo.run_demo) runs the whole loop on small sizes, and its command.
+"""``rwb demo`` (core.sample.demo.run_demo) runs the whole loop on small sizes, and its command.
 
 The demo's report is checked against the workspace it leaves behind — the figures it
 prints must be what is really there: users and roles, the imported episodes, a finished
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from core.cli import main as rwb
-from core.errors import InputError
-from core.store import Workspace
+from core.base.errors import InputError
+from core.records.store import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,16 +56,18 @@ def test_every_step_ran_and_says_where_to_look(demo):
 
 
 def test_figures_match_the_workspace(demo):
-    from core import audit, registry, review
+    from core.access import audit
+    from core.govern import registry
+    from core.guard import review
     from core.rewards.versions import list_versions
-    from core.runs import get_run
-    from core.users import list_users
+    from core.rl.runs import get_run
+    from core.access.users import list_users
 
     ws, report, _ = demo
     users = {u["name"]: u["role"] for u in list_users(ws, report_actor(ws, "ada"))}
     assert users == {"ada": "admin", "ana": "analyst", "rae": "reviewer", "bob": "approver"}
 
-    from core.demo import AGENT_BEHAVIOUR, AGENT_DATASET
+    from core.sample.demo import AGENT_BEHAVIOUR, AGENT_DATASET
 
     episodes = _step(report, "episodes")["figures"]
     agent = episodes["agent_logs"]
@@ -122,14 +124,14 @@ def test_figures_match_the_workspace(demo):
 
 
 def report_actor(ws, name):
-    from core.demo import DEMO_USERS
-    from core.users import authenticate
+    from core.sample.demo import DEMO_USERS
+    from core.access.users import authenticate
 
     return authenticate(ws, name, DEMO_USERS[name][1])
 
 
 def test_demo_refuses_a_workspace_that_is_not_fresh(demo):
-    from core.demo import run_demo
+    from core.sample.demo import run_demo
 
     ws, _, _ = demo
     with pytest.raises(InputError, match="fresh workspace"):
@@ -147,9 +149,9 @@ def test_command_refuses_to_replace_a_folder_it_did_not_create(tmp_path, capsys)
 
 
 def test_requests_from_episode_carry_state_and_the_previous_result():
-    from core import datasets
-    from core.demo import requests_from_episode
-    from core.serving import parse_request
+    from core.data import datasets
+    from core.sample.demo import requests_from_episode
+    from core.serve.serving import parse_request
 
     episode = datasets.generate("finance", 4, 3).episodes[0]
     requests = requests_from_episode(episode)

@@ -14,8 +14,8 @@ import pytest
 
 from _real_logs import REAL, rwb_import_labelled
 from _state_fixtures import HashEmbedder
-from core import runs
-from core.catalog import (
+from core.rl import runs
+from core.records.catalog import (
     OFF_CATALOG_KINDS,
     Catalog,
     PresetDim,
@@ -24,15 +24,15 @@ from core.catalog import (
     catalog_for_dataset,
 )
 from core.cli import main
-from core.datasets import generate_file
-from core.episodes import Action, Episode, Step, ToolSchema
-from core.importers import import_file, read_file
-from core.store import Workspace
-from core.users import LOCAL_ADMIN
+from core.data.datasets import generate_file
+from core.records.episodes import Action, Episode, Step, ToolSchema
+from core.data.importers import import_file, read_file
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN
 
 
 def tiny():
-    from core.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig
 
     return PPOConfig(total_steps=512, n_envs=16, rollout_len=16, update_epochs=1, n_minibatches=2, bc_epochs=1,
                      hidden=32, n_critics=2, encoder={"dim": 32}, device="cpu", threads=1, eval_every=1,
@@ -117,8 +117,8 @@ def test_catalog_coverage_known_answer() -> None:
 
 def test_sim_tables_on_a_given_catalog_use_it_as_is() -> None:
     """``build_sim_tables_from(..., catalog=)`` keeps the catalog and marks what it cannot express INVALID."""
-    from core.datasets import generate
-    from core.sim import build_sim_tables_from
+    from core.data.datasets import generate
+    from core.rl.sim import build_sim_tables_from
 
     first = generate("finance", 12, seed=3)
     second = generate("finance", 12, seed=4)
@@ -136,7 +136,7 @@ def test_sim_tables_on_a_given_catalog_use_it_as_is() -> None:
 def finance_ws(tmp_path_factory):
     """Two generated finance files of different seeds (datasets ``a`` and ``b``) and a tiny run on ``a``."""
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     root = tmp_path_factory.mktemp("evaluate-catalog")
     generate_file("finance", 60, seed=11, out=root / "a.jsonl")
     generate_file("finance", 40, seed=12, out=root / "b.jsonl")
@@ -151,7 +151,7 @@ def finance_ws(tmp_path_factory):
 
 
 def test_evaluate_other_file_and_dataset_on_the_runs_catalog(finance_ws, capsys, monkeypatch) -> None:
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     root, run_id, run_catalog = finance_ws
     other = read_file(root / "b.jsonl").episodes
     assert build_catalog(read_file(root / "b.jsonl").tools, other).version != run_catalog.version
@@ -197,7 +197,7 @@ def test_both_sources_is_a_usage_error(finance_ws, capsys) -> None:
 def test_real_run_evaluated_on_another_agents_logs(tmp_path, capsys, monkeypatch) -> None:
     """A run on the Whissle agent's 50 airline runs, evaluated on the 586 Grok runs (airline and
     telecom): the telecom tools are not in the run's catalog, and the report counts them."""
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     ws_path = tmp_path / "ws"
     rwb_import_labelled(str(ws_path), "tau2_whissle", "whissle")
     ws = Workspace.open(ws_path)

@@ -1,4 +1,4 @@
-"""core.fast_policy: the numpy forward serving runs reproduces the torch module."""
+"""core.serve.fast_policy: the numpy forward serving runs reproduces the torch module."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.fast_policy import TOLERANCE, NumpyPolicy, numpy_policy
-from core.ppo import Agent
-from core.state import CONTEXT_DIM, INTENT_RULE_DIM, PAD_TOKEN, TEXT_DIM, TRACE_LEN, StateEncoderConfig
+from core.serve.fast_policy import TOLERANCE, NumpyPolicy, numpy_policy
+from core.rl.ppo import Agent
+from core.state.features import CONTEXT_DIM, INTENT_RULE_DIM, PAD_TOKEN, TEXT_DIM, TRACE_LEN, StateEncoderConfig
 
 N_ACTIONS = 17
 
@@ -87,7 +87,7 @@ def test_the_folded_first_layers_equal_the_dense_ones():
     obs = {k: v.numpy() for k, v in _obs(12, seed=5).items()}
     # the trace: the dense branch on the module's flattened input [embedding, reward, dt] per step
     tokens = np.minimum(np.maximum(obs["trace_action"] + 2, 0), N_ACTIONS + 1)
-    reward = np.clip(obs["trace_reward"], -5.0, 5.0).astype(np.float32)   # core.state.Z_CLIP
+    reward = np.clip(obs["trace_reward"], -5.0, 5.0).astype(np.float32)   # core.state.features.Z_CLIP
     x = np.concatenate([fast.action_embed[tokens], reward[..., None], obs["trace_dt"][..., None]], axis=2)
     np.testing.assert_allclose(fast.trace_net.trace(tokens, reward, obs["trace_dt"]),
                                fast.trace_net(x.reshape(len(x), -1)), atol=1e-5)

@@ -21,12 +21,14 @@ from streamlit.testing.v1 import AppTest
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained  # noqa: F401
 from _tuning_fixtures import FIN_FAST, finance_workspace
-from core import registry, runs, tuning
-from core.bundle import load_bundle
+from core.govern import registry
+from core.rl import runs
+from core.tuning import studies as tuning
+from core.govern.bundle import load_bundle
 from core.policies import read_index
 from core.rewards.versions import save_template
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, current_user
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, current_user
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = str(ROOT / "pages" / "policies.py")

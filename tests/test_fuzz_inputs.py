@@ -28,16 +28,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import safe_yaml
+from core.base import safe_yaml
 from core.cli import main
-from core.episode_views import import_upload
-from core.episodes import MAX_TEXT_CHARS
-from core.errors import InputError
-from core.importers import import_file
-from core.importers.base import MAX_JSON_DEPTH, MAX_RECORD_BYTES
+from core.data.episode_views import import_upload
+from core.records.episodes import MAX_TEXT_CHARS
+from core.base.errors import InputError
+from core.data.importers import import_file
+from core.data.importers.base import MAX_JSON_DEPTH, MAX_RECORD_BYTES
 from core.rewards.template import Template, TemplateError, parse_template
 from core.rewards.views import apply_yaml
-from core.store import Workspace
+from core.records.store import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -369,7 +369,7 @@ def test_json_nested_300_levels_is_refused_naming_file_line_and_path(tmp_path: P
 
 
 def test_max_depth_matches_the_slow_reference() -> None:
-    from core.importers.base import _deep_path, _max_depth
+    from core.data.importers.base import _deep_path, _max_depth
 
     texts = ['"[\\\\"', '["\\"["]', '{"a":[["]]]]"]]}', "[]", "1", '"x"', '[{"a\\\\":[1,{"b":[]}]}]',
              json.dumps(_nested(70, "]", True))]

@@ -15,10 +15,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _tuning_fixtures import FIN_FAST, finance_workspace
-from core import runs, tuning
-from core.errors import ConflictError
+from core.rl import runs
+from core.tuning import studies as tuning
+from core.base.errors import ConflictError
 from core.rewards.versions import save_template
-from core.users import LOCAL_ADMIN, current_user
+from core.access.users import LOCAL_ADMIN, current_user
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = str(ROOT / "pages" / "training.py")

@@ -91,7 +91,7 @@ def _import_core(cli: bool) -> dict:
 def test_core_never_imports_streamlit_nor_typer():
     """Every module of ``core`` except the CLI, imported together in a fresh process."""
     result = _import_core(cli=False)
-    assert "core.store" in result["modules"] and "core.episodes" in result["modules"]
+    assert "core.records.store" in result["modules"] and "core.records.episodes" in result["modules"]
     assert result["forbidden"] == [], (
         f"importing {len(result['modules'])} core modules pulled in {result['forbidden']}; "
         "core must not import streamlit, and only core.cli may import typer")
@@ -107,7 +107,7 @@ def test_core_cli_imports_typer_but_not_streamlit():
 
 def test_import_checker_sees_streamlit(tmp_path):
     """The subprocess check above really notices a forbidden import."""
-    probe = "import sys, core.store, streamlit; print('streamlit' in sys.modules)"
+    probe = "import sys, core.records.store, streamlit; print('streamlit' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.strip() == "True"

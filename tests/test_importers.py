@@ -1,4 +1,4 @@
-"""Importers (core.importers): each format on real copied files and on generated data,
+"""Importers (core.data.importers): each format on real copied files and on generated data,
 all-or-nothing imports, skip-invalid reports, duplicate ids, re-import no-op, the exact
 rwb round trip (property test) and a fuzz test of bad inputs that must never crash."""
 
@@ -17,19 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.episodes import Episode, ToolSchema
-from core.errors import InputError
-from core.importers import (
+from core.records.episodes import Episode, ToolSchema
+from core.base.errors import InputError
+from core.data.importers import (
     detect_format,
     export_episodes,
     find_episode,
     import_file,
     read_file,
 )
-from core.importers.base import load_document
-from core.importers.bfcl import parse_call
-from core.importers.tau2 import ToolFailed, calculate
-from core.store import Workspace
+from core.data.importers.base import load_document
+from core.data.importers.bfcl import parse_call
+from core.data.importers.tau2 import ToolFailed, calculate
+from core.records.store import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "datasets" / "real"
@@ -328,7 +328,7 @@ def test_importers_never_call_eval() -> None:
 
 # --------------------------------------------------------------------------- rwb and generated data
 def test_generated_data_imports_and_round_trips(ws: Workspace, tmp_path: Path) -> None:
-    from core.datasets import generate, write_jsonl as write_generated
+    from core.data.datasets import generate, write_jsonl as write_generated
 
     ds = generate("finance", 12, seed=3)
     src = write_generated(ds, tmp_path / "fin.jsonl")
@@ -351,7 +351,7 @@ def test_generated_data_as_openai_logs(ws: Workspace, tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_import import to_openai_record
 
-    from core.datasets import generate
+    from core.data.datasets import generate
 
     ds = generate("ecommerce", 8, seed=5)
     path = write_jsonl(tmp_path / "eco.jsonl", [to_openai_record(e, ds.tools) for e in ds.episodes])
@@ -647,8 +647,8 @@ def test_parallel_rwb_import_matches_one_process(ws: Workspace, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The multi-process reader (big rwb files) stores exactly what the one-process path
     stores, reports the same figures, and the same first bad record."""
-    from core.datasets import generate, write_jsonl as write_generated
-    from core.importers import parallel
+    from core.data.datasets import generate, write_jsonl as write_generated
+    from core.data.importers import parallel
 
     src = write_generated(generate("finance", 60, seed=11), tmp_path / "big.jsonl")
     header, *lines = src.read_text(encoding="utf-8").splitlines()
@@ -665,7 +665,7 @@ def test_parallel_rwb_import_matches_one_process(ws: Workspace, tmp_path: Path,
     monkeypatch.setenv("RWB_IMPORT_WORKERS", "2")
     calls = []
     real = parallel.read_rwb_rows
-    monkeypatch.setattr("core.importers.api.read_rwb_rows",
+    monkeypatch.setattr("core.data.importers.api.read_rwb_rows",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     two = import_file(ws, src, dataset="two")
     assert calls == [1]
@@ -711,7 +711,7 @@ def test_fast_import_stores_what_the_model_path_stores(ws: Workspace, tmp_path: 
     the slow obvious path, for rwb and for the same episodes as OpenAI logs."""
     import sys
 
-    from core.datasets import generate, write_jsonl as write_generated
+    from core.data.datasets import generate, write_jsonl as write_generated
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_import import to_openai_record
@@ -734,11 +734,11 @@ def test_fast_validation_equals_the_models() -> None:
     """episode_dict (one pydantic-core pass into dicts) == Episode.model_validate(...).model_dump(),
     from JSON text and from Python objects; prepare_fast == prepare_episode; the dict rows ==
     the model rows."""
-    from core.datasets import generate
-    from core.episodes import episode_dict
-    from core.importers.base import prepare_episode, prepare_fast
-    from core.importers.parallel import episode_row_of, step_rows_of
-    from core.store import episode_row, step_rows
+    from core.data.datasets import generate
+    from core.records.episodes import episode_dict
+    from core.data.importers.base import prepare_episode, prepare_fast
+    from core.data.importers.parallel import episode_row_of, step_rows_of
+    from core.records.store import episode_row, step_rows
 
     eps = generate("finance", 12, seed=2).episodes + generate("ecommerce", 12, seed=2).episodes
     eps.append(Episode(episode_id="bare"))  # every default
@@ -761,8 +761,8 @@ def test_fast_validation_equals_the_models() -> None:
 def test_fast_path_never_vouches_for_what_the_models_refuse() -> None:
     """Whatever the per-field Python validators refuse, the fast path refuses too (None: the
     caller then validates with the models, which locate the problem)."""
-    from core.episodes import MAX_TEXT_CHARS
-    from core.importers.base import prepare_episode, prepare_fast
+    from core.records.episodes import MAX_TEXT_CHARS
+    from core.data.importers.base import prepare_episode, prepare_fast
 
     good = {"episode_id": "e", "steps": [{"t": 0, "action": {"kind": "tool_call", "tool": "x"}},
                                          {"t": 1, "action": {"kind": "reply"}, "output_text": "ok"}]}
@@ -821,7 +821,7 @@ def test_dict_schema_refuses_validators_it_does_not_replace() -> None:
     """A new Python validator on the models must not be skipped silently by the fast path."""
     from pydantic import BaseModel, field_validator
 
-    from core.episodes import _dict_schema
+    from core.records.episodes import _dict_schema
 
     class Other(BaseModel):
         x: int = 0
@@ -838,7 +838,7 @@ def test_dict_schema_refuses_validators_it_does_not_replace() -> None:
 def test_gc_paused_restores_the_collector() -> None:
     import gc
 
-    from core.importers.base import gc_paused
+    from core.data.importers.base import gc_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError):
@@ -856,7 +856,7 @@ def test_gc_paused_restores_the_collector() -> None:
 
 
 def test_loads_fast_path_matches_json() -> None:
-    from core.importers.base import loads
+    from core.data.importers.base import loads
 
     for text in ['{"a": [1, 2.5, "é"]}', " [1] ", "[1] x", '"s"', "12", "", "{bad", "[1,]", '{"a": 1e308}']:
         try:
@@ -877,8 +877,8 @@ def test_parallel_workers_return_bodies_of_non_canonical_lines(ws: Workspace, tm
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers skip sending back a body equal to its line; lines that are not canonical
     (other key order, spaces) still get their canonical body, as in one process."""
-    from core.datasets import generate, write_jsonl as write_generated
-    from core.importers import parallel
+    from core.data.datasets import generate, write_jsonl as write_generated
+    from core.data.importers import parallel
 
     src = write_generated(generate("ecommerce", 40, seed=3), tmp_path / "mixed.jsonl")
     header, *lines = src.read_text(encoding="utf-8").splitlines()
@@ -905,7 +905,7 @@ def test_parallel_workers_return_bodies_of_non_canonical_lines(ws: Workspace, tm
 def test_import_workers_default_leaves_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from core.importers.parallel import import_workers
+    from core.data.importers.parallel import import_workers
 
     monkeypatch.delenv("RWB_IMPORT_WORKERS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)

@@ -9,8 +9,8 @@ import pytest
 
 from _state_fixtures import HashEmbedder
 from _real_logs import REAL, rwb_import_labelled
-from core.errors import InputError
-from core.importers import read_file
+from core.base.errors import InputError
+from core.data.importers import read_file
 from core.rewards.api import frame_from_episodes, score
 from core.rewards.calibration import outcome_columns
 from core.rewards.components import ScoringContext

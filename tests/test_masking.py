@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.catalog import CatalogOptions, build_catalog, load_tools_file
-from core.episodes import Episode, ToolSchema
-from core.errors import InputError
-from core.masking import (MaskRules, check_masks, counts_from_prior, logged_inputs, logged_mask_report,
+from core.records.catalog import CatalogOptions, build_catalog, load_tools_file
+from core.records.episodes import Episode, ToolSchema
+from core.base.errors import InputError
+from core.guard.masking import (MaskRules, check_masks, counts_from_prior, logged_inputs, logged_mask_report,
                           state_features, state_pattern)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_review_rules_from_rejections(catalog):
     assert not mask[2, catalog.tool_tokens("get_news")].any() and mask[0, catalog.tool_tokens("get_news")].all()
     assert MaskRules.from_yaml(rules.to_yaml()).to_data() == rules.to_data()
     assert by_tool.targets == {"tools": ["get_news"]}
-    # The stored form of core.review (targets beside kind; token ids allowed) loads too.
+    # The stored form of core.guard.review (targets beside kind; token ids allowed) loads too.
     added = rules.add_rules([{"name": "review-3", "kind": "review", "tokens": [catalog.token("A2T0").id],
                               "when": {"task_type": "analysis"}, "message": "rejected in review 3"}])
     assert added[0].targets == {"tokens": [6]}

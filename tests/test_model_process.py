@@ -1,6 +1,6 @@
-"""The sentence model in a child process (core.embed.ModelProcess) and the engine's use of it.
+"""The sentence model in a child process (core.base.embed.ModelProcess) and the engine's use of it.
 
-The protocol tests run a stand-in child (``core.embed._serve`` with a tiny encode
+The protocol tests run a stand-in child (``core.base.embed._serve`` with a tiny encode
 function) so they take a fraction of a second; the last tests start the real model."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from core.embed import DIM, Embedder, ModelProcess, ModelUnavailable, _model_encode
+from core.base.embed import DIM, Embedder, ModelProcess, ModelUnavailable, _model_encode
 
 #: A child that speaks the real protocol with a stand-in model: a text's vector is
 #: its length in column 0; "die" kills the child mid-call; "boom" raises.
 FAKE = """
 import os, sys
 import numpy as np
-from core.embed import DIM, _serve
+from core.base.embed import DIM, _serve
 
 def encode(texts):
     if "die" in texts:
@@ -146,7 +146,7 @@ def bundle(tmp_path_factory):
     """The shared test bundle (trained with the hash embedder, as everywhere in the suite),
     its baseline at confidence 0.5 so that every request runs RL-Boost."""
     from _bundle_fixtures import hash_embedder, trained
-    from core.bundle import load_bundle
+    from core.govern.bundle import load_bundle
     from test_serving import _tokens, _with_rde
 
     with pytest.MonkeyPatch.context() as mp:
@@ -160,8 +160,8 @@ def test_the_engine_runs_its_sentence_model_in_a_child_it_stops_on_close(tmp_pat
     """Default engine: the child starts with the engine, a new query's RL-Boost is deferred
     while the child embeds it, the episode's next request is boosted, and close() stops the
     child.  model_process=False keeps the model in this process."""
-    from core.serving import DecisionEngine, ServingConfig
-    from core.store import Workspace
+    from core.serve.serving import DecisionEngine, ServingConfig
+    from core.records.store import Workspace
     from test_serving import _request
 
     ws = Workspace.open(tmp_path / "ws")

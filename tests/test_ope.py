@@ -1,4 +1,4 @@
-"""The off-policy estimate (core.ope): per-decision WIS against a slow reference and a
+"""The off-policy estimate (core.rl.ope): per-decision WIS against a slow reference and a
 tabular MDP whose answer is known by enumeration, behaviour cloning that recovers the
 logger, the bootstrap over tasks, the verdict on thin support, and the report of a run's
 tables and agent (its logged states checked against a replay in the simulator)."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from _state_fixtures import HashEmbedder
-from core import ope
-from core.errors import InputError
+from core.rl import ope
+from core.base.errors import InputError
 
 GAMMA = 0.9
 # A two-step tabular MDP: s0 ∈ {0,1,2} uniform; action 2 at step 0 ends the episode (success
@@ -355,9 +355,9 @@ def test_few_effective_episodes_are_flagged(logs):
 # --------------------------------------------------------------------------- from a run
 @pytest.fixture(scope="module")
 def run_tables():
-    from core.datasets import datasets_dir, generate
+    from core.data.datasets import datasets_dir, generate
     from core.rewards.outcomes import episode_groups
-    from core.sim import SimConfig, build_sim_tables_from, split_episodes
+    from core.rl.sim import SimConfig, build_sim_tables_from, split_episodes
 
     ds = generate("finance", 60, seed=11)
     tables = build_sim_tables_from(ds.episodes, ds.tools, "finance_risk",
@@ -369,7 +369,7 @@ def run_tables():
 
 @pytest.fixture(scope="module")
 def agent(run_tables):
-    from core import ppo
+    from core.rl import ppo
 
     tables = run_tables[0]
     cfg = ppo.PPOConfig(hidden=64, n_critics=3, encoder={"dim": 64})
@@ -378,7 +378,7 @@ def agent(run_tables):
 
 def test_logged_states_are_what_the_simulator_shows_on_the_log(run_tables):
     """Slow reference: replay the episodes in the simulator, following their logs."""
-    from core.sim import BatchedSim
+    from core.rl.sim import BatchedSim
 
     tables, held, _ = run_tables
     states = ope.logged_states(tables, held)
@@ -428,7 +428,7 @@ def test_report_of_a_run(run_tables, agent):
 
 
 def test_policy_probabilities_are_the_agents_masked_softmax(run_tables, agent):
-    from core.rl_common import MaskedCategorical
+    from core.rl.common import MaskedCategorical
 
     tables, held, _ = run_tables
     states = ope.logged_states(tables, held[:5])

@@ -7,8 +7,8 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from _real_logs import REAL
-from core.errors import InputError
-from core.importers import read_file
+from core.base.errors import InputError
+from core.data.importers import read_file
 from core.rewards.outcomes import auc, bootstrap_ci, episode_groups, episode_labels, grouped_folds
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from core import package_data
-from core.datasets import SAMPLES
+from core.base import package_data
+from core.data.datasets import SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ def test_the_checkout_links_the_shipped_folders():
 
 
 def test_a_missing_folder_is_a_reinstall_message():
-    from core.errors import RwbError
+    from core.base.errors import RwbError
 
     with pytest.raises(RwbError, match="no folder core/bundled/nothing; reinstall"):
         package_data.resource_dir("core", "bundled", "nothing")
@@ -127,7 +127,7 @@ def test_core_works_with_streamlit_and_plotly_absent():
     code = """
 import sys
 sys.modules.update(streamlit=None, plotly=None)
-import core.rewards.views, core.statemap, core.tuning, core.serving, core.bundle, core.demo, core.runs
+import core.rewards.views, core.state.statemap, core.tuning.studies, core.serve.serving, core.govern.bundle, core.sample.demo, core.rl.runs
 from core.cli import main
 sys.exit(main(["reward", "show", "tool_agent"]))
 """

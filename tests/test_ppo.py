@@ -1,4 +1,4 @@
-"""The masked PPO trainer (core.ppo): the KL controller inside a real update, masks never
+"""The masked PPO trainer (core.rl.ppo): the KL controller inside a real update, masks never
 violated, the curriculum (behaviour cloning, ε, UCB, L3 review items), checkpoints, and a
 short real learning run on generated finance data that beats random-in-mask clearly.
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from _state_fixtures import HashEmbedder
-from core import ppo
-from core.rl_common import AdaptiveKL, MaskedCategorical
+from core.rl import ppo
+from core.rl.common import AdaptiveKL, MaskedCategorical
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
@@ -37,9 +37,9 @@ def tiny(**kw) -> ppo.PPOConfig:
 def data(tmp_path_factory):
     """Training data of ``N_EPISODES`` finance sample episodes (domain masks, 20% held out)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
-    from core.importers import import_file
-    from core.store import Workspace
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    from core.data.importers import import_file
+    from core.records.store import Workspace
 
     root = tmp_path_factory.mktemp("ppo-ws")
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
@@ -151,7 +151,7 @@ def test_policy_never_emits_a_masked_action(data):
     tb = data.tables
     cfg = tiny()
     agent = ppo.Agent(tb.n_actions, cfg.encoder_config(), hidden=64, n_critics=2)
-    from core.sim import BatchedSim
+    from core.rl.sim import BatchedSim
 
     sim = BatchedSim(tb, 64, seed=3, episodes=data.train_episodes)
     obs, mask = sim.reset()

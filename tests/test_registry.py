@@ -1,4 +1,4 @@
-"""The policy registry (core.registry), the promoted policies folder (core.policies), the
+"""The policy registry (core.govern.registry), the promoted policies folder (core.policies), the
 ``rwb registry`` commands and the Policies page.
 
 Roles and four-eyes are checked by calling ``core`` directly as the wrong person; the
@@ -29,9 +29,9 @@ from _bundle_fixtures import (  # noqa: F401
     trained,
     workspace_key,
 )
-from core import registry
-from core.bundle import BundleError, load_bundle, verify_bundle
-from core.errors import ConflictError, InputError, PermissionDenied
+from core.govern import registry
+from core.govern.bundle import BundleError, load_bundle, verify_bundle
+from core.base.errors import ConflictError, InputError, PermissionDenied
 from core.policies import load_bundle_for, read_index
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_register_refuses_a_manifest_that_contradicts_the_run_record(ws, run, tm
 
     # re-seal claiming someone else trained the run
     from _bundle_fixtures import members
-    from core.bundle import BUNDLE_FILES, write_bundle
+    from core.govern.bundle import BUNDLE_FILES, write_bundle
 
     m = json.loads(members(path)["manifest.json"])
     m.pop("digest"), m.pop("files")
@@ -151,19 +151,19 @@ def test_wrong_roles_are_refused_in_core(ws, run, tmp_path, policies):
         registry.promote(ws, run.actor("ana"), "roles", "0.1.0")
     with pytest.raises(PermissionDenied, match="roll back policies"):
         registry.rollback(ws, run.actor("rae"), "roles")
-    from core.users import Actor
+    from core.access.users import Actor
 
     with pytest.raises(PermissionDenied, match="not a user"):                # a made-up approver
         registry.promote(ws, Actor("mallory", "approver"), "roles", "0.1.0")
     with pytest.raises(PermissionDenied, match="retired"):                  # multi-user: no local admin
-        from core.users import LOCAL_ADMIN
+        from core.access.users import LOCAL_ADMIN
 
         registry.promote(ws, LOCAL_ADMIN, "roles", "0.1.0")
     assert not policies.exists() or read_index(policies)["policies"] == {}
 
 
 def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
-    from core.users import set_role
+    from core.access.users import set_role
 
     expert = _expert(run)
     # ada (an admin, who may approve) registered this one: she may not approve it, bob may
@@ -176,7 +176,7 @@ def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
     ada = run.actor("ada")
     set_role(ws, ada, "ana", "approver")
     try:
-        from core.users import Actor
+        from core.access.users import Actor
 
         with pytest.raises(PermissionDenied, match="four-eyes rule: ana (trained|exported)"):
             registry.approve(ws, Actor("ana", "approver"), "eyes", "0.1.0", "my own work is great")
@@ -190,9 +190,9 @@ def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
 
 
 def test_the_embedded_local_admin_cannot_approve_its_own_bundle(run, tmp_path, monkeypatch):
-    from core import keys
-    from core.store import Workspace
-    from core.users import LOCAL_ADMIN
+    from core.access import keys
+    from core.records.store import Workspace
+    from core.access.users import LOCAL_ADMIN
 
     solo = Workspace.open(tmp_path / "solo")
     path = reseal(run.bundle, tmp_path / "solo.zip", name="solo")
@@ -286,7 +286,7 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     assert entry["versions"]["0.1.0"]["promoted_by"] == "cy" and entry["versions"]["0.1.0"]["approved_by"] == ["bob"]
     installed = policies / "prod" / "0.1.0"
     assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", "signature.json", *__import__(
-        "core.bundle", fromlist=["BUNDLE_FILES"]).BUNDLE_FILES])
+        "core.govern.bundle", fromlist=["BUNDLE_FILES"]).BUNDLE_FILES])
     b = load_bundle_for("prod")
     assert b.version == "0.1.0" and [(a.by, a.comment) for a in b.manifest.approvals] == [
         ("bob", "beats the expert on held-out episodes")]

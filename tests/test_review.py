@@ -1,4 +1,4 @@
-"""The review queue (core.review): atomic claims, exactly-once decisions, consequences."""
+"""The review queue (core.guard.review): atomic claims, exactly-once decisions, consequences."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from core import review
+from core.guard import review
 from core.cli import root
-from core.errors import ConflictError, InputError
-from core.review import ReviewRequest
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, Actor
+from core.base.errors import ConflictError, InputError
+from core.guard.review import ReviewRequest
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, Actor
 from review_workers import die_mid_decision, reviewer_process
 
 # fork starts workers in milliseconds (spawn re-imports everything: seconds per process on a
@@ -232,8 +232,8 @@ def test_a_reviewer_may_give_the_pattern(ws):
 
 
 def _sell_catalog():
-    from core.catalog import build_catalog
-    from core.episodes import ToolSchema
+    from core.records.catalog import build_catalog
+    from core.records.episodes import ToolSchema
 
     sell = ToolSchema(name="sell", risk="high", parameters={
         "type": "object", "properties": {"amount": {"type": "string", "enum": ["half", "all"]}},
@@ -243,7 +243,7 @@ def _sell_catalog():
 
 
 def test_rejections_are_honoured_by_the_masks(ws):
-    from core.masking import MaskRules, state_features
+    from core.guard.masking import MaskRules, state_features
 
     catalog = _sell_catalog()
     sell_all = next(t for t in catalog.tokens if t.tool == "sell" and t.preset["amount"] == "all")

@@ -1,4 +1,4 @@
-"""Sending a step of a recorded episode to the review queue: core.review.send_step, the
+"""Sending a step of a recorded episode to the review queue: core.guard.review.send_step, the
 ``rwb review send`` command and the Episodes page's "Send to review" control."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-from core import review
-from core.catalog import catalog_for_dataset
+from core.guard import review
+from core.records.catalog import catalog_for_dataset
 from core.cli import main, root
-from core.errors import ConflictError, InputError, PermissionDenied
-from core.importers import import_file
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, Actor, add_user
+from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.data.importers import import_file
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, Actor, add_user
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
@@ -187,7 +187,7 @@ def test_the_episodes_page_sends_the_chosen_step(ws, monkeypatch):
 
 
 def test_the_send_control_is_disabled_with_a_reason_for_a_reviewer(ws, monkeypatch):
-    from core.users import sign_in
+    from core.access.users import sign_in
 
     admin = add_user(ws, LOCAL_ADMIN, "ada", "admin", password="ada-password").actor()
     add_user(ws, admin, "rae", "reviewer", password="rae-password")

@@ -14,8 +14,8 @@ from _state_fixtures import HashEmbedder
 from core import rewards
 from core.rewards.pyramid import Pyramid
 from core.rewards.versions import get_template, list_versions, save_template
-from core.store import Workspace
-from core.users import Actor
+from core.records.store import Workspace
+from core.access.users import Actor
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "reward_pyramid.py")
@@ -26,11 +26,11 @@ DATASET = "finance-sample"
 @pytest.fixture(scope="module")
 def sample_workspace(tmp_path_factory) -> Path:
     """The finance sample imported and scored once (the component cache is filled), copied per test."""
-    from core.importers import import_file
+    from core.data.importers import import_file
 
     path = tmp_path_factory.mktemp("reward-page") / "seed"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+        mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
         ws = Workspace.open(path)
         import_file(ws, SAMPLE, dataset=DATASET)
         rewards.score(ws, "finance_risk", dataset=DATASET)
@@ -45,7 +45,7 @@ def page(sample_workspace, tmp_path, monkeypatch):
     shutil.copytree(sample_workspace, path)
     monkeypatch.setenv("RWB_WORKSPACE", str(path))
     # The hash embedder stands in for the sentence model (loaded elsewhere in the suite).
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     computed: list[list[str]] = []
     original = Pyramid.compute_matrix
 

@@ -13,13 +13,13 @@ import pytest
 
 from core import rewards
 from core.cli import main
-from core.errors import ConflictError, InputError, PermissionDenied
+from core.base.errors import ConflictError, InputError, PermissionDenied
 from core.rewards.template import TemplateError
 from core.rewards.versions import (SHIPPED_BY, TemplateConflict, diff_templates, diff_versions,
                                    get_template, list_versions, resolve_template, save_template,
                                    sha256_text, template_names)
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, Actor, add_user
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, Actor, add_user
 
 from _versions_worker import save_on_base_zero
 

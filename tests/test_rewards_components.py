@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.catalog import build_catalog
-from core.episodes import Action, Episode, Outcome, Step, Task
+from core.records.catalog import build_catalog
+from core.records.episodes import Action, Episode, Outcome, Step, Task
 from core.rewards import COMPONENTS, LEVELS, ScoringContext, build_frame
 from core.rewards.reference import REFERENCES
 from core.rewards.learned import SIGNAL_FEATURES, STAT_FEATURES

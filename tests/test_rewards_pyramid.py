@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.catalog import build_catalog
-from core.errors import InputError
-from core.episodes import Action, Episode, Outcome, Step, Task
+from core.records.catalog import build_catalog
+from core.base.errors import InputError
+from core.records.episodes import Action, Episode, Outcome, Step, Task
 from core.rewards import (COMPONENTS, ComponentCache, Pyramid, ScoringContext, TemplateError,
                           build_frame, evaluate_expectations, parse_template)
 from _rewards_fixtures import TOOLS, FakeEmbedder, make_frame

@@ -18,13 +18,13 @@ import pytest
 
 from core import rewards
 from core.cli import main
-from core.datasets import generate, write_jsonl
-from core.embed import workspace_embedder
-from core.errors import InputError
-from core.episodes import Action, Episode, Step, Task
-from core.importers import import_file, read_file
+from core.data.datasets import generate, write_jsonl
+from core.base.embed import workspace_embedder
+from core.base.errors import InputError
+from core.records.episodes import Action, Episode, Step, Task
+from core.data.importers import import_file, read_file
 from core.rewards.expectations import auc
-from core.store import Workspace
+from core.records.store import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"

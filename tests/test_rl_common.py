@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from core.rl_common import AdaptiveKL, MaskedCategorical, gae, gae_naive
+from core.rl.common import AdaptiveKL, MaskedCategorical, gae, gae_naive
 
 
 def test_gae_hand_computed():

@@ -1,6 +1,6 @@
-"""Roles on every write: each core function of ``core.users.ACTIONS`` is called as every
+"""Roles on every write: each core function of ``core.access.users.ACTIONS`` is called as every
 role in a multi-user workspace, and refuses exactly the roles the permission table
-(``core.users.PERMISSIONS``) leaves out, before it changes anything.
+(``core.access.users.PERMISSIONS``) leaves out, before it changes anything.
 
 Also: the table names every core function that takes an acting user; a workspace
 without users keeps working as the local admin; the CLI and the Reward Pyramid page act
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import core
-from core.errors import PermissionDenied, RwbError
-from core.store import Workspace, WorkspaceError
-from core.users import ACTIONS, LOCAL_ADMIN, PERMISSIONS, ROLES, SERVICE_ROLE, Actor, add_user
+from core.base.errors import PermissionDenied, RwbError
+from core.records.store import Workspace, WorkspaceError
+from core.access.users import ACTIONS, LOCAL_ADMIN, PERMISSIONS, ROLES, SERVICE_ROLE, Actor, add_user
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
@@ -48,7 +48,7 @@ def _finance_risk() -> Any:
 
 
 def _review_request() -> Any:
-    from core.review import ReviewRequest
+    from core.guard.review import ReviewRequest
 
     return ReviewRequest(origin="training", reason="roles test", state={"task_type": "trade"},
                          token_id=1)
@@ -56,8 +56,8 @@ def _review_request() -> Any:
 
 def _send_step(f: Any, ws: Workspace, a: Actor, t: str) -> Any:
     """Send the first recorded step with a catalog token of the sample to review."""
-    from core.catalog import catalog_for_dataset
-    from core.review import recorded_steps
+    from core.records.catalog import catalog_for_dataset
+    from core.guard.review import recorded_steps
 
     catalog = catalog_for_dataset(ws, "imp-seed")
     step = next(s for e in ws.load_episodes("imp-seed", limit=5)
@@ -66,7 +66,7 @@ def _send_step(f: Any, ws: Workspace, a: Actor, t: str) -> Any:
 
 
 def _ppo_config() -> Any:
-    from core.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig
 
     return PPOConfig()
 
@@ -76,70 +76,70 @@ def _ppo_config() -> Any:
 #: (SUCCEEDS); the others name something that does not exist, so an allowed role gets past
 #: the permission check and is then refused for the missing thing (never PermissionDenied).
 CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
-    "core.importers.api.import_file": lambda f, ws, a, t, d: f(ws, SAMPLE, dataset=f"imp-{t}", actor=a),
-    "core.episode_views.import_upload": lambda f, ws, a, t, d: f(
+    "core.data.importers.api.import_file": lambda f, ws, a, t, d: f(ws, SAMPLE, dataset=f"imp-{t}", actor=a),
+    "core.data.episode_views.import_upload": lambda f, ws, a, t, d: f(
         ws, f"upload-{t}.jsonl", SAMPLE.read_bytes(), dataset=f"up-{t}", actor=a),
     "core.rewards.versions.save_template": lambda f, ws, a, t, d: f(
         ws, a, f"roles_{t}", _finance_risk(), None, "saved by the roles test"),
-    "core.tuning.apply_study": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
-    "core.tuning.add_preference": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset", "e1", "e2"),
-    "core.tuning.tune": lambda f, ws, a, t, d: f(ws, a, "finance_risk", dataset="no-such-dataset",
+    "core.tuning.studies.apply_study": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
+    "core.tuning.studies.add_preference": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset", "e1", "e2"),
+    "core.tuning.studies.tune": lambda f, ws, a, t, d: f(ws, a, "finance_risk", dataset="no-such-dataset",
                                                  trials=1),
-    "core.tuning.launch_tuning": lambda f, ws, a, t, d: f(ws, a, "finance_risk",
+    "core.tuning.studies.launch_tuning": lambda f, ws, a, t, d: f(ws, a, "finance_risk",
                                                           dataset="no-such-dataset", trials=0),
-    "core.tuning.stop_tuning": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
-    "core.runs.create_run": lambda f, ws, a, t, d: f(ws, a, template=_finance_risk(),
+    "core.tuning.studies.stop_tuning": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
+    "core.rl.runs.create_run": lambda f, ws, a, t, d: f(ws, a, template=_finance_risk(),
                                                      config=_ppo_config(), dataset="imp-seed"),
-    "core.runs.train": lambda f, ws, a, t, d: f(ws, a, template="no_such_template",
+    "core.rl.runs.train": lambda f, ws, a, t, d: f(ws, a, template="no_such_template",
                                                 dataset="no-such-dataset"),
-    "core.runs.launch_run": lambda f, ws, a, t, d: f(ws, a, template="no_such_template",
+    "core.rl.runs.launch_run": lambda f, ws, a, t, d: f(ws, a, template="no_such_template",
                                                      dataset="no-such-dataset"),
-    "core.runs.stop_run": lambda f, ws, a, t, d: f(ws, a, "no-such-run"),
-    "core.review.enqueue": lambda f, ws, a, t, d: f(ws, a, _review_request()),
-    "core.review.enqueue_many": lambda f, ws, a, t, d: f(ws, a, [_review_request()]),
-    "core.review.send_step": lambda f, ws, a, t, d: _send_step(f, ws, a, t),
-    "core.review.claim": lambda f, ws, a, t, d: f(ws, a, dataset=f"no-items-{t}"),
-    "core.review.release": lambda f, ws, a, t, d: f(ws, a, 10**9),
-    "core.review.decide": lambda f, ws, a, t, d: f(ws, a, 10**9, "approve", "roles test"),
-    "core.bundle.export_bundle": lambda f, ws, a, t, d: f(ws, a, "no-such-run", d / "b.zip"),
-    "core.registry.register": lambda f, ws, a, t, d: f(ws, a, d / "no-such-bundle.zip"),
-    "core.registry.approve": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "ok"),
-    "core.registry.promote": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "go"),
-    "core.registry.rollback": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "back"),
-    "core.audit.AuditWriter": lambda f, ws, a, t, d: f(ws, a, synchronous=True).close(),
-    "core.audit.write_record": lambda f, ws, a, t, d: f(ws, a, {"not": "an audit record"}),
-    "core.audit.recover_unflushed": lambda f, ws, a, t, d: f(ws, a),
-    "core.audit.export": lambda f, ws, a, t, d: f(ws, a, d / f"audit-{t}.jsonl"),
-    "core.users.list_users": lambda f, ws, a, t, d: f(ws, a),
-    "core.users.add_user": lambda f, ws, a, t, d: f(ws, a, f"new-{t}", "analyst",
+    "core.rl.runs.stop_run": lambda f, ws, a, t, d: f(ws, a, "no-such-run"),
+    "core.guard.review.enqueue": lambda f, ws, a, t, d: f(ws, a, _review_request()),
+    "core.guard.review.enqueue_many": lambda f, ws, a, t, d: f(ws, a, [_review_request()]),
+    "core.guard.review.send_step": lambda f, ws, a, t, d: _send_step(f, ws, a, t),
+    "core.guard.review.claim": lambda f, ws, a, t, d: f(ws, a, dataset=f"no-items-{t}"),
+    "core.guard.review.release": lambda f, ws, a, t, d: f(ws, a, 10**9),
+    "core.guard.review.decide": lambda f, ws, a, t, d: f(ws, a, 10**9, "approve", "roles test"),
+    "core.govern.bundle.export_bundle": lambda f, ws, a, t, d: f(ws, a, "no-such-run", d / "b.zip"),
+    "core.govern.registry.register": lambda f, ws, a, t, d: f(ws, a, d / "no-such-bundle.zip"),
+    "core.govern.registry.approve": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "ok"),
+    "core.govern.registry.promote": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "go"),
+    "core.govern.registry.rollback": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "back"),
+    "core.access.audit.AuditWriter": lambda f, ws, a, t, d: f(ws, a, synchronous=True).close(),
+    "core.access.audit.write_record": lambda f, ws, a, t, d: f(ws, a, {"not": "an audit record"}),
+    "core.access.audit.recover_unflushed": lambda f, ws, a, t, d: f(ws, a),
+    "core.access.audit.export": lambda f, ws, a, t, d: f(ws, a, d / f"audit-{t}.jsonl"),
+    "core.access.users.list_users": lambda f, ws, a, t, d: f(ws, a),
+    "core.access.users.add_user": lambda f, ws, a, t, d: f(ws, a, f"new-{t}", "analyst",
                                                     password="new-user-password"),
-    "core.users.set_role": lambda f, ws, a, t, d: f(ws, a, "tgt", "reviewer"),
-    "core.users.set_password": lambda f, ws, a, t, d: f(ws, a, "tgt", "tgt-password-2"),
-    "core.users.disable_user": lambda f, ws, a, t, d: f(ws, a, "tgt"),
-    "core.keys.rotate": lambda f, ws, a, t, d: f(ws, a),
-    "core.keys.trust": lambda f, ws, a, t, d: f(ws, a, d / "no-such-key.pem"),
-    "core.keys.untrust": lambda f, ws, a, t, d: f(ws, a, "0" * 16),
+    "core.access.users.set_role": lambda f, ws, a, t, d: f(ws, a, "tgt", "reviewer"),
+    "core.access.users.set_password": lambda f, ws, a, t, d: f(ws, a, "tgt", "tgt-password-2"),
+    "core.access.users.disable_user": lambda f, ws, a, t, d: f(ws, a, "tgt"),
+    "core.access.keys.rotate": lambda f, ws, a, t, d: f(ws, a),
+    "core.access.keys.trust": lambda f, ws, a, t, d: f(ws, a, d / "no-such-key.pem"),
+    "core.access.keys.untrust": lambda f, ws, a, t, d: f(ws, a, "0" * 16),
 }
 
 #: Calls above that are real and must succeed for a role that holds the permission.
-SUCCEEDS = {"core.importers.api.import_file", "core.episode_views.import_upload",
-            "core.rewards.versions.save_template", "core.runs.create_run", "core.review.enqueue",
-            "core.review.enqueue_many", "core.review.send_step", "core.review.claim", "core.audit.AuditWriter",
-            "core.audit.recover_unflushed", "core.audit.export", "core.users.list_users",
-            "core.users.add_user", "core.users.set_role", "core.users.set_password",
-            "core.users.disable_user", "core.keys.rotate"}
+SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.import_upload",
+            "core.rewards.versions.save_template", "core.rl.runs.create_run", "core.guard.review.enqueue",
+            "core.guard.review.enqueue_many", "core.guard.review.send_step", "core.guard.review.claim", "core.access.audit.AuditWriter",
+            "core.access.audit.recover_unflushed", "core.access.audit.export", "core.access.users.list_users",
+            "core.access.users.add_user", "core.access.users.set_role", "core.access.users.set_password",
+            "core.access.users.disable_user", "core.access.keys.rotate"}
 
 #: Functions that take an ``actor`` but are not writes checked against the table.
 NOT_WRITES = {
-    "core.users.require_role": "the check itself",
-    "core.users.require": "the check itself",
-    "core.users.authorize": "the check itself",
-    "core.users.check_four_eyes": "a further check inside core.registry.approve",
-    "core.users.open_session": "signing in: the actor is who signs in",
-    "core.users.Session": "a signed-in session: the actor is who signed in",
-    "core.audit.security_event": "a line of the security log naming who did what",
-    "core.serving.load_promoted": "reads; the actor is named in the security log on a refusal",
-    "core.serving.DecisionEngine": "writes audit records through core.audit.AuditWriter (checked)",
+    "core.access.users.require_role": "the check itself",
+    "core.access.users.require": "the check itself",
+    "core.access.users.authorize": "the check itself",
+    "core.access.users.check_four_eyes": "a further check inside core.govern.registry.approve",
+    "core.access.users.open_session": "signing in: the actor is who signs in",
+    "core.access.users.Session": "a signed-in session: the actor is who signed in",
+    "core.access.audit.security_event": "a line of the security log naming who did what",
+    "core.serve.serving.load_promoted": "reads; the actor is named in the security log on a refusal",
+    "core.serve.serving.DecisionEngine": "writes audit records through core.access.audit.AuditWriter (checked)",
 }
 
 
@@ -147,7 +147,7 @@ NOT_WRITES = {
 def team_ws(tmp_path_factory) -> Path:
     """A multi-user workspace with one user per role, the sample imported, and users to
     administer ("tgt")."""
-    from core.importers import import_file
+    from core.data.importers import import_file
 
     path = tmp_path_factory.mktemp("roles") / "ws"
     ws = Workspace.open(path)
@@ -205,7 +205,7 @@ def _functions_taking_an_actor() -> set[str]:
 def test_the_table_names_every_function_that_takes_an_actor():
     found = _functions_taking_an_actor()
     assert found - set(NOT_WRITES) == set(ACTIONS), (
-        f"missing from core.users.ACTIONS: {sorted(found - set(NOT_WRITES) - set(ACTIONS))}; "
+        f"missing from core.access.users.ACTIONS: {sorted(found - set(NOT_WRITES) - set(ACTIONS))}; "
         f"in the table but not found: {sorted(set(ACTIONS) - found)}")
 
 
@@ -220,19 +220,19 @@ def test_every_permission_guards_a_write_and_every_write_has_a_known_permission(
 def test_the_known_answers_of_the_table():
     """A few rows spelled out, so a slip in PERMISSIONS cannot pass by agreeing with itself."""
     allowed = {action: {r for r in ALL_ROLES if r in PERMISSIONS[p]} for action, p in ACTIONS.items()}
-    assert allowed["core.importers.api.import_file"] == {"analyst", "admin"}
+    assert allowed["core.data.importers.api.import_file"] == {"analyst", "admin"}
     assert allowed["core.rewards.versions.save_template"] == {"analyst", "admin"}
-    assert allowed["core.tuning.apply_study"] == {"analyst", "admin"}
-    assert allowed["core.runs.launch_run"] == {"analyst", "admin"}
-    assert allowed["core.review.decide"] == {"reviewer", "admin"}
-    assert allowed["core.review.enqueue"] == {"analyst", "admin", SERVICE_ROLE}
-    assert allowed["core.review.send_step"] == {"analyst", "admin", SERVICE_ROLE}
-    assert allowed["core.registry.register"] == {"analyst", "admin"}
-    assert allowed["core.registry.approve"] == {"approver", "admin"}
-    assert allowed["core.registry.promote"] == {"approver", "admin"}
-    assert allowed["core.registry.rollback"] == {"approver", "admin"}
-    assert allowed["core.audit.write_record"] == {"admin", SERVICE_ROLE}
-    assert allowed["core.users.set_role"] == {"admin"}
+    assert allowed["core.tuning.studies.apply_study"] == {"analyst", "admin"}
+    assert allowed["core.rl.runs.launch_run"] == {"analyst", "admin"}
+    assert allowed["core.guard.review.decide"] == {"reviewer", "admin"}
+    assert allowed["core.guard.review.enqueue"] == {"analyst", "admin", SERVICE_ROLE}
+    assert allowed["core.guard.review.send_step"] == {"analyst", "admin", SERVICE_ROLE}
+    assert allowed["core.govern.registry.register"] == {"analyst", "admin"}
+    assert allowed["core.govern.registry.approve"] == {"approver", "admin"}
+    assert allowed["core.govern.registry.promote"] == {"approver", "admin"}
+    assert allowed["core.govern.registry.rollback"] == {"approver", "admin"}
+    assert allowed["core.access.audit.write_record"] == {"admin", SERVICE_ROLE}
+    assert allowed["core.access.users.set_role"] == {"admin"}
 
 
 # --------------------------------------------------------------------------- every write x every role
@@ -258,7 +258,7 @@ def test_every_write_as_every_role(ws, tmp_path, action, role):
 
 
 def test_the_successful_writes_record_who_acted(ws):
-    from core.importers import import_file
+    from core.data.importers import import_file
     from core.rewards.versions import get_template, save_template
 
     ana = ACTORS["analyst"]
@@ -269,8 +269,8 @@ def test_the_successful_writes_record_who_acted(ws):
 
 
 def test_a_demoted_or_disabled_user_is_refused_with_an_actor_from_before(ws):
-    from core.importers import import_file
-    from core.users import disable_user, set_role
+    from core.data.importers import import_file
+    from core.access.users import disable_user, set_role
 
     ana = ACTORS["analyst"]
     set_role(ws, ACTORS["admin"], "ana", "reviewer")
@@ -284,20 +284,20 @@ def test_a_demoted_or_disabled_user_is_refused_with_an_actor_from_before(ws):
 
 
 def test_a_refusal_is_logged_with_who_and_what(ws, caplog):
-    from core.importers import import_file
+    from core.data.importers import import_file
 
-    with caplog.at_level("WARNING", logger="core.users"):
+    with caplog.at_level("WARNING", logger="core.access.users"):
         with pytest.raises(PermissionDenied):
             import_file(ws, SAMPLE, dataset="nope", actor=ACTORS["approver"])
-    assert [r.getMessage() for r in caplog.records if r.name == "core.users"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "core.access.users"] == [
         "permission refused: actor=bob (approver) permission=import: "
         "bob (approver) may not import data: it needs the role admin or analyst"]
 
 
 # --------------------------------------------------------------------------- without an actor
 def test_without_users_everyone_is_the_local_admin(tmp_path):
-    from core.episode_views import import_upload
-    from core.importers import import_file
+    from core.data.episode_views import import_upload
+    from core.data.importers import import_file
 
     ws = Workspace.open(tmp_path / "solo")
     assert import_file(ws, SAMPLE, dataset="solo").episodes == SAMPLE_EPISODES
@@ -309,8 +309,8 @@ def test_without_users_everyone_is_the_local_admin(tmp_path):
 
 
 def test_with_users_an_import_must_say_who_imports(ws):
-    from core.episode_views import import_upload
-    from core.importers import import_file
+    from core.data.episode_views import import_upload
+    from core.data.importers import import_file
 
     before = _snapshot(ws)
     with pytest.raises(PermissionDenied, match="sign in"):
@@ -324,7 +324,7 @@ def test_with_users_an_import_must_say_who_imports(ws):
 
 def test_a_new_multi_user_workspace_is_still_seeded_with_the_samples(tmp_path):
     """Seeding an empty workspace is part of setting it up: no signed-in user is needed."""
-    from core.workspace_setup import init_workspace
+    from core.sample.workspace_setup import init_workspace
 
     ws = Workspace.open(tmp_path / "fresh")
     add_user(ws, LOCAL_ADMIN, "ada", "admin", password="ada-password")
@@ -356,16 +356,16 @@ def pyramid_page(team_ws, tmp_path, monkeypatch):
     path = tmp_path / "ws"
     shutil.copytree(team_ws, path)
     monkeypatch.setenv("RWB_WORKSPACE", str(path))
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     return path
 
 
 def _open_pyramid(path: Path, role: str | None):
     """The page in a session signed in as ``role``'s user the way the sign-in page does it
-    (``core.users.sign_in``, then the session's actor and token in the session state)."""
+    (``core.access.users.sign_in``, then the session's actor and token in the session state)."""
     from streamlit.testing.v1 import AppTest
 
-    from core.users import sign_in
+    from core.access.users import sign_in
 
     at = AppTest.from_file(str(ROOT / "pages" / "reward_pyramid.py"), default_timeout=120)
     at.session_state["rp_dataset"] = "imp-seed"

@@ -1,4 +1,4 @@
-"""Training runs (core.runs): records, metrics, checkpoints, stop, background launch, resume
+"""Training runs (core.rl.runs): records, metrics, checkpoints, stop, background launch, resume
 after ``kill -9``; the ``rwb train / runs / doctor / evaluate`` commands; the diagnosis and the
 held-out evaluation.
 
@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from _state_fixtures import HashEmbedder
-from core import runs
-from core.errors import ConflictError, InputError, PermissionDenied
-from core.ppo import PPOConfig
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, Actor
+from core.rl import runs
+from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.rl.ppo import PPOConfig
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, Actor
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
@@ -40,8 +40,8 @@ def tiny(**kw) -> PPOConfig:
 @pytest.fixture(scope="module")
 def ws_root(tmp_path_factory):
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
-    from core.importers import import_file
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    from core.data.importers import import_file
 
     root = tmp_path_factory.mktemp("runs-ws")
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
@@ -56,7 +56,7 @@ def ws_root(tmp_path_factory):
 
 @pytest.fixture
 def ws(ws_root, monkeypatch):
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     w = Workspace.open(ws_root)
     yield w
     w.close()
@@ -66,7 +66,7 @@ def ws(ws_root, monkeypatch):
 def finished(ws_root):
     """One finished run (4 updates, a checkpoint after each) shared by the read-only tests."""
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     w = Workspace.open(ws_root)
     seen = []
     result = runs.train(w, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=tiny(),
@@ -183,7 +183,7 @@ def test_background_run_killed_with_sigkill_resumes_and_finishes(ws, finished):
 
 # --------------------------------------------------------------------------- diagnosis and evaluation
 def test_doctor_four_steps(ws, finished):
-    from core.doctor import diagnose, exploration_quality, gradient_flow, reward_integrity
+    from core.rl.doctor import diagnose, exploration_quality, gradient_flow, reward_integrity
 
     report = diagnose(ws, finished, episodes=64)
     assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4]
@@ -205,7 +205,7 @@ def test_doctor_four_steps(ws, finished):
 
 
 def test_evaluate_on_the_heldout_split_and_a_file(ws, finished, tmp_path):
-    from core.evaluation import evaluate
+    from core.rl.evaluation import evaluate
 
     r = evaluate(ws, finished, repeats=2)
     assert r["episodes"] > 0 and r["repeats"] == 2
@@ -215,7 +215,7 @@ def test_evaluate_on_the_heldout_split_and_a_file(ws, finished, tmp_path):
     assert r["best_logged"]["behaviour"] == max(r["logged"], key=r["logged"].get)
     assert r["margin_over_random"] > 0.5
     # paired: per behaviour, the policy from that behaviour's own held-out start states
-    from core.runs import open_run
+    from core.rl.runs import open_run
 
     data = open_run(ws, finished, need_policy=False).data
     labels = [data.tables.behaviours[i] for i in data.heldout_episodes.tolist()]
@@ -241,7 +241,7 @@ def test_evaluate_on_the_heldout_split_and_a_file(ws, finished, tmp_path):
 def test_cli_train_runs_doctor_evaluate(ws_root, finished, monkeypatch):
     from core.cli import main, root
 
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     monkeypatch.setenv("RWB_WORKSPACE", str(ws_root))
     cli = CliRunner()
     res = cli.invoke(root, ["train", "--template", "finance_risk", "--dataset", "finance", "--steps", "1024",

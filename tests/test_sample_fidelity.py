@@ -9,10 +9,10 @@ import inspect
 import numpy as np
 import pytest
 
-from core.state import StateEncoderConfig
-from core.statemap import GOOD_KNN_MARGIN, GOOD_SILHOUETTE_MARGIN, TsneConfig, state_fidelity, states_map
-from core.store import Workspace
-from core.workspace_setup import SAMPLE_DATASETS, ensure_samples
+from core.state.features import StateEncoderConfig
+from core.state.statemap import GOOD_KNN_MARGIN, GOOD_SILHOUETTE_MARGIN, TsneConfig, state_fidelity, states_map
+from core.records.store import Workspace
+from core.sample.workspace_setup import SAMPLE_DATASETS, ensure_samples
 
 
 def _page_defaults() -> dict:

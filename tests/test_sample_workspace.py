@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from core import review
-from core.catalog import catalog_for_dataset
-from core.errors import ConflictError
-from core.store import Workspace
-from core.users import Actor
-from core.workspace_setup import (
+from core.guard import review
+from core.records.catalog import catalog_for_dataset
+from core.base.errors import ConflictError
+from core.records.store import Workspace
+from core.access.users import Actor
+from core.sample.workspace_setup import (
     SAMPLE_DATASETS,
     SAMPLE_SETUP,
     ensure_samples,

@@ -1,4 +1,4 @@
-"""The HTTP decision service (core.serve_http, ``rwb serve http``).
+"""The HTTP decision service (core.serve.serve_http, ``rwb serve http``).
 
 The end-to-end tests run the real command — uvicorn on a free port, in its own process —
 against the promoted tiny policy ``svc`` (tests/_bundle_fixtures.py) and talk to it with
@@ -28,16 +28,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from _bundle_fixtures import module_hash_embedder, promote_svc, trained_copy  # noqa: F401
 from _state_fixtures import HashEmbedder
-from core import audit, registry, serve_http
-from core.serving import Decision, DecisionEngine, ServingConfig
-from core.store import DB_NAME, Workspace
-from core.users import LOCAL_ADMIN
+from core.access import audit
+from core.govern import registry
+from core.serve import serve_http
+from core.serve.serving import Decision, DecisionEngine, ServingConfig
+from core.records.store import DB_NAME, Workspace
+from core.access.users import LOCAL_ADMIN
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 #: `rwb ...` with the hash embedder in place of the sentence model (what the policy was trained with).
-RWB = ("import sys, core.embed; core.embed.workspace_embedder = lambda _ws: core.embed.HashEmbedder(); "
+RWB = ("import sys, core.base.embed; core.base.embed.workspace_embedder = lambda _ws: core.base.embed.HashEmbedder(); "
        "from core.cli import main; sys.exit(main(sys.argv[1:]))")
 #: Deterministic engine settings for comparing with in-process decisions: RL-Boost waits for
 #: the query's embedding and is never cut short by a busy machine.
@@ -61,7 +63,7 @@ REQUESTS = [_request("a1"), _request("a2", "urgent_reduce"), _request("a3", vola
 
 def trust_run_key(target: Workspace, run) -> None:
     """Let ``target`` trust the key the shared run's workspace signs with (``rwb keys trust``)."""
-    from core import keys
+    from core.access import keys
 
     source = run.workspace()
     pem = Path(target.root) / "run-signing-key.pem"
@@ -366,7 +368,7 @@ def test_settings_travel_through_the_environment_to_a_worker(run, app_ws, monkey
     assert serve_http.ServiceSettings.from_env(settings.to_env()) == settings
     for name, value in settings.to_env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     with TestClient(serve_http.create_app()) as client:
         assert client.post("/v1/decide", json=_request("env-1")).status_code == 401
         r = client.post("/v1/decide", json=_request("env-1"), headers={"Authorization": "Bearer tkn"})

@@ -1,9 +1,9 @@
-"""The decision engine (core.serving) on a real tiny trained bundle.
+"""The decision engine (core.serve.serving) on a real tiny trained bundle.
 
 Arbitration is tested on hand-built cases: a one-leaf RDE tree fixes the baseline's action
 and confidence, and a fixed proposal stands in for the policy; the rest runs the real
 policy, masks, review queue, audit trail and metrics.  The request features the policy sees
-are checked against core.state.extract_features (the slow reference), and a separate
+are checked against core.state.features.extract_features (the slow reference), and a separate
 Python process serves the promoted policy the way production does.
 """
 
@@ -27,10 +27,13 @@ import yaml
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import module_hash_embedder, promote_svc, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
-from core import audit, registry, review, serving
-from core.bundle import load_bundle
-from core.errors import InputError
-from core.serving import (
+from core.access import audit
+from core.govern import registry
+from core.guard import review
+from core.serve import serving
+from core.govern.bundle import load_bundle
+from core.base.errors import InputError
+from core.serve.serving import (
     DecisionEngine,
     ServingConfig,
     _Boost,
@@ -39,8 +42,8 @@ from core.serving import (
     step_context,
     trace_arrays,
 )
-from core.store import Workspace
-from core.users import LOCAL_ADMIN
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +68,7 @@ def ws(tmp_path):
 def trust_run_key(target: Workspace, run) -> None:
     """Let ``target`` trust the shared run's workspace key (what a deployment does once with
     ``rwb keys trust``), so the bundles and promoted copies that workspace signed load here."""
-    from core import keys
+    from core.access import keys
 
     source = run.workspace()
     pem = Path(target.root) / "run-signing-key.pem"
@@ -169,7 +172,7 @@ def test_invalid_requests_are_refused_at_the_edge(bundle, ws, change, field):
 def test_request_features_match_extract_features(run, bundle):
     """The context and trace the engine builds for one request equal the rows the trainer's
     feature extraction builds for the same logged step (the slow reference)."""
-    from core.state import extract_features
+    from core.state.features import extract_features
 
     w = run.workspace()
     episodes = w.load_episodes("finance")[:25]
@@ -268,7 +271,7 @@ def test_real_rl_boost_proposes_three_unmasked_candidates(bundle, ws):
     # the eager module on recorded states
     import torch
 
-    from core.serving import _compile_policy
+    from core.serve.serving import _compile_policy
 
     assert engine.runtime.fast is not None and engine.runtime.forward is None
     obs = {k: v[:5] for k, v in bundle.smoke_obs().items()}
@@ -516,10 +519,10 @@ def test_a_new_promoted_version_is_served_from_the_next_episode_start(run, promo
 
 PRODUCTION = textwrap.dedent("""
     import json, sys
-    from core.embed import HashEmbedder  # the sentence model the tiny test policy was trained with
-    from core.serving import load
-    from core.store import Workspace
-    from core import audit
+    from core.base.embed import HashEmbedder  # the sentence model the tiny test policy was trained with
+    from core.serve.serving import load
+    from core.records.store import Workspace
+    from core.access import audit
 
     ws = Workspace.open()
     requests = [json.loads(line) for line in sys.stdin]

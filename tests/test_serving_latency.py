@@ -1,4 +1,4 @@
-"""What keeps decide() fast (core.serving; measured by benchmarks/bench_decide.py), tested for
+"""What keeps decide() fast (core.serve.serving; measured by benchmarks/bench_decide.py), tested for
 not changing what it computes: the sentence embedding stays off the baseline's path and is
 computed once per episode, the tool-result part of the policy's context is built once per
 result, the one-row tree walk agrees with the batched one, and the buffered audit trail
@@ -18,11 +18,12 @@ import pytest
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
 from _bundle_fixtures import module_hash_embedder, trained  # noqa: F401
 from _state_fixtures import HashEmbedder
-from core import audit, serving
-from core.bundle import load_bundle
-from core.errors import InputError
-from core.serving import DecisionEngine, ServingConfig, result_context, step_context
-from core.store import Workspace
+from core.access import audit
+from core.serve import serving
+from core.govern.bundle import load_bundle
+from core.base.errors import InputError
+from core.serve.serving import DecisionEngine, ServingConfig, result_context, step_context
+from core.records.store import Workspace
 from test_serving import LATE, STATE, _leaf_rde, _request, _tokens, _with_rde
 
 
@@ -309,7 +310,7 @@ def test_the_engine_warms_the_sentence_model_up_at_start(bundle, ws):
 
 
 def test_the_sentence_models_warm_up_embeds_and_caches_nothing(tmp_path):
-    from core.embed import Embedder
+    from core.base.embed import Embedder
 
     emb = Embedder(cache_dir=tmp_path / "cache")
     emb.warm_up()
@@ -350,7 +351,7 @@ def test_the_engine_limits_torch_and_blas_threads_when_asked(bundle, ws):
 
 
 def test_the_engines_embedder_reads_the_workspace_cache_and_stores_nothing(tmp_path):
-    from core.embed import CacheReader, Embedder
+    from core.base.embed import CacheReader, Embedder
 
     emb = Embedder(cache_dir=tmp_path / "cache")
     stored = emb.encode(["buy Moutai"])
@@ -368,7 +369,7 @@ def test_the_engines_embedder_reads_the_workspace_cache_and_stores_nothing(tmp_p
 
 
 def test_a_closed_engine_says_so_when_asked_whether_it_is_ready(bundle, ws):
-    from core.errors import RwbError
+    from core.base.errors import RwbError
 
     engine = DecisionEngine(ws, _confident(bundle), embedder=HashEmbedder())
     assert engine.ready(timeout=10)
@@ -451,7 +452,7 @@ def _varied_requests(bundle, n_episodes: int, seed: int) -> list[list[dict]]:
 def test_the_numpy_path_serves_what_the_module_serves_on_many_requests(bundle, tmp_path):
     """The engine's fast path (numpy policy, folded first layers, intent branches kept per
     query) against the same engine running the torch module, request by request."""
-    from core.fast_policy import TOLERANCE
+    from core.serve.fast_policy import TOLERANCE
 
     episodes = _varied_requests(bundle, 60, seed=7)
     served = {}

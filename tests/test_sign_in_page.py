@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.store import Workspace
-from core.users import LOCAL_ADMIN, Actor, add_user
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN, Actor, add_user
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")

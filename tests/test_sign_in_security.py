@@ -1,4 +1,4 @@
-"""Sign-in hardening (core.users): back-off after failed sign-ins, argon2id with re-hash of
+"""Sign-in hardening (core.access.users): back-off after failed sign-ins, argon2id with re-hash of
 older scrypt hashes, session expiry and revocation, and SSO that trusts only verified
 e-mail addresses.  Every time is given explicitly (``now=``): nothing sleeps."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core import users
-from core.errors import PermissionDenied
-from core.store import Workspace
-from core.users import (BACKOFF_BASE_S, BACKOFF_CAP_S, BACKOFF_FREE_FAILURES, BACKOFF_WINDOW_S,
+from core.access import users
+from core.base.errors import PermissionDenied
+from core.records.store import Workspace
+from core.access.users import (BACKOFF_BASE_S, BACKOFF_CAP_S, BACKOFF_FREE_FAILURES, BACKOFF_WINDOW_S,
                         LOCAL_ADMIN, SESSION_IDLE_S, SESSION_MAX_S, Actor, SessionEnded,
                         SignInThrottled)
 
@@ -151,7 +151,7 @@ def test_cli_sign_in_backs_off_from_the_local_address(ws, team):
 
 # --------------------------------------------------------------------------- hashes
 def _legacy_scrypt_hash(password: str) -> str:
-    """A hash as the previous version of core.users stored it (scrypt, N=2**14)."""
+    """A hash as the previous version of core.access.users stored it (scrypt, N=2**14)."""
     salt = secrets.token_bytes(16)
     digest = hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
     return f"scrypt${2**14}$8$1${salt.hex()}${digest.hex()}"

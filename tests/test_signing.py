@@ -28,12 +28,13 @@ from _bundle_fixtures import (  # noqa: F401
     workspace_key,
     write_zip,
 )
-from core import keys, registry
-from core.audit import security_events
-from core.bundle import BUNDLE_FILES, MANIFEST, SIGNATURE, BundleError, load_bundle, seal_manifest, verify_bundle
-from core.errors import ConflictError, PermissionDenied
-from core.serving import DecisionEngine
-from core.store import Workspace
+from core.access import keys
+from core.govern import registry
+from core.access.audit import security_events
+from core.govern.bundle import BUNDLE_FILES, MANIFEST, SIGNATURE, BundleError, load_bundle, seal_manifest, verify_bundle
+from core.base.errors import ConflictError, PermissionDenied
+from core.serve.serving import DecisionEngine
+from core.records.store import Workspace
 from _state_fixtures import HashEmbedder
 
 
@@ -163,7 +164,7 @@ def test_a_forged_manifest_cannot_pass_the_gate_or_four_eyes(run, ws, tmp_path):
     """An insider with the workspace's key signs a manifest that brags (9.99 everywhere the gate
     once looked) and names cy as the exporter: the registry evaluates the run itself and
     four-eyes reads who registered the bundle and who trained the run."""
-    from core.users import set_role
+    from core.access.users import set_role
 
     forged = reseal(run.bundle, tmp_path / "forged.zip", name="forged", policy_return=9.99, created_by="cy")
     manifest = load_bundle(forged).manifest
@@ -189,7 +190,7 @@ def test_a_forged_manifest_cannot_pass_the_gate_or_four_eyes(run, ws, tmp_path):
     with pytest.raises(PermissionDenied, match="four-eyes rule: ada"):
         registry.approve(ws, ada, "forged", "0.1.0", "cy exported it, I may approve")
     set_role(ws, ada, "ana", "approver")
-    from core.users import Actor
+    from core.access.users import Actor
 
     with pytest.raises(PermissionDenied, match="four-eyes rule: ana"):
         registry.approve(ws, Actor("ana", "approver"), "forged", "0.1.0", "cy exported it")
@@ -227,7 +228,7 @@ def _swap(folder: Path, policies: Path, signer) -> str:
     (None: keep the old signature) and edit index.json to the new digest."""
     import hashlib
 
-    from core.keys import sign_digest
+    from core.access.keys import sign_digest
 
     data = bytearray((folder / "policy.safetensors").read_bytes())
     data[-1] ^= 0x01
@@ -281,7 +282,7 @@ def test_the_signing_key_is_private_and_never_in_a_bundle_or_the_database(run, w
     private = keys.signing_key(ws).private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                                  serialization.NoEncryption())
     pem = path.read_bytes()
-    from core.store import DB_NAME
+    from core.records.store import DB_NAME
 
     ws.conn.execute("PRAGMA wal_checkpoint(FULL)")
     for blob in [*members(run.bundle).values(), run.bundle.read_bytes(), (Path(ws.root) / DB_NAME).read_bytes()]:

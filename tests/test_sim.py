@@ -1,4 +1,4 @@
-"""The recorded-episode simulator (core/sim.py): follow-the-log exactness, counterfactual
+"""The recorded-episode simulator (core/rl/sim.py): follow-the-log exactness, counterfactual
 buckets, off-support, masks every step, the batched simulator against a slow one-env-at-a-
 time reference, the Gymnasium wrapper (check_env, MaskablePPO) and devices."""
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.datasets import datasets_dir, generate
-from core.errors import InputError
-from core.masking import MaskRules
+from core.data.datasets import datasets_dir, generate
+from core.base.errors import InputError
+from core.guard.masking import MaskRules
 from core.rewards import Pyramid, ScoringContext, as_template, build_frame
-from core.sim import (
+from core.rl.sim import (
     RANDOM_HIGH,
     BatchedSim,
     RecordedEpisodeEnv,
@@ -29,7 +29,7 @@ from core.sim import (
     random_masked_actions,
     split_episodes,
 )
-from core.state import PAD_TOKEN, TRACE_LEN
+from core.state.features import PAD_TOKEN, TRACE_LEN
 from _state_fixtures import HashEmbedder
 
 MASKS = datasets_dir() / "finance" / "masks.yaml"
@@ -645,9 +645,9 @@ def test_maskable_ppo_trains_on_the_wrapper(tables):
 
 # --------------------------------------------------------------------------- workspace and devices
 def test_tables_from_a_workspace_match_in_memory(tmp_path, monkeypatch, data):
-    from core.store import Workspace
+    from core.records.store import Workspace
 
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     episodes, tools = data
     ws = Workspace.open(tmp_path / "ws")
     with ws.transaction() as conn:

@@ -1,4 +1,4 @@
-"""The structured state encoder (core/state.py): intent rules, raw features against a slow
+"""The structured state encoder (core/state/features.py): intent rules, raw features against a slow
 reference, the gated fusion, persistence and the per-dataset cache."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import core.state as st_mod
-from core.catalog import build_catalog
-from core.errors import InputError
-from core.state import (
+import core.state.features as st_mod
+from core.records.catalog import build_catalog
+from core.base.errors import InputError
+from core.state.features import (
     CONTEXT_DIM,
     INTENT_RULE_DIM,
     PAD_TOKEN,
@@ -315,7 +315,7 @@ def test_raw_matrix_blocks(raw):
 # --------------------------------------------------------------------------- cache per dataset
 def test_dataset_features_are_cached(tmp_path, monkeypatch):
     ws = dataset_workspace(tmp_path, make_episodes(12))
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     first = raw_features_for_dataset(ws, "fx")
     files = sorted(p.name for p in (ws.artifacts / "states").rglob("features-*"))
     assert any(f.endswith(".safetensors") for f in files) and any(f.endswith(".json") for f in files)
@@ -331,7 +331,7 @@ def test_dataset_features_are_cached(tmp_path, monkeypatch):
 
 
 def test_a_changed_dataset_recomputes_and_drops_stale_features(tmp_path, monkeypatch):
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     ws = dataset_workspace(tmp_path, make_episodes(6))
     first = raw_features_for_dataset(ws, "fx")
     with ws.transaction() as conn:
@@ -353,7 +353,7 @@ def test_flatten_names_top_level_lists_and_scalars():
 
 
 def test_episodes_without_steps_anywhere(catalog):
-    from core.episodes import Episode, Task
+    from core.records.episodes import Episode, Task
 
     eps = make_episodes(3)
     empty = [Episode(episode_id=f"empty{i}", task=Task(query="nothing")) for i in range(2)]

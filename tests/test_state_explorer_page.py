@@ -17,7 +17,7 @@ PAGE = str(ROOT / "pages" / "state_explorer.py")
 @pytest.fixture
 def page_ws(tmp_path, monkeypatch):
     # The hash embedder stands in for the sentence model (loaded elsewhere in the suite).
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
 
     def make(episodes=None) -> Path:
         path = tmp_path / "ws"
@@ -72,7 +72,7 @@ def test_map_verdict_and_entropy(page_ws):
 
 
 def test_errors_are_shown_not_raised(page_ws):
-    from core.episodes import Action, Episode, Step, Task
+    from core.records.episodes import Action, Episode, Step, Task
 
     tiny = [Episode(episode_id="only", task=Task(query="check 600519", task_type="analysis"),
                     steps=[Step(t=0, action=Action(kind="final_answer"))])]

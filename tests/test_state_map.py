@@ -1,4 +1,4 @@
-"""The state map (core/statemap.py) and ``rwb states``: entropy against hand-computed
+"""The state map (core/state/statemap.py) and ``rwb states``: entropy against hand-computed
 distributions, t-SNE determinism and transform, fidelity figures, the cached map report."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from core.cli import main as rwb
-from core.errors import InputError
-from core.statemap import (
+from core.base.errors import InputError
+from core.state.statemap import (
     StepRewards,
     TsneConfig,
     TsneMap,
@@ -187,7 +187,7 @@ def fx_ws(tmp_path_factory):
     """A workspace with the fixture dataset; the hash embedder keeps the model out of it."""
     path = tmp_path_factory.mktemp("state-map-ws")
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     ws = dataset_workspace(path, make_episodes(60))
     yield ws, path
     mp.undo()
@@ -274,10 +274,10 @@ def test_cli_states_map_and_entropy(fx_ws, tmp_path, monkeypatch, capsys):
 def test_finance_task_types_separate_and_need_the_intent_encoder():
     """On generated finance data the encoded states separate by task type: silhouette
     clearly above shuffled labels, and lower with the intent encoder off."""
-    from core.catalog import build_catalog
-    from core.datasets import generate
-    from core.embed import Embedder
-    from core.state import StateEncoderConfig, encode_states, extract_features
+    from core.records.catalog import build_catalog
+    from core.data.datasets import generate
+    from core.base.embed import Embedder
+    from core.state.features import StateEncoderConfig, encode_states, extract_features
 
     ds = generate("finance", 150, 3)
     raw = extract_features(ds.episodes, build_catalog(ds.tools, ds.episodes), Embedder())
@@ -293,7 +293,7 @@ def test_finance_task_types_separate_and_need_the_intent_encoder():
 
 
 def test_cli_states_map_from_an_episodes_file(fx_ws, tmp_path, monkeypatch, capsys):
-    from core.datasets import generate, write_jsonl
+    from core.data.datasets import generate, write_jsonl
 
     _, path = fx_ws
     monkeypatch.setenv("RWB_WORKSPACE", str(path))

@@ -11,9 +11,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _state_fixtures import HashEmbedder
-from core import runs
-from core.store import Workspace
-from core.users import LOCAL_ADMIN
+from core.rl import runs
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = str(ROOT / "pages" / "training.py")
@@ -22,7 +22,7 @@ SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
 
 
 def tiny():
-    from core.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig
 
     return PPOConfig(total_steps=1024, n_envs=32, rollout_len=16, update_epochs=2, n_minibatches=2, bc_epochs=3,
                      hidden=64, n_critics=2, encoder={"dim": 64}, device="cpu", threads=1, eval_every=1,
@@ -33,8 +33,8 @@ def tiny():
 def trained_ws(tmp_path_factory):
     """A workspace with the finance sample's first 60 episodes and one finished tiny run."""
     mp = pytest.MonkeyPatch()
-    mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
-    from core.importers import import_file
+    mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    from core.data.importers import import_file
 
     root = tmp_path_factory.mktemp("pages-ws")
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
@@ -50,7 +50,7 @@ def trained_ws(tmp_path_factory):
 
 @pytest.fixture
 def page_env(trained_ws, monkeypatch):
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     monkeypatch.setenv("RWB_WORKSPACE", str(trained_ws[0]))
     return trained_ws
 
@@ -91,14 +91,14 @@ def test_training_page_shows_runs_curves_and_comparison(page_env):
 
 
 def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
-    """The Launch button hands the form's settings to core.runs.launch_run (spied here: the
+    """The Launch button hands the form's settings to core.rl.runs.launch_run (spied here: the
     background process itself is tested in tests/test_runs.py)."""
     calls = []
     real_create = runs.create_run
 
     def spy(ws, actor, *, template, dataset=None, episodes_file=None, config=None, masks=None):
         calls.append({"template": template, "dataset": dataset, "config": dict(config)})
-        from core.ppo import PPOConfig
+        from core.rl.ppo import PPOConfig
 
         tmpl, label = runs.resolve_run_template(ws, template)
         run_id = real_create(ws, actor, template=tmpl, config=PPOConfig.from_dict(config), dataset=dataset,
@@ -188,7 +188,7 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     # warning that says why there is none (this short run on generated data gets the warning
     # exactly when core's report says it is not reliable)
     assert any(c.value.startswith("Off-policy: ") for c in at.caption)
-    from core.evaluation import evaluate
+    from core.rl.evaluation import evaluate
 
     ws = Workspace.open(page_env[0])
     ev = evaluate(ws, run_id, repeats=3)
@@ -200,7 +200,7 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
         assert f"No trustworthy off-policy figure ({ev['ope']['verdict']})" in verdicts
     # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
     # counts what the run's normalizer maps to INVALID.
-    from core.catalog import catalog_for_dataset
+    from core.records.catalog import catalog_for_dataset
 
     ws = Workspace.open(page_env[0])
     catalog = catalog_for_dataset(ws, "finance")
@@ -218,7 +218,7 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
 
 
 def test_doctor_steps_name_their_figure_threshold_and_next_action():
-    from core.doctor import exploration_quality, gradient_flow, reward_integrity
+    from core.rl.doctor import exploration_quality, gradient_flow, reward_integrity
 
     flood = reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10)
     assert (flood["value"], flood["figure"], flood["unit"], flood["threshold"]) == (
@@ -233,12 +233,12 @@ def test_doctor_steps_name_their_figure_threshold_and_next_action():
 
 def test_pages_show_user_errors(page_env, monkeypatch):
     """A core error reaches the page as st.error, not a traceback."""
-    from core.errors import InputError
+    from core.base.errors import InputError
 
     def broken(*a, **k):
         raise InputError("the held-out file is gone")
 
-    monkeypatch.setattr("core.evaluation.evaluate", broken)
+    monkeypatch.setattr("core.rl.evaluation.evaluate", broken)
     at = AppTest.from_file(DIAGNOSTICS, default_timeout=120).run()
     at.selectbox(key="diag_run").set_value(page_env[1])
     at.number_input(key="diag_repeats").set_value(2)

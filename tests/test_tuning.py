@@ -1,4 +1,4 @@
-"""Weight tuning (core.tuning): fast paths against the slow obvious ones, splits and
+"""Weight tuning (core.tuning.studies): fast paths against the slow obvious ones, splits and
 statistics, and the acceptance figures on generated data with known outcomes."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import optuna
 import pytest
 from scipy.stats import kendalltau
 
-from core import tuning
-from core.errors import ConflictError, InputError
+from core.tuning import studies as tuning
+from core.base.errors import ConflictError, InputError
 from core.rewards import COMPONENTS, Pyramid, ScoreResult, evaluate_expectations
 from core.rewards.api import frame_from_episodes, load_frame
 from core.rewards.expectations import auc as reference_auc
 from core.rewards.template import parse_template
-from core.users import current_user
+from core.access.users import current_user
 from _rewards_fixtures import TOOLS, make_episodes
 from _tuning_fixtures import BAD_WEIGHTS, FIN_FAST, fin_fast, finance_workspace, write_template
 
@@ -342,12 +342,12 @@ def test_toolbench_runs_are_too_few_to_tune_on(tmp_path, monkeypatch):
     from pathlib import Path
 
     from _state_fixtures import HashEmbedder
-    from core.errors import InputError as ImportRefused
-    from core.importers import import_file
+    from core.base.errors import InputError as ImportRefused
+    from core.data.importers import import_file
     from core.rewards.template import load_template
-    from core.store import Workspace
+    from core.records.store import Workspace
 
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     ws = Workspace.open(tmp_path / "ws")
     root = Path(__file__).resolve().parents[1] / "datasets" / "real"
     for path in sorted([*root.glob("toolbench/G*_answer/*.json"), *root.glob("toolbench_eval/G*_answer/*.json")]):

@@ -8,11 +8,11 @@ import json
 import optuna
 import pytest
 
-from core import tuning
+from core.tuning import studies as tuning
 from core.cli import main
-from core.errors import PermissionDenied
+from core.base.errors import PermissionDenied
 from core.rewards.versions import get_template, list_versions, save_template
-from core.users import Actor, current_user
+from core.access.users import Actor, current_user
 from _tuning_fixtures import FIN_FAST, finance_file, finance_workspace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

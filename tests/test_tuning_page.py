@@ -11,9 +11,9 @@ import optuna
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core import tuning
+from core.tuning import studies as tuning
 from core.rewards.versions import list_versions, save_template
-from core.users import current_user
+from core.access.users import current_user
 from _tuning_fixtures import FIN_FAST, finance_workspace
 
 ROOT = Path(__file__).resolve().parents[1]

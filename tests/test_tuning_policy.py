@@ -1,4 +1,4 @@
-"""The policy objective: a short PPO run (core.ppo.train) per trial on the simulator under
+"""The policy objective: a short PPO run (core.rl.ppo.train) per trial on the simulator under
 the trial's rewards, reporting the rollout success rate after every update so a pruner
 can stop it.  Tiny networks and few steps: this checks the wiring, not the policy."""
 
@@ -9,8 +9,8 @@ import optuna
 import pytest
 import torch
 
-from core import tuning
-from core.users import current_user
+from core.tuning import studies as tuning
+from core.access.users import current_user
 from _state_fixtures import HashEmbedder
 from _tuning_fixtures import fin_fast, finance_workspace
 
@@ -23,7 +23,7 @@ TINY = {"total_steps": 512, "n_envs": 16, "rollout_len": 16, "n_minibatches": 2,
 @pytest.fixture
 def ws(tmp_path, monkeypatch):
     # the hash embedder stands in for the sentence model (intent embeddings of the state)
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
     return finance_workspace(tmp_path / "ws", n_episodes=40, seed=2)
 
 
@@ -49,7 +49,7 @@ def test_policy_trials_train_report_and_prune(ws):
 
 
 def _policy_problem(ws, config):
-    from core import ppo
+    from core.rl import ppo
     from core.rewards.api import load_frame
     from core.rewards.pyramid import Pyramid
 

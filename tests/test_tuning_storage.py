@@ -10,11 +10,11 @@ import os
 import optuna
 import pytest
 
-from core import tuning
-from core.errors import ConflictError, InputError
-from core.tuning_storage import (BatchedTrialWriter, count_trials, describe_url, open_journal, open_rdb,
+from core.tuning import studies as tuning
+from core.base.errors import ConflictError, InputError
+from core.tuning.storage import (BatchedTrialWriter, count_trials, describe_url, open_journal, open_rdb,
                                  open_storage)
-from core.users import current_user
+from core.access.users import current_user
 from _tuning_fixtures import fin_fast, finance_workspace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

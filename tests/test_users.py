@@ -1,4 +1,4 @@
-"""Users, roles and permissions (core.users): every refusal comes from core."""
+"""Users, roles and permissions (core.access.users): every refusal comes from core."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from core import audit, review, users
+from core.access import audit
+from core.guard import review
+from core.access import users
 from core.cli import main, root
-from core.errors import ConflictError, InputError, PermissionDenied
-from core.users import LOCAL_ADMIN, PERMISSIONS, ROLES, Actor
+from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.access.users import LOCAL_ADMIN, PERMISSIONS, ROLES, Actor
 
 PASSWORD = "correct horse battery"
 

@@ -1,10 +1,10 @@
-"""Preparing a workspace before the app serves it (core.warmup, ``rwb workspace prepare``):
+"""Preparing a workspace before the app serves it (core.sample.warmup, ``rwb workspace prepare``):
 the samples are imported and scored with every template, so that the Reward Pyramid
 page's first visit reads every component column from the workspace; a second call does
 nothing; a new template version or an unknown dataset is handled.
 
 The hash embedder stands in for the sentence model (the text components embed through
-``core.embed.workspace_embedder``), so the tests take seconds, not minutes.
+``core.base.embed.workspace_embedder``), so the tests take seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -18,26 +18,26 @@ from typer.testing import CliRunner
 from _state_fixtures import HashEmbedder
 from core import rewards
 from core.cli import main, root
-from core.errors import InputError
+from core.base.errors import InputError
 from core.rewards.versions import get_template, save_template
-from core.store import Workspace
-from core.users import LOCAL_ADMIN
-from core.warmup import PrepareProgress, latest_templates, prepare_workspace, sample_datasets
-from core.workspace_setup import SAMPLE_DATASETS
+from core.records.store import Workspace
+from core.access.users import LOCAL_ADMIN
+from core.sample.warmup import PrepareProgress, latest_templates, prepare_workspace, sample_datasets
+from core.sample.workspace_setup import SAMPLE_DATASETS
 
 TEMPLATES = ["ecommerce_returns@0", "finance_risk@0", "tool_agent@0"]
 
 
 @pytest.fixture(autouse=True)
 def hash_embedder(monkeypatch):
-    monkeypatch.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+    monkeypatch.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> tuple[Path, object, list[PrepareProgress]]:
     """A workspace prepared once from empty, with the progress it reported."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("core.embed.workspace_embedder", lambda _ws: HashEmbedder())
+        mp.setattr("core.base.embed.workspace_embedder", lambda _ws: HashEmbedder())
         path = tmp_path_factory.mktemp("warmup") / "ws"
         ws = Workspace.open(path)
         events: list[PrepareProgress] = []

@@ -4,7 +4,7 @@ Each area lives in its own module (``core/cli/<area>.py``) exposing a ``typer.Ty
 named ``app`` (or top-level commands registered by ``register(root)``); the list
 below is the one place that wires them together.
 
-The modules import only the standard library, typer and ``core.errors`` at the top; each
+The modules import only the standard library, typer and ``core.base.errors`` at the top; each
 command imports the ``core`` function it calls (and with it torch, pandas, sentence
 models …) when it runs, so that ``rwb --help``, ``rwb --version`` and a usage error
 answer at once.  :func:`main` turns every error into one line on stderr (a JSON object
@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import typer
 
-from core.errors import RwbError
+from core.base.errors import RwbError
 
 root = typer.Typer(
     name="rwb",
@@ -74,7 +74,7 @@ def _main(
 def open_workspace(*, create: bool = True):
     """The workspace selected by ``--workspace`` / ``RWB_WORKSPACE`` / ``./workspace``
     (``create=False``: refuse with WorkspaceError when there is none)."""
-    from core.store import Workspace
+    from core.records.store import Workspace
 
     return Workspace.open(_STATE["workspace"], create=create)
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from core.errors import InputError
+from core.base.errors import InputError
 
 if TYPE_CHECKING:
-    from core.users import Actor
+    from core.access.users import Actor
 
 AS_HELP = ("Act as this workspace user (multi-user mode); the password comes from "
            "RWB_PASSWORD or stdin.  Not needed in a workspace without users.")
@@ -45,7 +45,7 @@ def acting_user(ws, as_name: Optional[str], *, stdin_free: bool = True) -> Actor
 
     ``stdin_free=False`` when the command itself reads stdin (e.g. a new password): the
     acting user's password must then come from ``RWB_PASSWORD``."""
-    from core.users import multi_user, resolve_actor
+    from core.access.users import multi_user, resolve_actor
 
     if not multi_user(ws):
         return resolve_actor(ws, as_name, None)

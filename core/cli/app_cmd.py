@@ -22,8 +22,8 @@ from pathlib import Path
 import typer
 
 from core.cli import open_workspace
-from core.errors import RwbError
-from core.package_data import resource_dir
+from core.base.errors import RwbError
+from core.base.package_data import resource_dir
 
 
 def app_entry() -> Path:

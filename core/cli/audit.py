@@ -1,4 +1,4 @@
-"""``rwb audit``: read and export the audit trail of served decisions (``core.audit``).
+"""``rwb audit``: read and export the audit trail of served decisions (``core.access.audit``).
 
 ``export --as-episodes`` writes served episodes in the workbench's JSONL, ready
 for ``rwb`` import, relabelling and training (S001's continuous-training loop).
@@ -14,7 +14,7 @@ import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
-from core.errors import InputError
+from core.base.errors import InputError
 
 app = typer.Typer(help="The audit trail of served decisions: tail, export, stats, recover.",
                   no_args_is_help=True)
@@ -28,7 +28,7 @@ def tail(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The last records, oldest first (one JSON record per line)."""
-    from core import audit
+    from core.access import audit
 
     records = audit.tail(open_workspace(), n, episode_id=episode, policy_version=policy)
     if as_json:
@@ -39,7 +39,7 @@ def tail(
 
 
 def _load_catalog(path: Path):
-    from core.catalog import Catalog  # only when asked: the catalog decodes action tokens
+    from core.records.catalog import Catalog  # only when asked: the catalog decodes action tokens
 
     try:
         return Catalog.from_json(path.read_text(encoding="utf-8"))
@@ -65,7 +65,7 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Export records (or served episodes) to a JSONL file."""
-    from core import audit
+    from core.access import audit
 
     ws = open_workspace()
     result = audit.export(ws, acting_user(ws, as_name), out, as_episodes=as_episodes,
@@ -83,7 +83,7 @@ def export(
 @app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """How many records and episodes, first and last time, records per policy version."""
-    from core import audit
+    from core.access import audit
 
     s = audit.stats(open_workspace())
     if as_json:
@@ -101,7 +101,7 @@ def recover(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Re-insert records a writer could not commit at exit (artifacts/audit_unflushed/)."""
-    from core import audit
+    from core.access import audit
 
     ws = open_workspace()
     result = audit.recover_unflushed(ws, acting_user(ws, as_name))

@@ -1,4 +1,4 @@
-"""``rwb bundle``: export a trained run as a policy bundle, and verify a bundle (``core.bundle``).
+"""``rwb bundle``: export a trained run as a policy bundle, and verify a bundle (``core.govern.bundle``).
 
 A bundle is a zip a person can open (manifest, safetensors weights, catalog, masks,
 template, the RDE tree); ``verify`` checks every hash, the schema, paths and pickle
@@ -29,7 +29,7 @@ def export_bundle(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write RUN's policy, encoder, catalog, masks, template, evaluation and RDE tree as a bundle zip."""
-    from core import bundle
+    from core.govern import bundle
 
     ws = open_workspace()
     path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version)
@@ -57,7 +57,7 @@ def verify(
     """Check the signature (by a key this workspace trusts), hashes, schema, paths, pickle payloads
     and a smoke run; exit 2 when refused.  Then compare what the bundle was built with to this
     environment: another embedding model or feature layout is a WARNING, other versions a note."""
-    from core import bundle
+    from core.govern import bundle
 
     ws = open_workspace()
     report = bundle.verify_in_workspace(ws, file, allow_unsigned=allow_unsigned)

@@ -1,4 +1,4 @@
-"""``rwb demo``: the whole loop, headless, on a fresh demo workspace (:func:`core.demo.run_demo`)."""
+"""``rwb demo``: the whole loop, headless, on a fresh demo workspace (:func:`core.sample.demo.run_demo`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from core.cli import _STATE, print_json
-from core.errors import InputError
+from core.base.errors import InputError
 
 DEFAULT_DIR = "demo-workspace"
 
@@ -23,7 +23,7 @@ def _demo_root(directory: Optional[Path]) -> Path:
 
 
 def _replace(root: Path) -> None:
-    from core.demo import MARKER
+    from core.sample.demo import MARKER
 
     if not root.exists():
         return
@@ -49,8 +49,8 @@ def demo(
 
     Users and roles, import, reward pyramid, state map, training, review, tuning, bundle,
     four-eyes approval and promotion, serving with an audit trail."""
-    from core.demo import run_demo
-    from core.store import Workspace
+    from core.sample.demo import run_demo
+    from core.records.store import Workspace
 
     root = _demo_root(directory)
     if replace:

@@ -1,7 +1,7 @@
 """``rwb episodes``: import recorded episodes, list them, show one, export a dataset.
 
-Thin over ``core.importers`` (import/export), the workspace (list) and
-``core.episode_views`` (show).  Bad input exits with status 2 and a message naming the
+Thin over ``core.data.importers`` (import/export), the workspace (list) and
+``core.data.episode_views`` (show).  Bad input exits with status 2 and a message naming the
 file, line or record, and field.
 """
 
@@ -17,7 +17,7 @@ import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
-from core.errors import InputError
+from core.base.errors import InputError
 
 app = typer.Typer(help="Recorded episodes: import, list, show, export.", no_args_is_help=True)
 
@@ -28,7 +28,7 @@ PROGRESS_MIN_BYTES = 2_000_000
 @contextlib.contextmanager
 def _workspace_errors() -> Iterator[None]:
     """Workspace look-up failures (no such dataset/episode) are the user's input errors."""
-    from core.store import WorkspaceError
+    from core.records.store import WorkspaceError
 
     try:
         yield
@@ -84,7 +84,7 @@ def import_cmd(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
-    from core.importers import import_file
+    from core.data.importers import import_file
 
     ws = open_workspace()
     actor = acting_user(ws, as_name)
@@ -157,9 +157,9 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one episode: task, steps (action token, result), outcome."""
-    from core.catalog import catalog_for_dataset
-    from core.episode_views import show_episode
-    from core.importers import find_episode
+    from core.records.catalog import catalog_for_dataset
+    from core.data.episode_views import show_episode
+    from core.data.importers import find_episode
 
     ws = open_workspace()
     with _workspace_errors():
@@ -196,7 +196,7 @@ def export_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write a dataset as the workbench's JSON Lines (re-importable, byte-identical round trip)."""
-    from core.importers import export_episodes, single_dataset
+    from core.data.importers import export_episodes, single_dataset
 
     ws = open_workspace()
     dataset = dataset or single_dataset(ws)

@@ -49,7 +49,7 @@ def _scoring_progress():
 def _workspace_for(template: str):
     """The workspace, so that saved versions (``finance_risk@3``) resolve; none is needed (or
     created) to validate a file."""
-    from core.store import WorkspaceError
+    from core.records.store import WorkspaceError
 
     if Path(template).is_file():
         return None

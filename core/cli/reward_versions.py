@@ -14,7 +14,7 @@ import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
-from core.errors import InputError
+from core.base.errors import InputError
 
 if TYPE_CHECKING:
     from core.rewards.versions import TemplateVersion

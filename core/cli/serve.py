@@ -1,9 +1,9 @@
-"""``rwb serve``: ask the decision engine (``core.serving``) from the command line.
+"""``rwb serve``: ask the decision engine (``core.serve.serving``) from the command line.
 
 ``decide`` serves requests with the promoted policy NAME (or a bundle zip/folder) and
 writes their audit records to the workspace; ``metrics`` does the same and prints the
 engine's Prometheus metrics (or, with ``--alert-rules``, the example alert rules);
-``http`` runs the HTTP decision service (``core.serve_http``, docs/http_service.md).
+``http`` runs the HTTP decision service (``core.serve.serve_http``, docs/http_service.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from core.cli import open_workspace, print_json
-from core.errors import InputError
+from core.base.errors import InputError
 
 app = typer.Typer(help="The decision engine: serve requests with a promoted policy or a bundle.",
                   no_args_is_help=True)
@@ -26,7 +26,7 @@ REQUEST_HELP = ("The request: JSON text, @FILE (a JSON object, a list, or JSON l
 
 
 def _requests(request: str) -> list[dict]:
-    from core.serving import read_requests
+    from core.serve.serving import read_requests
 
     if request == "-":
         return read_requests(sys.stdin.read(), file="<stdin>")
@@ -45,7 +45,7 @@ def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[fl
     embedding would serve, so its RL-Boosts wait for their query's embedding unless
     ``defer`` (the long-running service's default, ServingConfig.wait_for_intent), and the
     sentence model runs in this process (a child would only add its start-up)."""
-    from core.serving import ServingConfig
+    from core.serve.serving import ServingConfig
 
     options: dict = {"force_rde_override": force_rde, "wait_for_intent": not defer, "model_process": False}
     if confidence is not None:
@@ -71,7 +71,7 @@ def decide(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Serve the request(s) and print each decision (its audit record is written)."""
-    from core.serving import serve_requests
+    from core.serve.serving import serve_requests
 
     decisions, _ = serve_requests(open_workspace(), policy, _requests(request),
                                   config=_config(confidence, force_rde, budget_ms, defer))
@@ -97,8 +97,8 @@ def metrics(
                                      help="Print the example Prometheus alert rules instead."),
 ) -> None:
     """Print the engine's Prometheus metrics after serving the given requests."""
-    from core.serving import alert_rules as rules_text
-    from core.serving import serve_requests
+    from core.serve.serving import alert_rules as rules_text
+    from core.serve.serving import serve_requests
 
     if alert_rules:
         typer.echo(rules_text(), nl=False)
@@ -143,7 +143,7 @@ def http(
     try:
         import uvicorn
 
-        from core.serve_http import ENV_TOKEN, ServiceSettings, build_app, check_policy, service_config
+        from core.serve.serve_http import ENV_TOKEN, ServiceSettings, build_app, check_policy, service_config
     except ImportError as exc:
         raise InputError(f"the HTTP service needs the [http] extra ({exc.name} is not installed): "
                          "pip install 'reward-workbench[http]'") from None
@@ -165,7 +165,7 @@ def http(
     else:
         version = check_policy(settings)  # a usage error stops here, before any worker starts
         os.environ.update(settings.to_env())  # what each worker's create_app() reads
-        app_or_factory = "core.serve_http:create_app"
+        app_or_factory = "core.serve.serve_http:create_app"
     info = {"url": f"http://{host}:{port}", "policy_version": version, "workers": workers,
             "token_required": settings.token is not None, "workspace": root}
     if as_json:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from core.cli import open_workspace, print_json
-from core.errors import InputError
+from core.base.errors import InputError
 
 if TYPE_CHECKING:
-    from core.statemap import EntropyReport
+    from core.state.statemap import EntropyReport
 
 app = typer.Typer(help="State map (t-SNE), encoding fidelity and action entropy.", no_args_is_help=True)
 
@@ -57,8 +57,8 @@ def map_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fidelity and entropy figures)."),
 ) -> None:
     """Map the encoded states with t-SNE, check that task types separate, and measure entropy."""
-    from core.state import StateEncoderConfig
-    from core.statemap import TsneConfig, states_map
+    from core.state.features import StateEncoderConfig
+    from core.state.statemap import TsneConfig, states_map
 
     report = states_map(
         open_workspace(), **_source(episodes, dataset), color=color, out=out, space=space,
@@ -85,8 +85,8 @@ def entropy(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Shannon entropy of the logged actions: overall, per tool, per state cluster."""
-    from core.state import StateEncoderConfig
-    from core.statemap import states_entropy
+    from core.state.features import StateEncoderConfig
+    from core.state.statemap import states_entropy
 
     report = states_entropy(open_workspace(), **_source(episodes, dataset), clusters=clusters,
                             encoder=StateEncoderConfig(seed=seed))

@@ -1,8 +1,8 @@
 """``rwb train``, ``rwb runs list|show|stop``, ``rwb doctor RUN``, ``rwb evaluate RUN``.
 
-Thin parsers over :func:`core.runs.train` / :func:`core.runs.launch_run`,
-:func:`core.runs.list_runs` / :func:`core.runs.get_run` / :func:`core.runs.stop_run`,
-:func:`core.doctor.diagnose` and :func:`core.evaluation.evaluate`.
+Thin parsers over :func:`core.rl.runs.train` / :func:`core.rl.runs.launch_run`,
+:func:`core.rl.runs.list_runs` / :func:`core.rl.runs.get_run` / :func:`core.rl.runs.stop_run`,
+:func:`core.rl.doctor.diagnose` and :func:`core.rl.evaluation.evaluate`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from core.cli.episodes import (
     REWARD_KEY_OPTION,
     SKIP_INVALID_OPTION,
 )
-from core.errors import InputError
+from core.base.errors import InputError
 
 runs_app = typer.Typer(help="Training runs: list, show, stop.", no_args_is_help=True)
 
@@ -37,7 +37,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 def _config(steps: Optional[int], device: str, seed: int, settings: list[str]) -> Any:
     """A PPOConfig from the options and ``--set KEY=VALUE`` pairs (values parsed as JSON)."""
-    from core.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig
 
     values: dict[str, Any] = {"device": device, "seed": seed}
     if steps is not None:
@@ -82,7 +82,7 @@ def train_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the run id and final metrics."),
 ) -> None:
     """Train a masked PPO policy against a reward template on recorded episodes."""
-    from core import runs
+    from core.rl import runs
 
     ws = open_workspace()
     token = os.environ.get(runs.LAUNCH_TOKEN_ENV)
@@ -138,7 +138,7 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List training runs, newest first, with their last metrics."""
-    from core.runs import list_runs
+    from core.rl.runs import list_runs
 
     rows = list_runs(open_workspace(), status=status, dataset=dataset, limit=limit)
     if as_json:
@@ -160,7 +160,7 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (run, metrics per update, checkpoints)."),
 ) -> None:
     """Show one run: its record, latest metrics and checkpoints."""
-    from core.runs import checkpoints, get_run, run_metrics
+    from core.rl.runs import checkpoints, get_run, run_metrics
 
     ws = open_workspace()
     run = get_run(ws, run_id)
@@ -196,7 +196,7 @@ def stop_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Ask a running run to stop after its current update (it writes a checkpoint first)."""
-    from core.runs import stop_run
+    from core.rl.runs import stop_run
 
     ws = open_workspace()
     run = stop_run(ws, acting_user(ws, as_name), run_id)
@@ -211,7 +211,7 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Four-step diagnosis: reward integrity, state-encoding fidelity, gradient flow, exploration."""
-    from core.doctor import diagnose
+    from core.rl.doctor import diagnose
 
     report = diagnose(open_workspace(), run_id)
     if as_json:
@@ -240,7 +240,7 @@ def evaluate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Policy return on held-out episodes vs each logged behaviour and vs random-in-mask."""
-    from core.evaluation import EpisodeFileOptions, evaluate
+    from core.rl.evaluation import EpisodeFileOptions, evaluate
 
     if episodes is not None and dataset is not None:
         raise InputError("give --episodes FILE or --dataset NAME, not both", field="dataset")

@@ -1,4 +1,4 @@
-"""``rwb tune``: Optuna studies over a reward pyramid's weights (``core.tuning``).
+"""``rwb tune``: Optuna studies over a reward pyramid's weights (``core.tuning.studies``).
 
 ``rwb tune --template T --dataset D`` runs a study in this process (``--background``
 starts it as a detached worker instead); ``rwb tune apply STUDY`` writes the best
@@ -20,7 +20,7 @@ import typer
 
 from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
-from core.errors import InputError
+from core.base.errors import InputError
 
 app = typer.Typer(help="Tune a reward pyramid's weights with Optuna: run studies, apply results, label preferences.",
                   invoke_without_command=True, no_args_is_help=False)
@@ -35,12 +35,12 @@ def _fmt(x: Any) -> str:
 
 
 def _tuning() -> Any:
-    """``core.tuning``, imported when a tuning command runs (optuna and the numpy stacks stay out
+    """``core.tuning.studies``, imported when a tuning command runs (optuna and the numpy stacks stay out
     of ``rwb --help``), with optuna's INFO lines off: one per trial at ~1,000 trials/min would
     drown the output and the worker logs."""
     import optuna
 
-    from core import tuning
+    from core.tuning import studies as tuning
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return tuning
@@ -94,7 +94,7 @@ def tune(
 ) -> None:
     """Run a study: tune the template's weights on the data (see `rwb tune --help`)."""
     if ctx.invoked_subcommand is not None:
-        return  # the subcommand loads core.tuning itself, once its own options have parsed
+        return  # the subcommand loads core.tuning.studies itself, once its own options have parsed
     tuning = _tuning()
     if template is None:
         typer.echo(ctx.get_help())

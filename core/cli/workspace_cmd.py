@@ -11,9 +11,9 @@ import typer
 from core.cli import open_workspace, print_json
 
 if TYPE_CHECKING:
-    from core.store import Workspace
-    from core.warmup import PrepareProgress, PrepareReport
-    from core.workspace_setup import WorkspaceStatus
+    from core.records.store import Workspace
+    from core.sample.warmup import PrepareProgress, PrepareReport
+    from core.sample.workspace_setup import WorkspaceStatus
 
 app = typer.Typer(help="Create and describe the workspace.", no_args_is_help=True)
 
@@ -37,7 +37,7 @@ def init(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Create (or migrate) the workspace and import the sample datasets into an empty one."""
-    from core.workspace_setup import init_workspace
+    from core.sample.workspace_setup import init_workspace
 
     status = init_workspace(open_workspace(), samples=samples)
     print_json(status.to_dict()) if as_json else _print(status)
@@ -46,14 +46,14 @@ def init(
 @app.command("info")
 def info(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show the workspace folder, its schema version and its datasets."""
-    from core.workspace_setup import workspace_status
+    from core.sample.workspace_setup import workspace_status
 
     status = workspace_status(open_workspace())
     print_json(status.to_dict()) if as_json else _print(status)
 
 
 class _ProgressLine:
-    """Prints :class:`core.warmup.PrepareProgress` on stderr: on a terminal one line that
+    """Prints :class:`core.sample.warmup.PrepareProgress` on stderr: on a terminal one line that
     is rewritten as the work goes, elsewhere (a log file) one line per step (texts are
     embedded in chunks of a few hundred, so a log gets a few lines per dataset)."""
 
@@ -91,8 +91,8 @@ def _print_prepared(report: "PrepareReport") -> None:
 
 
 def prepare_with_progress(ws: "Workspace", datasets: list[str] | None = None) -> "PrepareReport":
-    """:func:`core.warmup.prepare_workspace` with its progress on stderr (``rwb app`` at start)."""
-    from core.warmup import prepare_workspace
+    """:func:`core.sample.warmup.prepare_workspace` with its progress on stderr (``rwb app`` at start)."""
+    from core.sample.warmup import prepare_workspace
 
     line = _ProgressLine()
     try:
@@ -112,7 +112,7 @@ def prepare(
 ) -> None:
     """Set the workspace up and score its datasets with every reward template ahead, so that
     the app's pages open at once (what ``rwb app`` does before serving)."""
-    from core.warmup import prepare_workspace
+    from core.sample.warmup import prepare_workspace
 
     ws = open_workspace()
     datasets = list(dataset) if dataset else None

@@ -1,6 +1,6 @@
 """Promoted policies, shipped inside the ``core`` package (docs/design.md §9).
 
-``core.registry.promote`` writes an approved bundle into this folder as
+``core.govern.registry.promote`` writes an approved bundle into this folder as
 ``<name>/<version>/`` (the bundle's files, flat, with its approvals mirrored into the
 manifest) and records it in ``index.json``::
 
@@ -20,8 +20,8 @@ The folder can be moved with the ``RWB_POLICIES_DIR`` environment variable (test
 they never write into the source tree), or per call with ``root=``.
 
 ``load(name)`` is the production entry point (``from core.policies import load``): the
-decision engine (:class:`core.serving.DecisionEngine`) serving the promoted policy.
-``load_bundle_for(name)`` is the verified :class:`core.bundle.LoadedBundle` alone (what
+decision engine (:class:`core.serve.serving.DecisionEngine`) serving the promoted policy.
+``load_bundle_for(name)`` is the verified :class:`core.govern.bundle.LoadedBundle` alone (what
 the engine is built on, and what a script that only needs the policy loads).
 """
 
@@ -30,20 +30,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.policy_folder import (ENV_ROOT, INDEX, INDEX_FORMAT, active_version, empty_index, load_bundle_for,
+from core.govern.policy_folder import (ENV_ROOT, INDEX, INDEX_FORMAT, active_version, empty_index, load_bundle_for,
                                   policies_root, read_index)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.serving import DecisionEngine
-    from core.store import Workspace
+    from core.serve.serving import DecisionEngine
+    from core.records.store import Workspace
 
 
 def load(name: str, *, root: str | Path | None = None, ws: "Workspace | None" = None,
          **options: Any) -> "DecisionEngine":
     """The decision engine serving the promoted policy ``name`` (``engine.decide(request)``):
-    :func:`core.serving.load` — ``ws`` keeps the audit trail and the review queue
+    :func:`core.serve.serving.load` — ``ws`` keeps the audit trail and the review queue
     (default ``$RWB_WORKSPACE`` or ./workspace), ``options`` go to the engine."""
-    from core.serving import load as engine_for
+    from core.serve.serving import load as engine_for
 
     return engine_for(name, ws=ws, root=root, **options)
 

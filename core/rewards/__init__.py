@@ -13,6 +13,8 @@
   (writes, unrecovered errors, the last answer's agreement with the tools);
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
   :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
+
+May import: :mod:`core.data`, :mod:`core.access`, :mod:`core.records`, :mod:`core.base`.
 """
 
 from core.rewards.api import (as_template, check, frame_from_episodes, frame_from_file, load_frame,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.episodes import Episode, ToolSchema
-from core.errors import InputError
+from core.records.episodes import Episode, ToolSchema
+from core.base.errors import InputError
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
 from core.rewards.expectations import CheckReport, evaluate_expectations
@@ -50,14 +50,14 @@ def frame_from_episodes(episodes: Sequence[Episode], tools: Sequence[ToolSchema]
                         ) -> StepsFrame:
     """Steps frame of in-memory episodes; the catalog comes from ``tools`` (or, without
     schemas, from the logged calls)."""
-    from core.catalog import build_catalog
+    from core.records.catalog import build_catalog
 
     return build_frame(episodes, build_catalog(list(tools or []), episodes))
 
 
 def frame_from_file(path: str | Path) -> StepsFrame:
     """Steps frame of an episodes file in any importable format (nothing is stored)."""
-    from core.importers import read_file
+    from core.data.importers import read_file
 
     parsed = read_file(path)
     return frame_from_episodes(parsed.episodes, parsed.tools)
@@ -65,7 +65,7 @@ def frame_from_file(path: str | Path) -> StepsFrame:
 
 def load_frame(ws, dataset: str) -> StepsFrame:
     """Steps frame of a workspace dataset, normalised with the dataset's catalog."""
-    from core.catalog import catalog_for_dataset
+    from core.records.catalog import catalog_for_dataset
 
     catalog = catalog_for_dataset(ws, dataset)
     return build_frame(ws.load_episodes(dataset), catalog)
@@ -116,7 +116,7 @@ def score(ws, template: TemplateLike, *, dataset: str | None = None,
     t = as_template(template, ws)
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
-        from core.embed import workspace_embedder
+        from core.base.embed import workspace_embedder
 
         ctx = ScoringContext(embedder=workspace_embedder(ws), progress=progress)
     else:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
-from core.episodes import Episode
-from core.errors import InputError
+from core.records.episodes import Episode
+from core.base.errors import InputError
 from core.rewards.outcomes import auc, bootstrap_ci, episode_groups, episode_labels, grouped_folds
 from core.rewards.pyramid import ScoreResult
 

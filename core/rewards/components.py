@@ -65,7 +65,7 @@ class ScoringContext:
     def get_embedder(self):
         """The embedder to use; an in-memory one when the caller gave none."""
         if self.embedder is None:
-            from core.embed import Embedder
+            from core.base.embed import Embedder
 
             self.embedder = Embedder(cache_dir=None)
         return self.embedder
@@ -683,7 +683,7 @@ class DuplicateCalls(Component):
     name = "duplicate_calls"
     level = "penalty"
     #: The recorded-episode simulator recomputes this component from an environment's own
-    #: history when it leaves the log (core.sim): a counterfactual repeat is a repeat.
+    #: history when it leaves the log (core.rl.sim): a counterfactual repeat is a repeat.
     history = "own_calls"
 
     def __init__(self, *, per: float = 0.5, cap: int = 3, match: Literal["call", "tool"] = "call",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import RwbError
+from core.base.errors import RwbError
 from core.rewards.frame import KIND_CODE, StepsFrame
 from core.rewards.pyramid import ScoreResult
 from core.rewards.template import ExpectationSpec

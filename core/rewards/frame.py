@@ -40,8 +40,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from core.episodes import Action, Episode
-from core.errors import InputError
+from core.records.episodes import Action, Episode
+from core.base.errors import InputError
 
 #: Action kinds, in the order of the ``kind`` codes.
 KINDS: tuple[str, ...] = ("tool_call", "reply", "final_answer", "terminate", "escalate")
@@ -53,7 +53,7 @@ MAX_TOOL_TEXT = 4000
 
 
 class NormalizerLike(Protocol):
-    """What the frame needs from :class:`core.catalog.Catalog`."""
+    """What the frame needs from :class:`core.records.catalog.Catalog`."""
 
     version: str
     reply_id: int

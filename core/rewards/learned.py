@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.errors import InputError
+from core.base.errors import InputError
 from core.rewards.components import Component, ScoringContext, _check, register
 from core.rewards.frame import FINAL_ANSWER, REPLY, TOOL_CALL, StepsFrame
 from core.rewards.outcomes import auc, grouped_folds
@@ -199,7 +199,7 @@ class LearnedOutcome(Component):
 def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
     """``template`` with its ``learned_outcome`` episode term set to the fitted ``params``
     (added with ``weight`` when the template has none, else its weight kept)."""
-    from core import safe_yaml
+    from core.base import safe_yaml
     from core.rewards.template import parse_template
 
     data = template.to_dict()
@@ -213,7 +213,7 @@ def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
 def without_learned_outcome(template):
     """``template`` without its ``learned_outcome`` episode term (itself when it has none): the
     hand-built pyramid a fitted term is compared with, never one that already learned the labels."""
-    from core import safe_yaml
+    from core.base import safe_yaml
     from core.rewards.template import parse_template
 
     data = template.to_dict()
@@ -229,7 +229,7 @@ def learn(ws, template, *, dataset: str, group_key: str | None = None, embed: st
           c: float = 1.0, weight: float = 1.0, seed: int = 0):
     """Fit the learned outcome on a workspace dataset's labelled episodes: (the template with
     the fitted ``learned_outcome`` term, the fit).  Nothing is saved."""
-    from core.embed import workspace_embedder
+    from core.base.embed import workspace_embedder
     from core.rewards.api import as_template, load_frame
     from core.rewards.calibration import outcome_columns
 

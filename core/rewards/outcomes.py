@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
-from core.episodes import Episode
-from core.errors import InputError
+from core.records.episodes import Episode
+from core.base.errors import InputError
 
 #: Record keys tried, in order, for an episode's task id when no group key is given.
 DEFAULT_GROUP_KEYS: tuple[str, ...] = ("task_id", "task.id", "meta.task_id")

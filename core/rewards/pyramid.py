@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from core.errors import InputError
+from core.base.errors import InputError
 from core.rewards.cache import ComponentCache
 from core.rewards.components import Component, ScoringContext
 from core.rewards.frame import StepsFrame

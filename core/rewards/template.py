@@ -50,8 +50,9 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from core import package_data, safe_yaml
-from core.errors import InputError
+from core.base import package_data
+from core.base import safe_yaml
+from core.base.errors import InputError
 from core.rewards.components import COMPONENTS, LEVEL_TITLES, LEVELS
 
 FORMAT_VERSION = 1
@@ -539,7 +540,7 @@ def _expectations(value: Any, names: set[str], ctx: _Ctx) -> tuple[ExpectationSp
 
 
 def _yaml_error(exc: InputError, file: str | None) -> TemplateError:
-    """A refusal of :mod:`core.safe_yaml` worded the way template errors read."""
+    """A refusal of :mod:`core.base.safe_yaml` worded the way template errors read."""
     at = f" at line {exc.line}" if exc.line is not None else ""
     prefix = "not valid YAML: "
     if exc.reason.startswith(prefix):

@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from core import safe_yaml
-from core.errors import ConflictError, InputError
+from core.base import safe_yaml
+from core.base.errors import ConflictError, InputError
 from core.rewards.template import Template, TemplateError, parse_template, templates_dir
-from core.users import Actor, authorize
+from core.access.users import Actor, authorize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.store import Workspace
+    from core.records.store import Workspace
 
 #: ``saved_by`` of the version-0 seeds shipped in ``reward_templates/``.
 SHIPPED_BY = "reward-workbench"
@@ -304,7 +304,7 @@ def save_template(ws: "Workspace", actor: Actor, name: str, yaml_text: str | Tem
     * ``base_version``: the version the edit started from — the ``.version`` of the
       :func:`get_template` result that was edited (0 for a shipped seed, None or 0 for a
       brand-new name).  When a newer version exists the save is refused with
-      :class:`TemplateConflict` (a :class:`~core.errors.ConflictError`) naming who saved
+      :class:`TemplateConflict` (a :class:`~core.base.errors.ConflictError`) naming who saved
       what since.
     * ``message``: why (shown in ``rwb reward versions``); ``meta``: JSON-able extras.
 

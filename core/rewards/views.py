@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
-from core import safe_yaml
-from core.errors import InputError
+from core.base import safe_yaml
+from core.base.errors import InputError
 from core.rewards.components import COMPONENTS
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.pyramid import ScoreResult
@@ -48,7 +48,7 @@ from core.rewards.versions import TemplateVersion, get_template, list_versions, 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
-    from core.store import Workspace
+    from core.records.store import Workspace
 
 ParamKind = Literal["number", "integer", "choice", "flag", "text", "yaml"]
 

@@ -1,0 +1,720 @@
+"""The policy registry (docs/design.md §9): versions, four-eyes approval, promotion, rollback.
+
+Every policy **name** (``finance_risk``) has versions, each one verified bundle.  A
+version moves through stages::
+
+    register ──▶ candidate ──approve──▶ approved ──promote──▶ production
+                     ▲                                             │
+                     └──────── approve again ◀── rolled_back ◀─────┘ rollback
+
+* :func:`register` verifies a bundle zip — its signature by a key this workspace trusts
+  included (core.access.keys) — keeps a copy in the workspace
+  (``artifacts/registry/<name>/<version>-<sha>.zip``) and makes it a *candidate*.  It
+  writes the registry's **own record** into the ``registered`` event: the bundle's sha256
+  and manifest digest, the signer's fingerprint, the registering user, the run's creator
+  as the workspace's run table has it, and the registry's own evaluation of the run on
+  its held-out episodes (:func:`core.rl.evaluation.evaluate`), after checking that the
+  bundle's weights are the run's checkpoint.  Figures and names in the manifest are
+  never used for a decision: a bundle whose run is not in this workspace is refused,
+  since the registry could not evaluate it itself.
+* :func:`approve` needs the ``approve`` permission **and** a person other than the one
+  who registered the bundle and the one who trained the run (four-eyes,
+  :func:`core.access.users.check_four_eyes`, on the registry's record; the embedded local admin
+  can therefore never approve its own work), plus a comment saying why, plus the
+  **promotion gate** (:func:`promotion_gate`): the registry's evaluation must beat the
+  current production version's — or, when there is none, the logged expert behaviour's —
+  on held-out episodes.
+* :func:`promote` writes the approved bundle into the policies folder
+  (``core/policies/<name>/<version>/``, see :mod:`core.policies`) with its approvals in
+  the manifest, signed by the promoting workspace's key, and records the copy's manifest
+  digest in the ``promoted`` event (serving refuses a copy that does not match it),
+  atomically (a temp folder renamed into place, then ``index.json``
+  replaced), so the ``core`` package production installs carries it.
+* :func:`rollback` makes the previous production version active again.
+
+**Events**: every transition is one row of ``registry_events`` (who, role, when, why,
+details) and the stage of a version is *computed* from them: nothing is updated in place,
+and database triggers refuse any UPDATE or DELETE of events and versions.  The aliases
+``candidate``/``approved``/``production`` of a name (:func:`aliases`) are derived too.
+
+Promotion and rollback take the database write lock (one transaction with the event)
+and a file lock on the policies folder, so two of them never interleave; a failure
+before the commit leaves the folder's index as it was.
+
+Example::
+
+    >>> register(ws, ada, "finance-0.1.0.zip")                                         # doctest: +SKIP
+    >>> approve(ws, bob, "finance_risk", "0.1.0", "beats the expert on 40 held-out episodes")  # doctest: +SKIP
+    >>> promote(ws, bob, "finance_risk", "0.1.0")                                      # doctest: +SKIP
+    >>> from core.policies import load_bundle_for; load_bundle_for("finance_risk").version  # doctest: +SKIP
+    '0.1.0'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.govern.bundle import (
+    MANIFEST,
+    Approval,
+    BundleError,
+    Manifest,
+    next_version,
+    read_members,
+    seal_manifest,
+    semver_key,
+    verify_bundle,
+    write_folder,
+)
+from core.base.errors import ConflictError, InputError
+from core.access.keys import signing_key, trust_store
+from core.govern.policy_folder import INDEX, policies_root, read_index
+from core.govern.registry_records import policy_names, promoted_digest
+from core.govern.registry_records import promoted_digest_in as _promoted_digest
+from core.govern.registry_records import registry_events as _events
+from core.access.users import Actor, authorize, check_four_eyes
+
+if TYPE_CHECKING:  # pragma: no cover
+    import sqlite3
+
+    from core.records.store import Workspace
+
+STAGES: tuple[str, ...] = ("candidate", "approved", "production", "rolled_back")
+EVENTS: tuple[str, ...] = ("registered", "approved", "promoted", "rolled_back")
+#: The candidate must beat the baseline's mean held-out return by more than this.
+GATE_MARGIN = 0.0
+
+
+class GateFailed(ConflictError):
+    """The promotion gate refused an approval: the bundle does not beat its baseline."""
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str)
+
+
+# --------------------------------------------------------------------------- reading
+_VERSION_COLUMNS = ("name", "version", "bundle_path", "bundle_sha256", "manifest_digest", "manifest", "run_id",
+                    "created_by", "trained_by", "registered_by", "registered_at")
+
+
+def _row(conn: "sqlite3.Connection", name: str, version: str) -> dict[str, Any]:
+    row = conn.execute(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM policy_versions WHERE name=? AND version=?",
+                       (name, version)).fetchone()
+    if row is None:
+        known = [r[0] for r in conn.execute("SELECT version FROM policy_versions WHERE name=?", (name,))]
+        if not known:
+            names = [r[0] for r in conn.execute("SELECT DISTINCT name FROM policy_versions ORDER BY name")]
+            raise InputError(f"no policy named {name!r} is registered"
+                             + (f" (registered: {', '.join(names)})" if names else
+                                " (none yet: `rwb registry register BUNDLE.zip`)"), field="name")
+        raise InputError(f"{name} has no version {version!r} (registered: "
+                         f"{', '.join(sorted(known, key=semver_key))})", field="version")
+    d = dict(zip(_VERSION_COLUMNS, row))
+    d["manifest"] = json.loads(d["manifest"])
+    return d
+
+
+def _replay(events: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """``(stage per version, production stack)`` of one name from its events, in order:
+    a promotion pushes onto the stack, a rollback pops the top (the stack's top is
+    production)."""
+    stage: dict[str, str] = {}
+    stack: list[str] = []
+    for e in events:
+        v = e["version"]
+        if e["event"] == "registered":
+            stage[v] = "candidate"
+        elif e["event"] == "approved":
+            stage[v] = "approved"
+        elif e["event"] == "promoted":
+            if stack and stack[-1] != v:
+                stage[stack[-1]] = "approved"
+            stack.append(v)
+            stage[v] = "production"
+        elif e["event"] == "rolled_back":
+            if stack:
+                stage[stack.pop()] = "rolled_back"
+            stage[v] = "production"
+            if not stack or stack[-1] != v:  # a log that restored a version off the stack
+                stack.append(v)
+    return stage, stack
+
+
+def _state(conn: "sqlite3.Connection", name: str) -> tuple[dict[str, str], list[str]]:
+    return _replay(_events(conn, name))
+
+
+def production_version(ws: "Workspace", name: str) -> str | None:
+    """The version of ``name`` in production (per this workspace's registry), or None."""
+    stack = _state(ws.conn, name)[1]
+    return stack[-1] if stack else None
+
+
+def previous_version(ws: "Workspace", name: str) -> str | None:
+    """The version :func:`rollback` would restore (None when there is none)."""
+    stack = _state(ws.conn, name)[1]
+    return stack[-2] if len(stack) >= 2 else None
+
+
+def aliases(ws: "Workspace", name: str) -> dict[str, str | None]:
+    """``{"production", "approved", "candidate"}`` → the version each alias points to: the
+    production version, and the highest approved and highest candidate version."""
+    stage, stack = _state(ws.conn, name)
+
+    def top(s: str) -> str | None:
+        vs = sorted((v for v, st in stage.items() if st == s), key=semver_key)
+        return vs[-1] if vs else None
+
+    return {"production": stack[-1] if stack else None, "approved": top("approved"), "candidate": top("candidate")}
+
+
+def _approvals(events: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    return [{"by": e["actor"], "role": e["role"], "at": e["at"], "comment": e["comment"],
+             "gate": e["detail"].get("gate")} for e in events if e["event"] == "approved" and e["version"] == version]
+
+
+def _best_logged(ev: Mapping[str, Any]) -> str | None:
+    """``"noisy 1.9980"``: the best logged behaviour of an evaluation and its held-out return."""
+    best = ev.get("best_logged") or {}
+    if best.get("behaviour") is None or best.get("return_mean") is None:
+        return None
+    return f"{best['behaviour']} {best['return_mean']:.4f}"
+
+
+def _record(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+    """The registry's own record of ``version`` (the detail of its ``registered`` event):
+    ``bundle_sha256``, ``manifest_digest``, ``signer``, ``trained_by`` (the run table's)
+    and ``evaluation`` (the registry's).  Empty for a version registered before the
+    registry kept its own records."""
+    for e in events:
+        if e["event"] == "registered" and e["version"] == version:
+            return e["detail"]
+    return {}
+
+
+def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    m = row["manifest"]
+    rec = _record(events, row["version"])
+    ev = rec.get("evaluation") or {}
+    return {
+        "name": row["name"], "version": row["version"], "stage": stage, "run_id": row["run_id"],
+        "created_by": row["created_by"], "trained_by": rec.get("trained_by"), "created_at": m.get("created_at"),
+        "signer": rec.get("signer"), "evaluated_from": rec.get("evaluated_from"),
+        "registered_by": row["registered_by"], "registered_at": row["registered_at"],
+        "template": f"{m['template']['name']} v{m['template']['version']}", "dataset": m.get("dataset"),
+        "return_mean": (ev.get("policy") or {}).get("return_mean"), "expert_return": ev.get("expert_return"),
+        "best_logged": _best_logged(ev), "heldout_episodes": ev.get("episodes"),
+        "approvals": [{k: a[k] for k in ("by", "at", "comment")} for a in _approvals(events, row["version"])],
+        "bundle_path": row["bundle_path"], "bundle_sha256": row["bundle_sha256"],
+        "manifest_digest": row["manifest_digest"],
+    }
+
+
+def get_version(ws: "Workspace", name: str, version: str) -> dict[str, Any]:
+    """One registered version: summary, stage and its full manifest (under ``manifest``)."""
+    row = _row(ws.conn, name, version)
+    events = _events(ws.conn, name)
+    stage = _replay(events)[0].get(version, "candidate")
+    return {**_summary(row, stage, events), "manifest": row["manifest"]}
+
+
+def list_versions(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
+    """Registered versions (of ``name``, or all), by name then semantic version, newest last,
+    each with its stage, evaluation headline and approvals."""
+    sql = f"SELECT {', '.join(_VERSION_COLUMNS)} FROM policy_versions"
+    args: tuple[Any, ...] = ()
+    if name is not None:
+        sql += " WHERE name=?"
+        args = (name,)
+    rows = [dict(zip(_VERSION_COLUMNS, r)) for r in ws.conn.execute(sql, args)]
+    out = []
+    for n in sorted({r["name"] for r in rows}):
+        events = _events(ws.conn, n)
+        stage = _replay(events)[0]
+        for r in sorted((r for r in rows if r["name"] == n), key=lambda r: semver_key(r["version"])):
+            r["manifest"] = json.loads(r["manifest"])
+            out.append(_summary(r, stage.get(r["version"], "candidate"), events))
+    return out
+
+
+def history(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
+    """Every registry event (of ``name``, or all), oldest first: who did what, when and why."""
+    return _events(ws.conn, name)
+
+
+def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Evaluation reports side by side: one row per ``(name, version)``."""
+    rows = []
+    for name, version in versions:
+        v = get_version(ws, name, version)
+        ev = _record(_events(ws.conn, name), version).get("evaluation") or {}
+        pol, rnd = ev.get("policy") or {}, ev.get("random_in_mask") or {}
+        rows.append({
+            "policy": f"{name}@{version}", "stage": v["stage"], "run": v["run_id"],
+            "held-out episodes": ev.get("episodes"), "held-out set": (ev.get("heldout_fingerprint") or "")[:12],
+            "return (policy)": pol.get("return_mean"), "success (policy)": pol.get("success_rate"),
+            "return (expert log)": ev.get("expert_return"), "return (random in mask)": rnd.get("return_mean"),
+            "off-support rate": pol.get("off_support_rate"), "mask violations": pol.get("mask_violations"),
+            "RDE accuracy (held-out, its behaviour)": (ev.get("rde_heldout_expert") or {}).get("accuracy"),
+            **{f"return (log: {b})": r for b, r in sorted((ev.get("logged") or {}).items())},
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- register
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment: str = "") -> dict[str, Any]:
+    """Verify a bundle zip and register it as a *candidate* version.  Needs ``export_bundle``.
+
+    The workspace keeps its own copy of the zip.  Registering the same bytes again is a
+    no-op (``already_registered: true``); another bundle under a registered name and
+    version is refused — export it with a new version."""
+    authorize(ws, actor, "export_bundle")
+    src = Path(bundle_path)
+    if not src.is_file() or src.suffix.lower() != ".zip":
+        raise InputError(f"register a bundle zip file (got {src})", file=str(src))
+    data = src.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    folder = ws.artifact_dir("registry")
+    fd, tmp_name = tempfile.mkstemp(prefix=".incoming-", suffix=".zip", dir=folder)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        # verify the copy we keep, not the caller's file, which may change meanwhile
+        report = verify_bundle(tmp, trust=trust_store(ws))
+        if not report.ok:
+            from core.access.audit import security_event
+
+            security_event(ws, actor, "bundle_refused", file=str(src), bundle_sha256=sha, reason=report.reason)
+            raise BundleError(f"bundle refused: {report.reason}", file=str(src))
+        m = Manifest.model_validate(report.manifest)
+        if m.approvals:
+            raise BundleError(f"{m.policy_version} arrives with approvals in its manifest; approvals are given in "
+                              "the registry (register the exported bundle, not a promoted copy)", field="approvals")
+        _check_run_record(ws, m)
+        have = ws.conn.execute("SELECT bundle_sha256 FROM policy_versions WHERE name=? AND version=?",
+                               (m.name, m.version)).fetchone()
+        own: dict[str, Any] = {}
+        if have is None:  # (the same bytes again are a no-op below, with nothing to evaluate)
+            own = _own_record(ws, m, read_members(tmp))
+        with ws.transaction() as conn:
+            have = conn.execute("SELECT bundle_sha256 FROM policy_versions WHERE name=? AND version=?",
+                                (m.name, m.version)).fetchone()
+            if have is not None:
+                if have[0] == sha:
+                    return {**get_version(ws, m.name, m.version), "already_registered": True}
+                raise ConflictError(f"{m.policy_version} is already registered with other content; export the "
+                                    f"bundle with a new version (next: {next_version(ws, m.name)})")
+            dest = ws.artifact_dir("registry", m.name) / f"{m.version}-{sha[:16]}.zip"
+            os.replace(tmp, dest)
+            conn.execute(f"INSERT INTO policy_versions ({', '.join(_VERSION_COLUMNS)}) VALUES "
+                         f"({', '.join('?' * len(_VERSION_COLUMNS))})",
+                         (m.name, m.version, str(dest), sha, m.digest, _json(report.manifest), m.run_id,
+                          m.created_by, m.trained_by, actor.name, _now_iso()))
+            _event(conn, m.name, m.version, "registered", actor, comment,
+                   {"bundle_sha256": sha, "source": str(src.resolve()), "manifest_digest": m.digest,
+                    "signer": report.signer, "registered_by": actor.name, **own})
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {**get_version(ws, m.name, m.version), "already_registered": False}
+
+
+def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> dict[str, Any]:
+    """The registry's own record of a bundle's run: who created the run (the workspace's
+    run table) and the run's evaluation on its held-out episodes, computed here
+    (:func:`core.rl.evaluation.evaluate`, the protocol export uses), after checking that the
+    bundle's weights are the run's checkpoint — so the figures are the bundle's.  A run
+    that is not in this workspace cannot be evaluated here (its episodes and split live
+    in the workspace that trained it): refused."""
+    from core.govern.bundle import heldout_identity
+    from core.rl.evaluation import evaluate
+    from core.rl.runs import get_run, open_run
+
+    if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (m.run_id,)).fetchone():
+        raise BundleError(f"run {m.run_id} of {m.policy_version} is not in this workspace: the registry evaluates "
+                          "every bundle itself on its run's held-out episodes and never takes the manifest's "
+                          "figures; register the bundle in the workspace that trained the run", field="run_id")
+    run = get_run(ws, m.run_id)
+    ctx = open_run(ws, m.run_id)
+    _check_weights(ctx.agent, members, m)
+    report = evaluate(ws, m.run_id)
+    evaluation = {**report, **heldout_identity(ctx.data.tables, ctx.data.heldout_episodes, run),
+                  "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),
+                  "evaluated_at": _now_iso()}
+    return {"trained_by": run.get("created_by"), "evaluation": json.loads(_json(evaluation)),
+            "evaluated_from": f"run {m.run_id} in this workspace (its held-out split)"}
+
+
+def _check_weights(agent: Any, members: Mapping[str, bytes], m: Manifest) -> None:
+    """The bundle's policy and encoder weights must be the run's checkpoint, tensor for tensor."""
+    import torch
+    from safetensors.torch import load as load_tensors
+
+    from core.govern.bundle import ENCODER_PREFIX
+
+    ours = agent.state_dict()
+    theirs = {**load_tensors(members["policy.safetensors"]),
+              **{ENCODER_PREFIX + k: v for k, v in load_tensors(members["encoder.safetensors"]).items()}}
+    same = set(ours) == set(theirs) and all(
+        ours[k].shape == theirs[k].shape and torch.equal(ours[k].cpu(), theirs[k]) for k in ours)
+    if not same:
+        raise BundleError(f"the weights in {m.policy_version} are not the checkpoint of run {m.run_id}; the registry "
+                          "evaluates the run, so it registers only that run's own policy", field="policy.safetensors")
+
+
+def _check_run_record(ws: "Workspace", m: Manifest) -> None:
+    """When the bundle's run is in this workspace, its manifest must agree with the run
+    record on who trained it and against which template (four-eyes reads ``trained_by``)."""
+    row = ws.conn.execute("SELECT created_by, template_hash FROM runs WHERE id=?", (m.run_id,)).fetchone()
+    if row is None:
+        return
+    if m.trained_by != row[0]:
+        raise BundleError(f"the manifest says run {m.run_id} was trained by {m.trained_by!r}, the workspace "
+                          f"records {row[0]!r}", field="trained_by")
+    if m.template.sha256 != row[1]:
+        raise BundleError(f"the manifest's template is not the one run {m.run_id} trained against",
+                          field="template")
+
+
+def _event(conn: "sqlite3.Connection", name: str, version: str, event: str, actor: Actor, comment: str,
+           detail: Mapping[str, Any] | None = None) -> None:
+    conn.execute("INSERT INTO registry_events (name, version, event, actor, role, at, comment, detail) "
+                 "VALUES (?,?,?,?,?,?,?,?)", (name, version, event, actor.name, actor.role, _now_iso(),
+                                              comment or "", _json(detail or {})))
+
+
+def _registered_bundle(row: Mapping[str, Any]) -> Path:
+    """The workspace copy of a registered bundle, checked against its recorded sha256."""
+    path = Path(row["bundle_path"])
+    if not path.is_file():
+        raise BundleError(f"the registered copy of {row['name']} {row['version']} is missing", file=str(path))
+    if _sha256_file(path) != row["bundle_sha256"]:
+        raise BundleError(f"the registered copy of {row['name']} {row['version']} was changed after "
+                          "registration", file=str(path))
+    return path
+
+
+def bundle_bytes(ws: "Workspace", name: str, version: str) -> bytes:
+    """The registered bundle zip of ``name@version`` (for a download), checked against the
+    sha256 recorded at registration."""
+    row = _row(ws.conn, name, version)
+    path = Path(row["bundle_path"])
+    if not path.is_file():
+        raise BundleError(f"the registered copy of {name} {version} is missing", file=str(path))
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != row["bundle_sha256"]:
+        raise BundleError(f"the registered copy of {name} {version} was changed after registration", file=str(path))
+    return data
+
+
+# --------------------------------------------------------------------------- the gate
+def _evaluation(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+    """The registry's own evaluation of ``version`` (never the manifest's figures)."""
+    return _record(events, version).get("evaluation") or {}
+
+
+def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = GATE_MARGIN) -> dict[str, Any]:
+    """Whether ``name@version`` may be approved: its mean return on held-out episodes
+    must beat the baseline's by more than ``margin``, with no mask violation.
+
+    The baseline is the current production version of ``name`` when there is one (and it
+    is another version), evaluated on the *same* held-out episodes under the *same*
+    reward template — its own report when it was evaluated on that set, else the
+    production policy re-run on the candidate's held-out episodes (possible when both
+    share the action catalog and the candidate's run is in this workspace).  Without a
+    production version, the baseline is the logged expert behaviour (the best logged
+    behaviour; when the logs hold no expert, the best one they hold), paired: the policy
+    started from the start states of that behaviour's held-out episodes against what the
+    behaviour's logs earned on them.  Returns the verdict with the numbers behind it."""
+    cand = _row(ws.conn, name, version)
+    events = _events(ws.conn, name)
+    ev = _evaluation(events, version)
+    pol = ev.get("policy") or {}
+    out: dict[str, Any] = {"candidate": f"{name}@{version}", "metric": "mean template return on held-out episodes",
+                           "candidate_return": pol.get("return_mean"), "episodes": ev.get("episodes"),
+                           "heldout_fingerprint": ev.get("heldout_fingerprint"), "margin": float(margin)}
+    prod = production_version(ws, name)
+    out["production"] = prod
+    if prod is None or prod == version:
+        out.update(baseline="logged expert behaviour", baseline_return=ev.get("expert_return"),
+                   baseline_source="the registry's evaluation of the candidate")
+        out["baseline_source"] = "the registry's evaluation of the candidate"
+        best = (ev.get("best_logged") or {}).get("behaviour")
+        paired = (ev.get("paired") or {}).get(best) or {}
+        if paired.get("policy") is not None:
+            # The same requests from the same first states: the policy started where the
+            # held-out episodes of the best logged behaviour (the expert, when the logs have
+            # one) started, against what that behaviour's logs earned there.
+            out.update(candidate_return=paired["policy"], baseline_return=paired.get("logged"),
+                       episodes=paired.get("episodes"),
+                       baseline=f"logged {best} behaviour" + (" (the best logged)" if best != "expert" else ""),
+                       metric=f"mean template return from the start states of the held-out {best} episodes")
+    else:
+        prow = _row(ws.conn, name, prod)
+        pev = _evaluation(events, prod)
+        out["baseline"] = f"production {name}@{prod}"
+        same_set = (pev.get("heldout_fingerprint") == ev.get("heldout_fingerprint")
+                    and pev.get("template_sha256") == ev.get("template_sha256"))
+        if same_set:
+            out.update(baseline_return=(pev.get("policy") or {}).get("return_mean"),
+                       baseline_source="the registry's evaluation of the production version (same held-out "
+                                       "episodes and template)")
+        else:
+            out.update(_reevaluate_production(ws, cand, prow, ev))
+    out["passed"], out["reason"] = _verdict(out, pol, float(margin))
+    return out
+
+
+def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tuple[bool, str]:
+    c, b = g.get("candidate_return"), g.get("baseline_return")
+    if c is None:
+        return False, (f"{g['candidate']} has no held-out evaluation in the registry's records (registered before "
+                       "the registry evaluated bundles itself: export and register it again as a new version)")
+    if b is None:
+        return False, (g.get("baseline_problem") or
+                       f"the baseline ({g['baseline']}) has no return on the candidate's held-out episodes")
+    if int(pol.get("mask_violations") or 0) > 0:
+        return False, f"{g['candidate']} took masked actions in its evaluation ({pol['mask_violations']})"
+    if not c > b + margin:
+        return False, (f"{g['candidate']} does not beat {g['baseline']} on held-out episodes: mean return "
+                       f"{c:.4f} vs {b:.4f} (needs > {b + margin:.4f})")
+    return True, f"{g['candidate']} beats {g['baseline']}: mean return {c:.4f} vs {b:.4f} on held-out episodes"
+
+
+def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mapping[str, Any],
+                           ev: Mapping[str, Any]) -> dict[str, Any]:
+    """The production policy re-run on the candidate's held-out episodes, with the protocol
+    of the candidate's own evaluation (:func:`core.rl.evaluation.evaluate`: greedy, every
+    held-out episode once per repeat, the same seeds)."""
+    from core.rl import ppo
+    from core.govern.bundle import load_bundle
+    from core.rl.evaluation import _summarise
+    from core.rl.runs import open_run
+
+    cm, pm = cand["manifest"], prod["manifest"]
+    src = "the production policy re-run on the candidate's held-out episodes"
+    if cm["catalog_version"] != pm["catalog_version"]:
+        return {"baseline_return": None, "baseline_source": src,
+                "baseline_problem": (f"the production version acts over catalog {pm['catalog_version']}, the "
+                                     f"candidate over {cm['catalog_version']}: they cannot be run on the same "
+                                     "episodes; evaluate both on one held-out set before approving")}
+    if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (cm["run_id"],)).fetchone():
+        return {"baseline_return": None, "baseline_source": src,
+                "baseline_problem": f"the candidate's run {cm['run_id']} is not in this workspace, so the "
+                                    "production policy cannot be re-run on its held-out episodes"}
+    ctx = open_run(ws, cm["run_id"], need_policy=False)
+    agent = load_bundle(_registered_bundle(prod), trust=trust_store(ws)).policy
+    repeats, seed = int(ev.get("repeats") or 1), 0
+    passes = [ppo.episode_stats(ctx.data.tables, agent, ctx.data.heldout_episodes, greedy=True,
+                                every_episode=True, seed=seed + 1000 * r, support_episodes="all")
+              for r in range(repeats)]
+    pooled = _summarise(passes)
+    return {"baseline_return": pooled["return_mean"], "baseline_source": src,
+            "baseline_episodes": pooled["episodes"]}
+
+
+# --------------------------------------------------------------------------- approve
+def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> dict[str, Any]:
+    """Approve a candidate for promotion.  Needs ``approve``, a person who neither trained
+    nor exported it (four-eyes), a comment saying why, and a passing promotion gate."""
+    authorize(ws, actor, "approve")
+    if not isinstance(comment, str) or not comment.strip():
+        raise InputError("say why you approve (a comment is required)", field="comment")
+    row = _row(ws.conn, name, version)
+    rec = _record(_events(ws.conn, name), version)
+    if "trained_by" not in rec:
+        raise ConflictError(f"{name}@{version} was registered before the registry kept its own records (who "
+                            "trained the run, its evaluation); export and register it again as a new version")
+    # the registry's record, never the manifest: who registered it, who trained the run
+    check_four_eyes(actor, row["registered_by"], rec["trained_by"])
+    _registered_bundle(row)
+    gate = promotion_gate(ws, name, version)
+    if not gate["passed"]:
+        raise GateFailed(f"promotion gate: {gate['reason']}")
+    with ws.transaction() as conn:
+        stage, stack = _state(conn, name)
+        if (stack[-1] if stack else None) != gate["production"]:
+            raise ConflictError(f"the production version of {name} changed while the gate ran; approve again")
+        stage = stage.get(version)
+        if stage not in ("candidate", "rolled_back"):
+            raise ConflictError(f"{name}@{version} is {stage}; only a candidate (or a rolled-back version) "
+                                "can be approved")
+        _event(conn, name, version, "approved", actor, comment.strip(), {"gate": gate})
+    return get_version(ws, name, version)
+
+
+# --------------------------------------------------------------------------- promote and rollback
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """An exclusive lock on the policies folder (other workspaces may promote into it too)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _index_change(ws: "Workspace", base: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Under the policies folder's lock: one workspace transaction and a copy of
+    ``index.json`` to edit.  The edited index is written last, inside the transaction; any
+    failure up to the commit puts the old index back."""
+    with _locked(base):
+        old_index = read_index(base)
+        index = json.loads(json.dumps(old_index))
+        try:
+            with ws.transaction() as conn:
+                yield conn, index
+                _write_index(base, index)
+        except BaseException:
+            _write_index(base, old_index)
+            raise
+
+
+def _write_index(root: Path, index: Mapping[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".json.tmp", dir=root)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(index, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # part of the package: readable like its other files
+        os.replace(tmp, root / INDEX)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _install(ws: "Workspace", root: Path, row: Mapping[str, Any], approvals: list[dict[str, Any]]) -> Manifest:
+    """Write the registered bundle into ``root/<name>/<version>/`` with ``approvals`` in its
+    manifest, signed with ``ws``'s key: into a temp folder, verified there, then renamed
+    into place."""
+    members = read_members(_registered_bundle(row))
+    manifest = Manifest.model_validate_json(members[MANIFEST])
+    body = manifest.model_dump(mode="json", exclude={"digest"})
+    body["approvals"] = [Approval.model_validate(a).model_dump(mode="json") for a in approvals]
+    sealed = seal_manifest(body)
+    target_parent = root / row["name"]
+    target_parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{row['version']}.", suffix=".tmp", dir=target_parent))
+    tmp.rmdir()
+    try:
+        write_folder(tmp, sealed, members, key=signing_key(ws))
+        report = verify_bundle(tmp, trust=trust_store(ws))
+        if not report.ok:
+            raise BundleError(f"the promoted copy failed verification: {report.reason}", file=str(tmp))
+        target = target_parent / row["version"]
+        if target.exists():  # promoted before (e.g. rolled back, approved again): replace it whole
+            old = target_parent / f".{row['version']}.old-{os.getpid()}-{time.monotonic_ns()}"
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sealed
+
+
+def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:
+    return index["policies"].setdefault(name, {"active": None, "previous": [], "versions": {}})
+
+
+def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str = "", *,
+            root: str | Path | None = None) -> dict[str, Any]:
+    """Make an approved version production: write it into the policies folder
+    (``core/policies/<name>/<version>/``, or ``root`` / ``$RWB_POLICIES_DIR``) and name it
+    active in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
+    authorize(ws, actor, "promote")
+    base = policies_root(root)
+    with _index_change(ws, base) as (conn, index):
+        events = _events(conn, name)
+        stage, stack = _replay(events)
+        row = _row(conn, name, version)
+        if stage.get(version) != "approved":
+            raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an "
+                                "approved version can be promoted (approve it first)")
+        sealed = _install(ws, base, row, _approvals(events, version))
+        entry = _index_entry(index, name)
+        previous = stack[-1] if stack else None
+        entry["previous"] = ([previous] if previous else []) + [v for v in entry.get("previous", [])
+                                                                if v not in (previous, version)]
+        entry["active"] = version
+        entry["versions"][version] = {"manifest_digest": sealed.digest, "promoted_at": _now_iso(),
+                                      "promoted_by": actor.name, "run_id": sealed.run_id,
+                                      "approved_by": [a.by for a in sealed.approvals]}
+        entry["updated_at"] = _now_iso()
+        _event(conn, name, version, "promoted", actor, comment,
+               {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest})
+    return {"name": name, **read_index(base)["policies"][name]}
+
+
+def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
+             root: str | Path | None = None) -> dict[str, Any]:
+    """Make the previous production version of ``name`` active again.  Needs ``rollback``.
+
+    The version rolled back from becomes ``rolled_back`` (it needs a new approval to be
+    promoted again).  The restored version is re-verified in the policies folder and
+    rewritten from the registry's copy when it is missing or damaged there."""
+    authorize(ws, actor, "rollback")
+    base = policies_root(root)
+    with _index_change(ws, base) as (conn, index):
+        events = _events(conn, name)
+        _, stack = _replay(events)
+        if len(stack) < 2:
+            what = f"only {stack[-1]} was ever promoted" if stack else "nothing was promoted"
+            raise ConflictError(f"{name} has no previous production version to roll back to ({what})")
+        current, previous = stack[-1], stack[-2]
+        row = _row(conn, name, previous)
+        folder = base / name / previous
+        entry = _index_entry(index, name)
+        recorded = entry["versions"].get(previous, {})
+        # the copy must be the one this registry recorded (the index is a file anyone may edit)
+        ok = folder.is_dir() and verify_bundle(folder, trust=trust_store(ws)).ok and \
+            Manifest.model_validate_json((folder / MANIFEST).read_bytes()).digest == \
+            _promoted_digest(events, previous)
+        if not ok:
+            sealed = _install(ws, base, row, _approvals(events, previous))
+            recorded = {**recorded, "manifest_digest": sealed.digest, "reinstalled_at": _now_iso()}
+        else:
+            recorded = {**recorded, "manifest_digest": recorded.get("manifest_digest")}
+        entry["versions"][previous] = recorded
+        entry["active"] = previous
+        entry["previous"] = list(reversed(stack[:-2]))
+        entry.setdefault("rolled_back", []).append({"version": current, "at": _now_iso(), "by": actor.name})
+        entry["updated_at"] = _now_iso()
+        _event(conn, name, previous, "rolled_back", actor, comment,
+               {"from": current, "reinstalled": not ok, "path": str(folder),
+                "manifest_digest": recorded["manifest_digest"]})
+    return {"name": name, **read_index(base)["policies"][name]}
+
+
+__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "bundle_bytes",
+           "compare_versions", "get_version", "history", "list_versions", "next_version", "policy_names",
+           "previous_version", "production_version", "promote", "promoted_digest", "promotion_gate", "register", "rollback"]

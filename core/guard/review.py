@@ -1,0 +1,722 @@
+"""The human review queue for high-risk actions (docs/design.md §9, S000 §2.2-2.3).
+
+Items come from these places:
+
+* **training** — curriculum level L3 flags a run that takes the same high-risk
+  action three times in a row; or a step of a recorded episode is sent to review
+  (:func:`send_step`, no run id: a person, or the set-up of the sample workspace
+  with the steps :func:`sample_review_steps` picks);
+* **serving** — the decision engine serves a high-risk final action with low
+  confidence.
+
+Each item carries the state the action was taken in (flat scalar features plus
+the task type), the proposed action token (id, name, label, tool, risk), its
+reward components, why it was queued and where it came from (run / episode /
+step, or decision id).
+
+A reviewer **claims** an item (:func:`claim`: atomic, with a lease that expires so
+a reviewer who walks away does not block it), then **decides** it exactly once
+(:func:`decide`):
+
+* **approve** — "reasonable exploration": the step becomes a labelled training
+  example that the next run reads through :func:`approved_examples`;
+* **reject** — the (state pattern, action) pair becomes a review mask rule, read
+  by training and by the decision engine through :func:`review_mask_rules`, so
+  neither takes that action in that state pattern again.
+
+Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so two reviewers
+racing for an item serialise on the database lock and exactly one wins; the
+decision, its event and its consequence (mask rule, or the item row that *is* the
+labelled example) commit together or not at all, so a process that dies
+mid-decision leaves the item claimed and undecided until its lease expires and
+someone claims it again.  Database triggers make a decided item final and the
+event log append-only.
+
+Example::
+
+    >>> item_id = enqueue(ws, actor, ReviewRequest(origin="serving", reason="high risk, "
+    ...     "confidence 0.41", state={"hour": 14, "volatility": 0.8}, task_type="urgent_reduce",
+    ...     token_id=12, token_name="A3T1", action_label="sell(amount=all)", tool="sell",
+    ...     risk="high", reward_components={"risk": -0.6}, decision_id="d-77"))  # doctest: +SKIP
+    >>> item = claim(ws, reviewer)                                               # doctest: +SKIP
+    >>> decide(ws, reviewer, item["id"], "reject", "never sell it all in a spike")  # doctest: +SKIP
+    >>> review_mask_rules(ws)[0]["targets"]                                      # doctest: +SKIP
+    {'tokens': ['A3T1']}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from core.guard import masking
+from core.base.errors import ConflictError, InputError
+from core.access.users import Actor, authorize
+
+if TYPE_CHECKING:  # pragma: no cover
+    import sqlite3
+
+    from core.records.catalog import ActionToken, Catalog
+    from core.records.episodes import Episode
+    from core.records.store import Workspace
+
+ORIGINS: tuple[str, ...] = ("training", "serving")
+DECISIONS: tuple[str, ...] = ("approve", "reject")
+#: Label of an approved step in the training data (S000: "reasonable exploration").
+EXPLORATION_LABEL = "reasonable_exploration"
+DEFAULT_LEASE_SECONDS = 300.0
+
+_rules_added = 0
+_rules_lock = threading.Lock()  # += is no atomic step: decisions may run on several threads
+_ITEM_COLUMNS = (
+    "id", "origin", "reason", "dataset", "task_type", "state", "key_features", "token_id",
+    "token_name", "action_label", "tool", "risk", "reward_components", "confidence", "run_id",
+    "episode_id", "step_t", "decision_id", "status", "created_at", "created_by", "claimed_by",
+    "claimed_at", "claim_expires", "decision", "decided_by", "decided_at", "comment")
+_SELECT_ITEM = f"SELECT {', '.join(_ITEM_COLUMNS)} FROM review_items"
+
+
+@dataclass(frozen=True)
+class ReviewRequest:
+    """One step to put on the review queue (validated by :func:`enqueue`)."""
+
+    #: "training" (curriculum L3) or "serving" (high-risk final action, low confidence).
+    origin: str
+    #: Why it was queued, in words a reviewer reads ("same high-risk action 3× in a row").
+    reason: str
+    #: Flat scalar state features the action was taken in (Step.observation["state"]).
+    state: Mapping[str, Any]
+    #: The proposed action token (core.records.catalog.ActionToken.id).
+    token_id: int
+    token_name: str | None = None
+    action_label: str | None = None
+    tool: str | None = None
+    risk: str | None = None
+    #: [{"name", "value"}, ...] or {name: value}: the reward components of this step.
+    reward_components: Sequence[Mapping[str, Any]] | Mapping[str, float] = ()
+    task_type: str | None = None
+    dataset: str | None = None
+    #: The policy's / baseline's confidence in the action, when known.
+    confidence: float | None = None
+    #: The state features that define the pattern a rejection masks (default: the task
+    #: type plus every non-numeric feature; see :func:`state_pattern`).
+    key_features: Sequence[str] | None = None
+    run_id: str | None = None
+    episode_id: str | None = None
+    step_t: int | None = None
+    decision_id: str | None = None
+    #: Free-form extra context shown to the reviewer (kept inside the state JSON under "_meta").
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def _check_scalar(name: str, value: Any, where: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"state feature {name!r} is {value!r}; features must be finite",
+                             field=f"{where}.{name}")
+        return
+    raise InputError(f"state feature {name!r} is a {type(value).__name__}; the state must be a "
+                     "flat dict of scalars (numbers, text, booleans)", field=f"{where}.{name}")
+
+
+def _components(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, Mapping):
+        items = [{"name": k, "value": v} for k, v in value.items()]
+    else:
+        items = [dict(c) for c in value]
+    out = []
+    for c in items:
+        if set(c) != {"name", "value"} or not isinstance(c["name"], str) or not c["name"]:
+            raise InputError("each reward component is {name, value}", field="reward_components")
+        v = c["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"reward component {c['name']!r} has value {v!r}; need a finite "
+                             "number", field="reward_components")
+        out.append({"name": c["name"], "value": float(v)})
+    return out
+
+
+def _validated_row(req: ReviewRequest, actor: Actor, now: float) -> dict[str, Any]:
+    if req.origin not in ORIGINS:
+        raise InputError(f"origin must be one of {', '.join(ORIGINS)}, not {req.origin!r}",
+                         field="origin")
+    if not isinstance(req.reason, str) or not req.reason.strip():
+        raise InputError("say why the step is queued (reason)", field="reason")
+    if not isinstance(req.state, Mapping):
+        raise InputError("state must be a dict of scalar features", field="state")
+    for k, v in req.state.items():
+        if not isinstance(k, str):
+            raise InputError("state feature names must be text", field="state")
+        _check_scalar(k, v, "state")
+    if isinstance(req.token_id, bool) or not isinstance(req.token_id, int) or req.token_id < 0:
+        raise InputError(f"token_id must be an action token id ≥ 0, not {req.token_id!r}",
+                         field="token_id")
+    if req.confidence is not None and not (isinstance(req.confidence, (int, float))
+                                           and math.isfinite(req.confidence)):
+        raise InputError("confidence must be a finite number", field="confidence")
+    keys = None
+    if req.key_features is not None:
+        keys = [str(k) for k in req.key_features]
+        missing = [k for k in keys if k not in req.state and k != "task_type"]
+        if missing:
+            raise InputError(f"key features {missing} are not in the state", field="key_features")
+    state = dict(req.state)
+    if req.meta:
+        state["_meta"] = dict(req.meta)
+    source = (req.run_id, req.episode_id, req.step_t, req.decision_id)
+    # The same source step queued twice (a retried training job, a replayed request) is one item.
+    source_key = (None if all(s is None for s in source)
+                  else _json([req.origin, *source, req.token_id]))
+    if req.run_id is None and req.decision_id is None and req.episode_id is not None:
+        # A recorded step (send_step): episode ids are unique only within their dataset.
+        source_key = _json(["recorded", req.dataset, req.episode_id, req.step_t, req.token_id])
+    try:
+        state_json, comps_json = _json(state), _json(_components(req.reward_components))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"not plain JSON: {exc}", field="state") from exc
+    return {"origin": req.origin, "reason": req.reason.strip(), "dataset": req.dataset,
+            "task_type": req.task_type, "state": state_json,
+            "key_features": None if keys is None else _json(keys), "token_id": req.token_id,
+            "token_name": req.token_name, "action_label": req.action_label, "tool": req.tool,
+            "risk": req.risk, "reward_components": comps_json,
+            "confidence": None if req.confidence is None else float(req.confidence),
+            "run_id": req.run_id, "episode_id": req.episode_id, "step_t": req.step_t,
+            "decision_id": req.decision_id, "source_key": source_key, "created_at": now,
+            "created_by": actor.name}
+
+
+def _event(conn: "sqlite3.Connection", item_id: int, event: str, actor: Actor, now: float,
+           detail: Mapping[str, Any] | None = None) -> None:
+    conn.execute("INSERT INTO review_events(item_id, event, actor, at, detail) VALUES (?,?,?,?,?)",
+                 (item_id, event, actor.name, now, None if detail is None else _json(detail)))
+
+
+def _item_dict(row: Sequence[Any], now: float | None = None) -> dict[str, Any]:
+    d = dict(zip(_ITEM_COLUMNS, row))
+    now = time.time() if now is None else now
+    state = json.loads(d["state"])
+    d["meta"] = state.pop("_meta", {})
+    d["state"] = state
+    d["key_features"] = None if d["key_features"] is None else json.loads(d["key_features"])
+    d["reward_components"] = json.loads(d["reward_components"])
+    d["claim_expired"] = d["status"] == "claimed" and d["claim_expires"] < now
+    d["age_s"] = round(now - d["created_at"], 3)
+    for k in ("created_at", "claimed_at", "claim_expires", "decided_at"):
+        d[k] = _iso(d[k])
+    return d
+
+
+def _get_row(conn: "sqlite3.Connection", item_id: int) -> tuple[Any, ...]:
+    row = conn.execute(f"{_SELECT_ITEM} WHERE id=?", (int(item_id),)).fetchone()
+    if row is None:
+        raise InputError(f"no review item {item_id}", field="item_id")
+    return row
+
+
+# --------------------------------------------------------------------------- enqueue
+def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest]) -> list[int]:
+    """Queue several steps in one transaction; returns their item ids (an already queued
+    source step returns its existing item).  Needs ``enqueue_review``."""
+    authorize(ws, actor, "enqueue_review")
+    now = time.time()
+    rows = [_validated_row(r, actor, now) for r in requests]
+    ids: list[int] = []
+    with ws.transaction() as conn:
+        for row in rows:
+            cur = conn.execute(
+                f"INSERT INTO review_items({', '.join(row)}) VALUES ({', '.join('?' * len(row))}) "
+                "ON CONFLICT(source_key) DO NOTHING", list(row.values()))
+            if cur.rowcount == 1:
+                item_id = int(cur.lastrowid)
+                _event(conn, item_id, "enqueued", actor, now, {"origin": row["origin"]})
+            else:  # this source step is queued already
+                item_id = int(conn.execute("SELECT id FROM review_items WHERE source_key=?",
+                                           (row["source_key"],)).fetchone()[0])
+            ids.append(item_id)
+    return ids
+
+
+def enqueue(ws: "Workspace", actor: Actor, request: ReviewRequest) -> int:
+    """Queue one step for review; returns the item id.  Needs ``enqueue_review``."""
+    return enqueue_many(ws, actor, [request])[0]
+
+
+# --------------------------------------------------------------------------- recorded steps
+#: Longest reason a person may give when sending a recorded step to review.
+MAX_REASON_CHARS = 500
+#: How many steps of each sample dataset a fresh workspace puts on the queue.
+SAMPLE_ITEMS_PER_DATASET = 3
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """One step of a recorded episode with its catalog token (what :func:`send_step` queues)."""
+
+    dataset: str
+    episode_id: str
+    step_t: int
+    task_type: str | None
+    #: Flat scalar state features the step was taken in (observation["state"]).
+    state: dict[str, Any]
+    token: "ActionToken"
+    #: The episode's outcome: resolved (None when unknown) and final reward.
+    resolved: bool | None
+    final_reward: float | None
+    #: How many times in a row (ending at this step) the episode took this same token.
+    repeats: int
+
+
+def _scalar_state(observation: Any) -> dict[str, Any]:
+    """The flat scalar features of a step's observation["state"] (others are left out: a
+    review item's state is a dict of scalars)."""
+    state = observation.get("state") if isinstance(observation, Mapping) else None
+    if not isinstance(state, Mapping):
+        return {}
+    return {k: v for k, v in state.items()
+            if isinstance(k, str) and (v is None or isinstance(v, (bool, int, str))
+                                       or (isinstance(v, float) and math.isfinite(v)))}
+
+
+def recorded_steps(episode: "Episode", dataset: str, catalog: "Catalog") -> list[RecordedStep]:
+    """The steps of one recorded episode that map to a catalog token (INVALID ones are left
+    out: a review decides about a token), in order."""
+    if not episode.steps:
+        return []
+    batch = catalog.normalize_many([s.action for s in episode.steps])
+    out: list[RecordedStep] = []
+    last, repeats = None, 0
+    for step, token_id in zip(episode.steps, batch.token_ids.tolist()):
+        repeats = repeats + 1 if token_id == last else 1
+        last = token_id
+        if token_id < 0:
+            continue
+        out.append(RecordedStep(
+            dataset=dataset, episode_id=episode.episode_id, step_t=step.t,
+            task_type=episode.task.task_type, state=_scalar_state(step.observation),
+            token=catalog.tokens[token_id], resolved=episode.outcome.resolved,
+            final_reward=episode.outcome.final_reward, repeats=repeats))
+    return out
+
+
+def recorded_step_request(step: RecordedStep, reason: str, meta: Mapping[str, Any]) -> ReviewRequest:
+    """The review request of one recorded step (``meta``: extra context for the reviewer)."""
+    tok = step.token
+    # origin "training": a recorded step is what training learns from; approving it labels it
+    # as training data, rejecting it masks its action (no run_id: it comes from a dataset).
+    return ReviewRequest(
+        origin="training", reason=reason, state=step.state, token_id=tok.id, token_name=tok.name,
+        action_label=tok.label, tool=tok.tool, risk=tok.risk, task_type=step.task_type,
+        dataset=step.dataset, episode_id=step.episode_id, step_t=step.step_t,
+        meta={"source": "recorded episode", **meta})
+
+
+def _open_or_decided(conn: "sqlite3.Connection", source_key: str) -> dict[str, Any] | None:
+    row = conn.execute(f"{_SELECT_ITEM} WHERE source_key=?", (source_key,)).fetchone()
+    return None if row is None else dict(zip(_ITEM_COLUMNS, row))
+
+
+def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step_t: int,
+              reason: str = "", *, catalog: "Catalog | None" = None) -> dict[str, Any]:
+    """Put one step of a recorded episode on the review queue; returns the new item.
+    Needs ``enqueue_review``.
+
+    Any step whose action maps to a catalog token may be sent (an INVALID action has no
+    token to approve or mask).  ``reason`` (at most :data:`MAX_REASON_CHARS` characters;
+    default: who sent it) is what the reviewer reads.  A step already on the queue is
+    refused with ConflictError naming its item, pending or decided (a decision is final).
+    ``catalog``: the dataset's (``core.records.catalog.catalog_for_dataset``; the app passes its
+    cached one)."""
+    from core.records.catalog import catalog_for_dataset
+    from core.records.store import WorkspaceError
+
+    authorize(ws, actor, "enqueue_review")
+    if not isinstance(reason, str):
+        raise InputError("the reason is text", field="reason")
+    reason = reason.strip()
+    if len(reason) > MAX_REASON_CHARS:
+        raise InputError(f"the reason is {len(reason)} characters long; keep it to "
+                         f"{MAX_REASON_CHARS}", field="reason")
+    if isinstance(step_t, bool) or not isinstance(step_t, int) or step_t < 0:
+        raise InputError(f"the step is a step number ≥ 0, not {step_t!r}", field="step")
+    try:
+        episode = ws.get_episode(dataset, episode_id)
+    except WorkspaceError as exc:
+        raise InputError(str(exc), field="episode") from exc
+    if not any(s.t == step_t for s in episode.steps):
+        ts = [s.t for s in episode.steps]
+        raise InputError(f"episode {episode_id!r} has no step {step_t}; its steps are "
+                         + (f"{ts[0]}…{ts[-1]}" if ts else "none"), field="step")
+    catalog = catalog if catalog is not None else catalog_for_dataset(ws, dataset)
+    step = next((s for s in recorded_steps(episode, dataset, catalog) if s.step_t == step_t), None)
+    if step is None:
+        raise InputError(f"step {step_t} of episode {episode_id!r} is INVALID (not an action of the "
+                         "catalog): there is no action token to approve or mask", field="step")
+    request = recorded_step_request(step, reason or f"sent to review by {actor.name}",
+                            {"sent_by": actor.name})
+    row = _validated_row(request, actor, time.time())
+    with ws.transaction() as conn:
+        now = time.time()
+        held = _open_or_decided(conn, row["source_key"])
+        if held is not None:
+            state = (f"decided ({held['decision']} by {held['decided_by']}): a decision is final"
+                     if held["status"] == "decided" else f"{held['status']}")
+            raise ConflictError(f"step {step_t} of episode {episode_id!r} is already on the review "
+                                f"queue as item #{held['id']}, {state}")
+        cur = conn.execute(f"INSERT INTO review_items({', '.join(row)}) "
+                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        item_id = int(cur.lastrowid)
+        _event(conn, item_id, "enqueued", actor, now,
+               {"origin": row["origin"], "source": "recorded episode", "dataset": dataset})
+        return _item_dict(_get_row(conn, item_id), now)
+
+
+def sample_review_steps(ws: "Workspace", dataset: str, catalog: "Catalog | None" = None,
+                        limit: int = SAMPLE_ITEMS_PER_DATASET) -> list[RecordedStep]:
+    """The recorded steps of ``dataset`` most worth a reviewer's look: high-risk actions in
+    episodes that failed (resolved false), the longest run of the same high-risk action
+    first (curriculum L3 flags such runs in training), then the worst final reward; one
+    step per episode, at most ``limit``."""
+    from core.records.catalog import catalog_for_dataset
+
+    catalog = catalog if catalog is not None else catalog_for_dataset(ws, dataset)
+    best: dict[str, RecordedStep] = {}
+    for episode in ws.load_episodes(dataset):
+        if episode.outcome.resolved is not False:
+            continue
+        for step in recorded_steps(episode, dataset, catalog):
+            if step.token.risk != "high":
+                continue
+            kept = best.get(step.episode_id)
+            if kept is None or step.repeats > kept.repeats:
+                best[step.episode_id] = step
+    ranked = sorted(best.values(), key=lambda s: (
+        -s.repeats, math.inf if s.final_reward is None else s.final_reward, s.episode_id))
+    return ranked[:max(int(limit), 0)]
+
+
+def sample_review_reason(step: RecordedStep) -> str:
+    """Why :func:`sample_review_steps` picked ``step``, in a reviewer's words."""
+    reward = "" if step.final_reward is None else f" (final reward {step.final_reward:.2f})"
+    repeated = f", {step.repeats} times in a row" if step.repeats > 1 else ""
+    return (f"high-risk action {step.token.label}{repeated} in an episode that failed{reward}")
+
+
+# --------------------------------------------------------------------------- claim / release
+def claim(ws: "Workspace", actor: Actor, item_id: int | None = None,
+          lease_seconds: float = DEFAULT_LEASE_SECONDS, *, dataset: str | None = None,
+          origin: str | None = None) -> dict[str, Any] | None:
+    """Claim an item for ``lease_seconds``; returns it, or None when nothing is claimable.
+
+    Without ``item_id``: the oldest item that is pending or whose claim expired (optionally
+    of one dataset / origin).  With ``item_id``: that item — refused (ConflictError) when
+    decided or claimed by someone else whose lease still runs; your own claim is renewed.
+    Needs ``review``."""
+    authorize(ws, actor, "review")
+    if not (isinstance(lease_seconds, (int, float)) and 0 < lease_seconds <= 7 * 24 * 3600):
+        raise InputError("lease_seconds must be between 0 and one week", field="lease_seconds")
+    with ws.transaction() as conn:
+        # BEGIN IMMEDIATE holds the write lock: the read below and the update are one step.
+        now = time.time()
+        if item_id is None:
+            sql = ("SELECT id FROM review_items WHERE (status='pending' OR "
+                   "(status='claimed' AND claim_expires < ?))")
+            args: list[Any] = [now]
+            if dataset is not None:
+                sql += " AND dataset=?"
+                args.append(dataset)
+            if origin is not None:
+                sql += " AND origin=?"
+                args.append(origin)
+            found = conn.execute(sql + " ORDER BY id LIMIT 1", args).fetchone()
+            if found is None:
+                return None
+            item_id = int(found[0])
+        row = dict(zip(_ITEM_COLUMNS, _get_row(conn, item_id)))
+        if row["status"] == "decided":
+            raise ConflictError(f"review item {item_id} was already decided ({row['decision']} "
+                                f"by {row['decided_by']})")
+        held = row["status"] == "claimed" and row["claim_expires"] >= now
+        if held and row["claimed_by"] != actor.name:
+            raise ConflictError(f"review item {item_id} is claimed by {row['claimed_by']} until "
+                                f"{_iso(row['claim_expires'])}")
+        conn.execute("UPDATE review_items SET status='claimed', claimed_by=?, claimed_at=?, "
+                     "claim_expires=? WHERE id=?", (actor.name, now, now + lease_seconds, item_id))
+        detail: dict[str, Any] = {"lease_seconds": lease_seconds}
+        if row["status"] == "claimed" and not held:
+            detail["expired_claim_of"] = row["claimed_by"]
+        elif held:
+            detail["renewed"] = True
+        _event(conn, item_id, "claimed", actor, now, detail)
+        return _item_dict(_get_row(conn, item_id), now)
+
+
+def release(ws: "Workspace", actor: Actor, item_id: int) -> dict[str, Any]:
+    """Give a claimed item back to the queue undecided.  Only its holder (or an admin).
+    Needs ``review``."""
+    authorize(ws, actor, "review")
+    with ws.transaction() as conn:
+        now = time.time()
+        row = dict(zip(_ITEM_COLUMNS, _get_row(conn, item_id)))
+        if row["status"] != "claimed":
+            raise ConflictError(f"review item {item_id} is {row['status']}, not claimed")
+        if row["claimed_by"] != actor.name and actor.role != "admin":
+            raise ConflictError(f"review item {item_id} is claimed by {row['claimed_by']}, "
+                                "not by you")
+        conn.execute("UPDATE review_items SET status='pending', claimed_by=NULL, claimed_at=NULL, "
+                     "claim_expires=NULL WHERE id=?", (item_id,))
+        _event(conn, item_id, "released", actor, now, {"claimed_by": row["claimed_by"]})
+        return _item_dict(_get_row(conn, item_id), now)
+
+
+# --------------------------------------------------------------------------- decide
+def state_pattern(item: Mapping[str, Any], *, tolerance: float = 0.1) -> dict[str, Any]:
+    """The state pattern a rejection of ``item`` masks, as a core.guard.masking condition:
+    ``task_type`` equal, and each key feature (given at enqueue time; default: every
+    feature of the state) equal for text and booleans, within ±``tolerance`` (relative)
+    for numbers — see :func:`core.guard.masking.state_pattern`."""
+    state = {k: v for k, v in item["state"].items() if k != "task_type"}
+    keys = item.get("key_features")
+    keys = sorted(state) if keys is None else [k for k in keys if k != "task_type"]
+    pattern: dict[str, Any] = {}
+    if item.get("task_type") is not None:
+        pattern["task_type"] = {"eq": item["task_type"]}
+    if any(state.get(k) is not None for k in keys):
+        pattern.update(masking.state_pattern(state, keys=keys, tolerance=tolerance))
+    if not pattern:
+        raise InputError(f"review item {item['id']} has no task type and no state features to "
+                         "build a mask pattern from; give the pattern explicitly", field="pattern")
+    return pattern
+
+
+def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: str = "", *,
+           pattern: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Decide a claimed item, exactly once.  Needs ``review``.
+
+    Only the holder of an unexpired claim may decide; a decided item, an unclaimed one,
+    someone else's claim and an expired claim (claim it again) are refused with
+    ConflictError.  ``reject`` needs a comment and stores a review mask rule blocking the
+    item's action token when the state matches ``pattern`` (a core.guard.masking condition;
+    default :func:`state_pattern`); ``approve`` makes the step a labelled "reasonable
+    exploration" example.  The decision, its event and the mask rule commit together."""
+    authorize(ws, actor, "review")
+    if decision not in DECISIONS:
+        raise InputError(f"decision must be approve or reject, not {decision!r}", field="decision")
+    comment = (comment or "").strip()
+    if decision == "reject" and not comment:
+        raise InputError("say why the action is rejected (comment): the reason stays with the "
+                         "mask rule it creates", field="comment")
+    if pattern is not None and (decision != "reject" or not isinstance(pattern, Mapping)):
+        raise InputError("a pattern is a mapping (a mask condition), given only to reject",
+                         field="pattern")
+    global _rules_added
+    with ws.transaction() as conn:
+        now = time.time()
+        row = dict(zip(_ITEM_COLUMNS, _get_row(conn, item_id)))
+        if row["status"] == "decided":
+            raise ConflictError(f"review item {item_id} was already decided: {row['decision']} "
+                                f"by {row['decided_by']} at {_iso(row['decided_at'])}")
+        if row["status"] != "claimed" or row["claimed_by"] != actor.name:
+            holder = (f"it is claimed by {row['claimed_by']}" if row["status"] == "claimed"
+                      else "it is not claimed")
+            raise ConflictError(f"review item {item_id}: {holder}; claim it before deciding")
+        if row["claim_expires"] < now:
+            raise ConflictError(f"your claim on review item {item_id} expired at "
+                                f"{_iso(row['claim_expires'])}; claim it again")
+        cur = conn.execute(
+            "UPDATE review_items SET status='decided', decision=?, decided_by=?, decided_at=?, "
+            "comment=? WHERE id=? AND status='claimed' AND claimed_by=? AND claim_expires >= ?",
+            (decision, actor.name, now, comment, item_id, actor.name, now))
+        if cur.rowcount != 1:  # pragma: no cover - guarded by the write lock held since BEGIN
+            raise ConflictError(f"review item {item_id} changed while deciding; try again")
+        _event(conn, item_id, "decided", actor, now, {"decision": decision, "comment": comment})
+        item = _item_dict(_get_row(conn, item_id), now)
+        if decision == "reject":
+            pat = dict(pattern) if pattern is not None else state_pattern(item)
+            rule = _mask_rule(item, pat, comment, actor, now)
+            conn.execute(
+                """INSERT INTO mask_rules_from_reviews(item_id, dataset, task_type, pattern,
+                       token_id, token_name, tool, rule, comment, created_at, created_by)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
+                (item_id, item["dataset"], item["task_type"], _json(pat), item["token_id"],
+                 item["token_name"], item["tool"], _json(rule), comment, now, actor.name))
+    if decision == "reject":  # committed: engines in this process re-read the rules now
+        with _rules_lock:
+            _rules_added += 1
+    return item
+
+
+def rules_added() -> int:
+    """How many review mask rules this process committed so far (a decision engine
+    re-reads the rules when it changed, and otherwise checks the workspace only now and
+    then for rules other processes added)."""
+    return _rules_added
+
+
+# --------------------------------------------------------------------------- mask rules
+def _mask_rule(item: Mapping[str, Any], pattern: Mapping[str, Any], comment: str, actor: Actor,
+               now: float) -> dict[str, Any]:
+    """The review rule of one rejected item in core.guard.masking's rule form (the same shape as
+    :meth:`core.guard.masking.MaskRules.add_review_rule` makes), checked by core.guard.masking."""
+    token = item["token_name"] if item["token_name"] else item["token_id"]
+    rule = {
+        "name": f"review_{item['id']}",
+        "kind": "review",
+        "targets": {"tokens": [token]},
+        "when": dict(pattern),
+        "message": f"rejected in review {item['id']}: {comment}",
+        "meta": {"review_id": str(item["id"]), "reviewer": actor.name,
+                 "created_at": _iso(now), "dataset": item["dataset"]},
+    }
+    masking.MaskRules().add_rules([rule])  # raises InputError naming what is wrong
+    return rule
+
+
+def review_mask_rules(ws: "Workspace", dataset: str | None = None) -> list[dict[str, Any]]:
+    """Mask rules born from rejected reviews, oldest first, in core.guard.masking's rule form
+    (``MaskRules.add_rules(review_mask_rules(ws))`` reads them).
+
+    With ``dataset``: the rules of that dataset plus those queued without a dataset."""
+    sql = "SELECT rule FROM mask_rules_from_reviews"
+    args: tuple[Any, ...] = ()
+    if dataset is not None:
+        sql += " WHERE dataset=? OR dataset IS NULL"
+        args = (dataset,)
+    return [json.loads(r[0]) for r in ws.conn.execute(sql + " ORDER BY id", args)]
+
+
+def with_review_rules(rules: "masking.MaskRules", ws: "Workspace",
+                      dataset: str | None = None) -> "masking.MaskRules":
+    """``rules`` plus the review rules of the workspace (for training and the decision
+    engine): a copy, so the caller's rules are not changed.  A review rule already in
+    ``rules`` (same targets and pattern, e.g. saved into a bundle's masks.yaml) is not
+    added twice."""
+    out = masking.MaskRules(list(rules.rules), description=rules.description,
+                            source=rules.source)
+    have = {(_json(r.targets), _json(r.when)) for r in out.rules if r.kind == "review"}
+    names = {r.name for r in out.rules}
+    fresh = []
+    for rule in review_mask_rules(ws, dataset):
+        if (_json(rule["targets"]), _json(rule["when"])) in have:
+            continue
+        name, n = rule["name"], 1
+        while name in names:  # a review of the same number from elsewhere (another workspace)
+            n += 1
+            name = f"{rule['name']}_{n}"
+        names.add(name)
+        fresh.append({**rule, "name": name})
+    out.add_rules(fresh)
+    return out
+
+
+# --------------------------------------------------------------------------- training data
+def approved_examples(ws: "Workspace", dataset: str | None = None) -> list[dict[str, Any]]:
+    """Approved steps as labelled training examples, oldest decision first.
+
+    Each row: ``item_id, dataset, task_type, state, token_id, token_name, tool, label``
+    (always :data:`EXPLORATION_LABEL`), ``origin, run_id, episode_id, step_t,
+    decided_by, decided_at``.  With ``dataset``: that dataset's plus those without one."""
+    sql = f"{_SELECT_ITEM} WHERE decision='approve'"
+    args: tuple[Any, ...] = ()
+    if dataset is not None:
+        sql += " AND (dataset=? OR dataset IS NULL)"
+        args = (dataset,)
+    out = []
+    now = time.time()
+    for row in ws.conn.execute(sql + " ORDER BY decided_at, id", args):
+        d = _item_dict(row, now)
+        out.append({"item_id": d["id"], "dataset": d["dataset"], "task_type": d["task_type"],
+                    "state": d["state"], "token_id": d["token_id"], "token_name": d["token_name"],
+                    "tool": d["tool"], "label": EXPLORATION_LABEL, "origin": d["origin"],
+                    "run_id": d["run_id"], "episode_id": d["episode_id"], "step_t": d["step_t"],
+                    "decided_by": d["decided_by"], "decided_at": d["decided_at"]})
+    return out
+
+
+# --------------------------------------------------------------------------- reading
+def get_item(ws: "Workspace", item_id: int) -> dict[str, Any]:
+    """One item as a dict, with its events (oldest first) under ``events``."""
+    d = _item_dict(_get_row(ws.conn, item_id))
+    d["events"] = item_events(ws, item_id)
+    return d
+
+
+def item_events(ws: "Workspace", item_id: int) -> list[dict[str, Any]]:
+    """The event log of one item: enqueued, claimed, released, decided."""
+    return [{"id": r[0], "event": r[1], "actor": r[2], "at": _iso(r[3]),
+             "detail": None if r[4] is None else json.loads(r[4])}
+            for r in ws.conn.execute("SELECT id, event, actor, at, detail FROM review_events "
+                                     "WHERE item_id=? ORDER BY id", (int(item_id),))]
+
+
+def list_items(ws: "Workspace", *, status: str | None = None, origin: str | None = None,
+               dataset: str | None = None, decision: str | None = None,
+               claimed_by: str | None = None, limit: int = 100, offset: int = 0
+               ) -> list[dict[str, Any]]:
+    """Items as dicts, oldest first.  ``status``: pending, claimed, decided, or ``open``
+    (pending or with an expired claim: what :func:`claim` would hand out).  ``claimed_by``
+    with ``status="claimed"`` lists one reviewer's current claims."""
+    where, args = [], []
+    if status is not None:
+        if status == "open":
+            where.append("(status='pending' OR (status='claimed' AND claim_expires < ?))")
+            args.append(time.time())
+        elif status in ("pending", "claimed", "decided"):
+            where.append("status=?")
+            args.append(status)
+        else:
+            raise InputError(f"unknown status {status!r}; use pending, claimed, decided or open",
+                             field="status")
+    for col, val in (("origin", origin), ("dataset", dataset), ("decision", decision),
+                     ("claimed_by", claimed_by)):
+        if val is not None:
+            where.append(f"{col}=?")
+            args.append(val)
+    sql = _SELECT_ITEM + (" WHERE " + " AND ".join(where) if where else "")
+    now = time.time()
+    rows = ws.conn.execute(sql + " ORDER BY id LIMIT ? OFFSET ?", [*args, int(limit), int(offset)])
+    return [_item_dict(r, now) for r in rows]
+
+
+def stats(ws: "Workspace", dataset: str | None = None) -> dict[str, Any]:
+    """Queue statistics: pending, claimed (lease running), expired claims, decided,
+    approved, rejected, approve rate (approved / decided, None before any decision), and
+    the age in seconds of the oldest open item (pending or expired claim)."""
+    now = time.time()
+    where, args = ("WHERE dataset=?", [dataset]) if dataset is not None else ("", [])
+    row = ws.conn.execute(
+        f"""SELECT
+              COALESCE(SUM(status='pending'), 0),
+              COALESCE(SUM(status='claimed' AND claim_expires >= ?), 0),
+              COALESCE(SUM(status='claimed' AND claim_expires < ?), 0),
+              COALESCE(SUM(status='decided'), 0),
+              COALESCE(SUM(decision='approve'), 0),
+              COALESCE(SUM(decision='reject'), 0),
+              MIN(CASE WHEN status='pending' OR (status='claimed' AND claim_expires < ?)
+                       THEN created_at END)
+            FROM review_items {where}""", [now, now, now, *args]).fetchone()
+    pending, claimed, expired, decided, approved, rejected, oldest = row
+    return {
+        "pending": pending, "claimed": claimed, "expired_claims": expired, "decided": decided,
+        "approved": approved, "rejected": rejected,
+        "approve_rate": None if decided == 0 else approved / decided,
+        "oldest_pending_age_s": None if oldest is None else round(now - oldest, 3),
+    }

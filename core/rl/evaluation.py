@@ -1,0 +1,231 @@
+"""Evaluate a trained run on held-out episodes (``rwb evaluate RUN``).
+
+The policy acts greedily (its most likely unmasked action) from the first state of every
+held-out episode, once per repeat, in the same recorded-episode simulator it trained in.
+It is compared with
+
+* each **logged behaviour** — the template return the recorded episodes of that
+  behaviour earned on the same held-out set (what following the log gives), *paired*:
+  the policy is also run from the start states of that behaviour's own held-out
+  episodes, so both answer the same requests from the same first state (``paired``);
+  "beats the best logged behaviour" is decided on that pairing, and
+* **random-in-mask** — a uniform choice among the unmasked actions, run exactly like the
+  policy.
+
+Held-out episodes are the run's own held-out split of its dataset (default), an episodes
+file (``episodes``, read with the same options as ``rwb episodes import``) or a workspace
+dataset (``dataset``, any one); a file or dataset is all evaluation set.  **A run's catalog
+is its contract**: new logs are mapped onto the run's action catalog (its template, mask
+rules and review rules too), never onto a catalog of their own, so every policy action
+keeps its meaning; a logged call the run's catalog cannot express is INVALID (off-catalog),
+and the report's ``catalog_coverage`` says how many there were and why.  Counterfactual
+outcomes are drawn from every recorded step of the evaluation data (a held-out evaluation
+holds out the tasks, not the simulator's world).
+
+Example::
+
+    >>> report = evaluate(ws, "run-20250101-120000-ab12")           # doctest: +SKIP
+    >>> report["policy"]["return_mean"], report["best_logged"]      # doctest: +SKIP
+    (2.91, {'behaviour': 'expert', 'return_mean': 2.73})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from core.base.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.records.catalog import CatalogCoverage
+    from core.rl.sim import SimTables
+    from core.rl.runs import RunContext
+    from core.records.store import Workspace
+
+
+@dataclass(frozen=True)
+class EpisodeFileOptions:
+    """How to read an episodes file: the options of ``rwb episodes import`` (see
+    :func:`core.data.importers.read_file`)."""
+
+    format: str = "auto"
+    messages_key: str | None = None
+    reward_key: str | None = None
+    id_key: str | None = None
+    skip_invalid: bool = False
+
+
+_KEEP = ("return_mean", "return_std", "success_rate", "off_support_rate", "mask_violations", "episodes", "steps")
+
+
+def _summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pool several passes over the same episodes (means over all finished episodes)."""
+    n = sum(p["episodes"] for p in passes)
+    steps = sum(p["steps"] for p in passes)
+
+    def wmean(key: str, weight: str) -> float:
+        pairs = [(p[key], p[weight]) for p in passes if p[weight] and p[key] is not None and math.isfinite(p[key])]
+        total = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / total if total else float("nan")
+
+    return {
+        "return_mean": wmean("return_mean", "episodes"),
+        "return_std_between_passes": float(np.std([p["return_mean"] for p in passes])) if len(passes) > 1 else 0.0,
+        "success_rate": wmean("success_rate", "episodes"),
+        "off_support_rate": wmean("off_support_rate", "steps"),
+        "mask_violations": int(sum(p["mask_violations"] for p in passes)),
+        "episodes": int(n), "steps": int(steps), "passes": len(passes),
+    }
+
+
+def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None, dataset: str | None = None,
+             import_options: EpisodeFileOptions | None = None, repeats: int = 3, device: str = "cpu",
+             seed: int = 0) -> dict[str, Any]:
+    """Policy (greedy) vs every logged behaviour vs uniform-random-in-mask on held-out episodes.
+
+    Held-out episodes: the run's own held-out split (default), every episode of an
+    ``episodes`` file (read with ``import_options``) or of a workspace ``dataset``, mapped
+    onto the run's action catalog.  ``repeats`` passes over every episode (the simulator's
+    counterfactual draws are random).  Returns the policy's and random's return, success,
+    off-support rate and mask violations, the logged behaviours' returns, the best of them,
+    the verdicts ``beats_best_logged`` and ``margin_over_random``, the run's
+    ``catalog_version`` and the ``catalog_coverage`` of the evaluation episodes
+    (:class:`core.records.catalog.CatalogCoverage` as a dict) — all from the simulator — and ``ope``:
+    the off-policy estimate of the policy's success and return on the logged evaluation
+    episodes themselves (:func:`core.rl.ope.off_policy_report`; intervals over tasks, and
+    ``reliable: false`` with a note when the logs do not support the policy enough)."""
+    from core.rl import ppo
+    from core.rl.runs import open_run
+    from core.rl.sim import logged_returns
+
+    if int(repeats) < 1:
+        raise InputError("repeats must be at least 1", field="repeats")
+    if episodes is not None and dataset is not None:
+        raise InputError("give at most one of --episodes FILE or --dataset NAME", field="episodes")
+    if import_options not in (None, EpisodeFileOptions()) and episodes is None:
+        raise InputError("import options (--format, --messages-key, --reward-key, --id-key, --skip-invalid) "
+                         "read an episodes file: give --episodes FILE too", field="import_options")
+    device = ppo.resolve_device(device)
+    ctx = open_run(ws, run_id, device=device)
+    agent = ctx.agent
+    if episodes is None and dataset is None:
+        tables = ctx.data.tables
+        held = ctx.data.heldout_episodes
+        source = f"held-out split of {ctx.data.source} ({ctx.config.heldout_fraction:.0%}, seed {ctx.config.seed})"
+        coverage = _split_coverage(ws, ctx, held)
+    else:
+        tables, coverage, source = _tables_on_run_catalog(ws, ctx, episodes=episodes, dataset=dataset,
+                                                          import_options=import_options or EpisodeFileOptions())
+        held = torch.arange(tables.n_episodes)
+    tables = tables.to(device)
+    policy, random = [], []
+    for r in range(int(repeats)):
+        kw = dict(every_episode=True, device=device, seed=seed + 1000 * r, support_episodes="all")
+        policy.append(ppo.episode_stats(tables, agent, held, greedy=True, **kw))
+        random.append(ppo.episode_stats(tables, None, held, **kw))
+    logged = logged_returns(tables, held)
+    best = max(logged, key=lambda b: logged[b]) if logged else None
+    pol, rnd = _summarise(policy), _summarise(random)
+    paired = paired_returns(tables, agent, held, logged, repeats=int(repeats), device=device, seed=seed)
+    report = {
+        "run_id": run_id, "source": source, "episodes": int(held.numel()), "repeats": int(repeats),
+        "checkpoint_update": ctx.checkpoint["update_idx"] if ctx.checkpoint else None,
+        "policy": pol, "random_in_mask": rnd, "logged": logged,
+        "best_logged": None if best is None else {"behaviour": best, "return_mean": logged[best]},
+        "paired": paired,
+        "beats_best_logged": None if best is None else bool(paired[best]["policy"] >= paired[best]["logged"]),
+        "margin_over_random": pol["return_mean"] - rnd["return_mean"],
+        "mask_violations": pol["mask_violations"],
+        "catalog_version": tables.catalog.version,
+        "catalog_coverage": coverage.to_dict(),
+        # the figures above come from the recorded-episode simulator (a model of the world);
+        # this one re-weights the logged episodes themselves, with its own verdict on support
+        "ope": _off_policy(tables, agent, held, device=device, seed=seed),
+    }
+    return report
+
+
+def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, seed: int) -> dict[str, Any]:
+    """:func:`core.rl.ope.off_policy_report` over the evaluation episodes, grouped by task; when
+    the episodes cannot carry an estimate at all, the same keys with no figures and why."""
+    from core.rl.ope import METHOD, off_policy_report
+
+    try:
+        return off_policy_report(tables, agent, held, groups=np.array(tables.task_ids, dtype=object),
+                                 device=device, seed=seed)
+    except InputError as exc:
+        empty = ("policy_success", "logged_success", "policy_success_ci90", "policy_return", "logged_return",
+                 "support", "effective_sample_size")
+        return {"method": METHOD, **dict.fromkeys(empty), "episodes": int(held.numel()), "tasks": None,
+                "reliable": False, "verdict": "no estimate", "note": exc.reason}
+
+
+def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "CatalogCoverage":
+    """Catalog coverage of the run's own held-out episodes: only their own invalid calls
+    are off-catalog, since the catalog was built from these logs."""
+    from core.records.catalog import catalog_coverage
+
+    wanted = {ctx.data.tables.episode_ids[i] for i in held.cpu().tolist()}
+    if ctx.data.dataset is not None:
+        logged = ws.load_episodes(ctx.data.dataset)
+    else:  # the file the run trained on, read as its trainer read it
+        from core.data.importers import read_file
+
+        logged = read_file(json.loads(ctx.run["episodes_file"])["path"]).episodes
+    held_episodes = [ep for ep in logged if ep.episode_id in wanted]
+    return catalog_coverage(held_episodes, ctx.data.tables.catalog)
+
+
+def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str | Path | None, dataset: str | None,
+                           import_options: EpisodeFileOptions) -> tuple["SimTables", "CatalogCoverage", str]:
+    """Simulator tables of an episodes file or a workspace dataset mapped onto the run's
+    catalog, under the run's template and mask rules (which hold its dataset's review
+    rules); the coverage of those episodes by the run's catalog; the source's name."""
+    from core.records.catalog import build_catalog, catalog_coverage, catalog_for_dataset
+    from core.rl.sim import build_sim_tables, build_sim_tables_from
+
+    catalog, rules, sim_config = ctx.data.tables.catalog, ctx.data.tables.mask_rules, ctx.config.sim_config()
+    if dataset is not None:
+        tables = build_sim_tables(ws, dataset, ctx.template, masks=rules, config=sim_config, catalog=catalog)
+        logged = ws.load_episodes(dataset)
+        coverage = catalog_coverage(logged, catalog, own_catalog=catalog_for_dataset(ws, dataset))
+        return tables, coverage, f"dataset {dataset}"
+    from core.base.embed import workspace_embedder
+    from core.data.importers import read_file
+
+    path = Path(episodes)  # type: ignore[arg-type]
+    if not path.is_file():
+        raise InputError(f"no such episodes file: {path}", file=str(path))
+    parsed = read_file(path, **asdict(import_options))
+    if not parsed.episodes:
+        raise InputError("the episodes file holds no episodes", file=str(path))
+    tables = build_sim_tables_from(parsed.episodes, None, ctx.template, masks=rules, config=sim_config,
+                                   embedder=workspace_embedder(ws), catalog=catalog)
+    coverage = catalog_coverage(parsed.episodes, catalog, own_catalog=build_catalog(parsed.tools, parsed.episodes))
+    return tables, coverage, f"file {path}"
+
+
+def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str, float], *, repeats: int,
+                   device: str, seed: int) -> dict[str, dict[str, Any]]:
+    """Per logged behaviour: the policy's mean return from the start states of that
+    behaviour's held-out episodes (greedy, ``repeats`` passes) next to the return the
+    behaviour's own logs earned there — the same requests, the same first state."""
+    from core.rl import ppo
+
+    labels = [tables.behaviours[i] or "unknown" for i in held.cpu().tolist()]
+    out: dict[str, dict[str, Any]] = {}
+    for behaviour in sorted(set(labels)):
+        starts = held[torch.tensor([x == behaviour for x in labels], dtype=torch.bool, device=held.device)]
+        passes = [ppo.episode_stats(tables, agent, starts, greedy=True, every_episode=True, device=device,
+                                    seed=seed + 1000 * r, support_episodes="all") for r in range(repeats)]
+        policy = _summarise(passes)
+        out[behaviour] = {"episodes": int(starts.numel()), "logged": logged.get(behaviour),
+                          "policy": policy["return_mean"], "policy_success_rate": policy["success_rate"],
+                          "margin": policy["return_mean"] - logged[behaviour] if behaviour in logged else None}
+    return out

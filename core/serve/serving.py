@@ -1,0 +1,1711 @@
+"""The decision engine (docs/design.md §9, S000 §2.2): rules + decision tree first, the RL policy
+when they are unsure, arbitration between them, and one audit record per decision.
+
+Production code is three lines::
+
+    >>> from core.serve.serving import load                                 # doctest: +SKIP
+    >>> engine = load("finance_risk", ws=Workspace.open("/srv/rwb"))   # doctest: +SKIP
+    >>> engine.decide({"episode_id": "s-1", "query": "Urgently cut my BYD position",
+    ...                "task_type": "urgent_reduce", "state": {"hour": 10, "volatility": 0.3}})
+    Decision(final_action=..., source='rde', ...)                      # doctest: +SKIP
+
+``load(name)`` serves the promoted policy ``name`` from the policies folder
+(``core/policies``, or ``$RWB_POLICIES_DIR``); ``load(path)`` serves a bundle zip or a
+promoted bundle folder directly.
+
+The request (validated once, at the edge: :class:`DecisionRequest`)
+--------------------------------------------------------------------
+One JSON object per decision::
+
+    {"episode_id": "sess-42",                  # the served conversation (required)
+     "query": "Urgently reduce my 600519 position by 20%",   # the user's request (required)
+     "task_type": "urgent_reduce",             # optional; the RDE tree and the masks read it
+     "state": {"hour": 10.5, "volatility": 0.31, "trades_today": 1},  # flat scalar features
+     "last_result": {                          # the result of the action served last time
+         "tool": "get_realtime_quote",         #   default: the tool of that action
+         "result": {"price": 1712.3, ...},     #   the tool's JSON (or a JSON string)
+         "error": null,                        #   error text when the call failed
+         "latency_ms": 85.0},                  #   optional
+     "messages": [...],                        # optional chat messages (kept for export)
+     "domain": "finance"}                      # optional
+
+Unknown keys, a non-scalar state value, NaN or infinity are refused with an
+:class:`~core.base.errors.InputError` naming the field.  ``state`` follows the
+``Step.observation["state"]`` convention of recorded episodes: the same names the
+masks, the tree and the encoder were trained on.
+
+What a decision does
+--------------------
+1. **Episode state** (per ``episode_id``, in memory, dropped after ``episode_ttl_s`` —
+   default 15 min — without a request): the policy version the episode runs on, its
+   step index, how often each action was served (for business limits), the latest
+   tool result (and its context row, once built), the trace of its last three served
+   actions with their rewards and times (the encoder's trace branch), and its query's
+   sentence embedding once computed.  A new episode is pinned to the policy version
+   active when it starts: when the engine serves a promoted policy, the policies
+   index (``index.json``) is checked at every episode start (its ``os.stat`` is
+   cached) and a newly promoted version is loaded then — no restart; episodes already
+   running keep their version until they end or expire.
+2. **Masks**: the bundle's rules plus the rules born from rejected reviews in the
+   workspace (:func:`core.guard.review.with_review_rules`), re-read whenever a review is
+   decided, so a rejected action is never served again in that state pattern.
+3. **RDE baseline**: the bundle's decision tree (:mod:`core.rl.rde`) over the state, task
+   type, step index and previous action, restricted to the allowed actions: an action
+   and a confidence (its leaf probability).
+4. **RL-Boost** runs when the tree's confidence is below ``confidence_threshold``
+   (0.7), when the tree has no allowed action, or when the request is **out of
+   distribution**: a given task type the training data never had, or a numeric state
+   feature more than ``ood_z`` robust standard deviations (median/IQR of the training
+   data, kept in the bundle's feature statistics) from its training centre.  The
+   default ``ood_z`` is the encoder's own clipping point (``core.state.features.Z_CLIP`` = 5):
+   beyond it the encoder cannot tell values apart any more.  The policy proposes its
+   ``top_k`` (3) most probable allowed actions with their probabilities and a
+   **reward estimate**: the critic ensemble's mean value of the state the episode is in
+   after taking the action (the trace advanced by it, its reward not known yet: 0, Δt
+   0; the context keeps the latest result, one step older) — an estimate of the
+   discounted template return from taking it.  The baseline's action is valued the
+   same way.
+5. **Arbitration**: the policy's top candidate is adopted when its reward estimate
+   beats the baseline action's by more than ``adopt_margin`` (0.1) and the mask allows
+   it (when the tree had no allowed action, the candidate is adopted as the only
+   proposal).  Candidate generation runs on a worker thread under ``time_budget_ms``
+   (300 ms) — on the calling thread once the policy's recent runs all took under a tenth
+   of the budget and nothing has to be waited for (``INLINE_WINDOW``, ``INLINE_SHARE``);
+   over budget, the baseline decides alone — as it does, at once, when the
+   query's sentence embedding is not ready yet (``intent_pending``, see Latency below;
+   ``wait_for_intent`` waits instead).  ``force_rde_override`` never
+   serves the policy's pick (candidates are still computed and audited: a shadow mode
+   for grey releases); when arbitration would have adopted it that counts as an
+   *override*.  Without a proposal to serve (the tree has no allowed action and the
+   policy none, none in time, or none it may serve) the engine escalates to a human
+   (``E0``), else gives the final answer (``F0``), else the first allowed action
+   (:func:`arbitrate`).
+6. **Review**: a served action whose risk is in ``review_risks`` (high) and whose
+   confidence (the tree's, or the policy's probability when adopted) is below
+   ``review_confidence`` goes to the review queue (origin ``serving``).  It is still
+   served; a reviewer's rejection becomes a mask rule for the next decisions.
+7. **Audit**: one record per decision through :class:`core.access.audit.AuditWriter`, exactly
+   ``{timestamp, input_hash, rde_action, rl_candidates:[{id, prob, reward_est}],
+   final_action, reward_components:[{name, value}]}`` plus ``policy_version``,
+   ``episode_id`` and ``decision_id``; the request and the decoded action are kept
+   beside it so ``rwb audit export --as-episodes`` turns traffic back into episodes.
+   A decision whose record the trail refuses is not served (the error is raised and
+   the episode state is left as it was).  Action ids in records are catalog token ids.
+   ``reward_components`` hold the policy's valuation of the served action —
+   ``state_value`` (the critic's value of the current state) and ``action_advantage``
+   (the served action's reward estimate minus it; the two sum to the estimate) —
+   when RL-Boost valued it, and are empty when the baseline decided alone: the
+   template's own step components need the action's result and are computed when the
+   exported episodes are relabelled.
+8. **Metrics** (``prometheus-client``, one registry per engine,
+   :meth:`DecisionEngine.metrics_text`): decisions, RL-Boost activations (by reason),
+   adoptions, time-outs, overrides, out-of-distribution requests, review-queue pushes,
+   action outcomes and failures (reported through :meth:`DecisionEngine.report_outcome`),
+   active episodes, policy reloads, and a decision-latency histogram.  Example alert
+   rules ship as ``core/serving_alerts.yaml`` (:func:`alert_rules`).
+
+Trace rewards: the encoder was trained with the template's per-step reward of each
+trace step.  At serving time a step's reward is known only when the caller reports it
+(``report_outcome(decision_id, ok, reward=r)``); until then the trace carries 0, the
+value the encoder also sees for steps that do not exist.
+
+Latency: the baseline path is one row of masks (rows remembered by the values the rules
+read, :meth:`PolicyRuntime.mask`) and tree plus an in-memory audit append; the policy
+runs only on RL-Boost, in numpy (:mod:`core.serve.fast_policy`: the intent branch computed with
+the query's embedding, off the request's path, the next context once per request, the
+branches' first layers folded, checked against the module at load; else
+a TorchScript trace, :func:`_compile_policy`), on a context row whose tool-result part is
+built once per result.  The sentence embedding is never on a request's path: a query
+is embedded in the background after the first request that has it (``prefetch_intent``)
+or whose RL-Boost needed it — by the model in a child process (``model_process``), so
+that it does not hold this interpreter's lock; until it is ready an RL-Boost on it is
+deferred and the baseline decides alone (``intent_pending``; with ``wait_for_intent``
+the request waits for it instead, as one whose tree has no allowed action always
+does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
+queries' (the default embedder also answers from the workspace's disk cache by text hash,
+read-only: a long-running engine neither writes per query nor grows with the traffic).
+``torch_threads=1``, ``switch_interval_ms=0.5`` and ``freeze_gc`` suit a serving process.  ``decide_batch``
+runs the same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import functools
+import gc
+import itertools
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.guard import review
+from core.base.errors import InputError, RwbError
+from core.access.users import Actor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.access.audit import AuditWriter
+    from core.govern.bundle import LoadedBundle
+    from core.records.episodes import Action
+    from core.guard.masking import CompiledMasks
+    from core.records.store import Workspace
+
+#: The example Prometheus alert rules shipped with the package.
+ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
+#: Decision-latency histogram buckets (seconds): the 2 ms target sits in the middle.
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
+#: Distinct query texts whose intent (embedding + rules) is kept in memory.
+INTENT_CACHE_SIZE = 4096
+#: Seconds between checks of the workspace for review mask rules another process added
+#: (this process's own are picked up at the next decision).
+MASK_RULES_CHECK_S = 0.1
+#: Mask rows remembered per policy version (PolicyRuntime.mask).
+MASK_MEMORY = 4096
+#: Served decisions remembered for report_outcome (most recent first out).
+OUTCOME_MEMORY = 100_000
+#: RL-Boost runs on the calling thread (no hand-off to the worker) when each of the policy's
+#: last ``INLINE_WINDOW`` runs took less than ``INLINE_SHARE`` of the time budget and the
+#: rows' query embeddings are at hand: then it cannot overrun the budget but by a stall.
+INLINE_WINDOW = 16
+INLINE_SHARE = 0.1
+#: No previous action (the first step), as the RDE tree and the encoder's trace read it.
+NO_PREVIOUS = -2
+
+
+# =========================================================================== configuration
+@dataclass(frozen=True)
+class ServingConfig:
+    """How the engine decides.  Every number has the seed's default (S000 §2.2)."""
+
+    #: RDE confidence below which RL-Boost runs.
+    confidence_threshold: float = 0.7
+    #: The policy's pick is adopted when its reward estimate beats the baseline's by more.
+    adopt_margin: float = 0.1
+    #: Wall-clock budget of candidate generation; over it the baseline decides alone.
+    time_budget_ms: float = 300.0
+    #: Always serve the baseline's action (candidates are still computed and audited).
+    force_rde_override: bool = False
+    #: Candidates the policy proposes.
+    top_k: int = 3
+    #: An episode without a request for this long is dropped (S000: 15 min).
+    episode_ttl_s: float = 900.0
+    #: Out-of-distribution threshold in robust standard deviations (core.state.features.Z_CLIP).
+    ood_z: float = 5.0
+    #: Served actions of these risk levels with confidence below ``review_confidence``
+    #: go to the review queue.
+    review_risks: tuple[str, ...] = ("high",)
+    review_confidence: float = 0.7
+    #: Embed a new episode's query on a background thread after its first decision (when
+    #: that decision did not need it), so that its later RL-Boosts do not wait for the
+    #: sentence model.
+    prefetch_intent: bool = True
+    #: An RL-Boost whose query has no sentence embedding yet (a new query, its embedding
+    #: not done): False — the baseline decides alone at once (``intent_pending``) while the
+    #: query is embedded in the background for the episode's next requests, which keeps
+    #: the sentence model (≈ 5–20 ms on a CPU) off every request's path; True — the
+    #: request waits for the embedding within ``time_budget_ms``.  A request whose tree has
+    #: no allowed action always waits: the policy is then its only proposal.
+    wait_for_intent: bool = False
+    #: Where the engine's default embedder runs the sentence model: True — in a child
+    #: process (:class:`core.base.embed.ModelProcess`, one torch thread, started in the
+    #: background when the engine starts and stopped by ``close()``), so that its forward
+    #: pass, which holds the interpreter lock between operations, never delays a request
+    #: running beside it; False — on the engine's intent thread (no child, a faster start:
+    #: what a one-shot run uses).  An ``embedder=`` given to the engine is used as it is.
+    model_process: bool = True
+    #: Intra-op threads for the policy: torch's (``torch.set_num_threads``) and numpy's
+    #: BLAS (``threadpoolctl``), process-wide; None leaves the libraries' defaults.  1 suits
+    #: a serving process: the policy runs on a few rows, where more threads only add
+    #: synchronisation — and spinning BLAS threads take the core the sentence model needs.
+    torch_threads: int | None = None
+    #: The interpreter's thread switch interval in ms (``sys.setswitchinterval``,
+    #: process-wide); None leaves Python's 5 ms.  A request thread that wants the GIL while
+    #: a background thread (the sentence model, audit commits) runs Python may wait a whole
+    #: interval: 0.5 suits a serving process.
+    switch_interval_ms: float | None = None
+    #: Once the engine is built, collect and then move every object alive (the bundle, the
+    #: catalog, the loaded libraries) out of the cyclic garbage collector's reach
+    #: (``gc.freeze``, process-wide), so that a full collection during a request does not
+    #: walk them: what a serving process wants after loading.  False leaves the collector
+    #: as it is (a process that builds many engines, like a test run).
+    freeze_gc: bool = False
+    #: AuditWriter settings: records per commit, seconds before a partial batch commits,
+    #: and commit-per-record (durable before decide() returns, slower).
+    audit_batch_size: int = 256
+    audit_flush_interval_s: float = 0.5
+    audit_synchronous: bool = False
+
+    def __post_init__(self) -> None:
+        checks = {
+            "confidence_threshold": 0.0 <= self.confidence_threshold <= 1.0,
+            "adopt_margin": math.isfinite(self.adopt_margin) and self.adopt_margin >= 0,
+            "time_budget_ms": self.time_budget_ms > 0,
+            "top_k": self.top_k >= 1,
+            "episode_ttl_s": self.episode_ttl_s > 0,
+            "ood_z": self.ood_z > 0,
+            "review_confidence": 0.0 <= self.review_confidence <= 1.0,
+            "torch_threads": self.torch_threads is None or self.torch_threads >= 1,
+            "switch_interval_ms": self.switch_interval_ms is None or 0 < self.switch_interval_ms <= 100,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise InputError(f"invalid serving setting(s): {', '.join(bad)} (confidence values in [0, 1], "
+                             "a positive budget, TTL and ood_z, top_k ≥ 1, adopt_margin ≥ 0)", field=bad[0])
+
+
+# =========================================================================== the request
+Scalar = str | int | float | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LastResult(_Strict):
+    """The outcome of the action served last in this episode, as the tool returned it."""
+
+    tool: str | None = Field(default=None, min_length=1)
+    result: Any = None
+    error: str | None = None
+    latency_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class DecisionRequest(_Strict):
+    """One decision to make (see the module docstring for the schema)."""
+
+    episode_id: str = Field(min_length=1, max_length=512)
+    query: str = Field(min_length=1, max_length=20_000)
+    task_type: str | None = Field(default=None, min_length=1)
+    state: dict[str, Scalar] = Field(default_factory=dict)
+    last_result: LastResult | None = None
+    messages: list[dict[str, Any]] | None = None
+    domain: str | None = None
+
+    @field_validator("state")
+    @classmethod
+    def _finite(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
+        for k, x in v.items():
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"state feature {k!r} is {x}; features must be finite")
+        return v
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The canonical JSON form (unset fields left out): what ``input_hash`` hashes and
+        what the audit trail keeps."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def parse_request(request: Mapping[str, Any] | DecisionRequest, *, index: int | None = None) -> DecisionRequest:
+    """Validate one request; :class:`InputError` names the field (and the request's index
+    in a batch)."""
+    if isinstance(request, DecisionRequest):
+        return request
+    where = "" if index is None else f"request {index}: "
+    if not isinstance(request, Mapping):
+        raise InputError(f"{where}a request is a JSON object, not {type(request).__name__}", record=index)
+    try:
+        return DecisionRequest.model_validate(request)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = (f"unknown field; a request has {', '.join(DecisionRequest.model_fields)} "
+                   f"(last_result: {', '.join(LastResult.model_fields)})")
+        raise InputError(f"{where}invalid decision request: {loc}: {msg}", field=loc or None,
+                         record=index) from None
+
+
+# =========================================================================== the decision
+@dataclass(frozen=True)
+class Candidate:
+    """One RL-Boost proposal: action token, policy probability, reward estimate."""
+
+    id: int
+    name: str
+    label: str
+    prob: float
+    reward_est: float
+
+    def audit(self) -> dict[str, Any]:
+        return {"id": self.id, "prob": self.prob, "reward_est": self.reward_est}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the engine served for one request, and why."""
+
+    decision_id: str
+    episode_id: str
+    step_t: int
+    policy_version: str
+    #: The served action token (catalog id), its name, label, kind, tool and risk.
+    final_action: int
+    final_name: str
+    final_label: str
+    kind: str
+    tool: str | None
+    risk: str
+    #: Who chose it: "rde" (the baseline), "policy" (adopted), "fallback" (no proposal).
+    source: str
+    confidence: float
+    rde_action: int | None
+    rde_confidence: float
+    rl_boost: bool
+    #: Why RL-Boost ran: "low_confidence", "out_of_distribution", "no_rde_action".
+    rl_boost_reasons: tuple[str, ...]
+    rl_candidates: tuple[Candidate, ...]
+    rde_reward_est: float | None
+    adopted: bool
+    overridden: bool
+    timed_out: bool
+    #: RL-Boost was due but deferred: the query's embedding was not ready (see
+    #: ``ServingConfig.wait_for_intent``); the baseline decided alone.
+    intent_pending: bool
+    ood: bool
+    ood_notes: tuple[str, ...]
+    review_item: int | None
+    reward_components: tuple[dict[str, Any], ...]
+    #: Human-readable account of the arbitration.
+    explanation: str
+    latency_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (candidates as dicts)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["rl_candidates"] = [c.__dict__ for c in self.rl_candidates]
+        d["reward_components"] = [dict(c) for c in self.reward_components]
+        d["rl_boost_reasons"] = list(self.rl_boost_reasons)
+        d["ood_notes"] = list(self.ood_notes)
+        return d
+
+
+# =========================================================================== metrics
+class ServingMetrics:
+    """The engine's Prometheus metrics, in their own registry (engines never collide)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("rwb_decisions", "Decisions served, by who chose the action.",
+                                 ["policy_version", "source"], registry=r)
+        self.rl_boost = Counter("rwb_rl_boost_activations", "RL-Boost activations, by reason.",
+                                ["policy_version", "reason"], registry=r)
+        self.adoptions = Counter("rwb_rl_boost_adoptions", "Decisions that adopted the policy's pick.",
+                                 ["policy_version"], registry=r)
+        self.timeouts = Counter("rwb_rl_boost_timeouts", "RL-Boost runs over the time budget "
+                                "(the baseline decided alone).", ["policy_version"], registry=r)
+        self.deferred = Counter("rwb_rl_boost_deferred", "RL-Boosts deferred because the query's "
+                                "sentence embedding was not ready (the baseline decided alone).",
+                                ["policy_version"], registry=r)
+        self.embed_failures = Counter("rwb_intent_embedding_failures", "Sentence-embedding calls that "
+                                      "failed (their queries are retried by their next RL-Boost).",
+                                      registry=r)
+        self.overrides = Counter("rwb_rde_overrides", "Decisions where force_rde_override kept the "
+                                 "baseline although arbitration would have adopted the policy.",
+                                 ["policy_version"], registry=r)
+        self.ood = Counter("rwb_out_of_distribution", "Requests unlike the training data.",
+                           ["policy_version"], registry=r)
+        self.review_pushes = Counter("rwb_review_queue_pushes", "Served actions put on the review queue.",
+                                     ["policy_version"], registry=r)
+        self.outcomes = Counter("rwb_action_outcomes", "Reported outcomes of served actions.",
+                                ["policy_version", "result"], registry=r)
+        self.failures = Counter("rwb_action_failures", "Served actions reported as failed.",
+                                ["policy_version"], registry=r)
+        self.reloads = Counter("rwb_policy_reloads", "Promoted versions picked up, by result.",
+                               ["result"], registry=r)
+        self.episodes = Gauge("rwb_episodes_active", "Episodes held in memory.", registry=r)
+        self.latency = Histogram("rwb_decision_latency_seconds", "decide() latency per request "
+                                 "(a batch counts once per request, at its mean).",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+
+    def text(self) -> str:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry).decode("utf-8")
+
+
+def alert_rules() -> str:
+    """The example Prometheus alert rules for the engine's metrics (YAML text)."""
+    return ALERT_RULES_FILE.read_text(encoding="utf-8")
+
+
+# =========================================================================== request features
+#: Feature keys up to this length have their hash slot remembered (longer ones are free
+#: text that rarely comes back; the bound keeps the memo's memory small).
+SLOT_MEMO_KEY_CHARS = 160
+
+
+def _slot(key: str, buckets: int) -> tuple[int, float]:
+    """Hash bucket and ±1 sign of a feature key (:func:`core.state.features.hash_slots`): a served
+    step hashes the same few field names again and again, so short keys are remembered."""
+    return _memo_slot(key, buckets) if len(key) <= SLOT_MEMO_KEY_CHARS else _hash_slot(key, buckets)
+
+
+def _hash_slot(key: str, buckets: int) -> tuple[int, float]:
+    from core.state.features import hash_slots
+
+    bucket, sign = hash_slots([key], buckets)
+    return int(bucket[0]), float(sign[0])
+
+
+_memo_slot = functools.lru_cache(maxsize=16384)(_hash_slot)
+
+
+def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: int, num_buckets: int,
+                 cat_offset: int, cat_buckets: int, numeric: Mapping[str, Sequence[float]]) -> None:
+    """Write one step's ``(key, value)`` features into ``row`` as ``core.state.features``'s
+    scatter does for a batch (``_Scatter.write``): a number becomes its robust z (clipped
+    to ±Z_CLIP; skipped when the training statistics never saw the key) added at its
+    key's signed hashed slot; any other value adds ±1 at the slot of ``key=value``.
+    Every number is written a second time on a log scale (``core.state.features.LOG_SUFFIX``),
+    after all the plain ones, as the batch does.  For one row of a dozen values plain
+    Python is several times faster than the batched array code, with the same float32
+    additions in the same order (tested equal to extract_features)."""
+    from core.state.features import LOG_SUFFIX, Z_CLIP, signed_log
+
+    def add_number(key: str, value: float) -> None:
+        ref = numeric.get(key)
+        if ref is None:
+            return
+        bucket, sign = _slot(key, num_buckets)
+        z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
+        row[num_offset + bucket] += np.float32(sign * z)
+
+    numbers = []
+    for key, value in items:
+        if isinstance(value, float):
+            add_number(key, value)
+            numbers.append((key, value))
+        else:
+            bucket, sign = _slot(f"{key}={value}", cat_buckets)
+            row[cat_offset + bucket] += np.float32(sign)
+    for key, value in numbers:
+        add_number(key + LOG_SUFFIX, signed_log(value))
+
+
+def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the tool-context row of one tool result, exactly as
+    :func:`core.state.features.extract_features` builds it for a logged step: the tool's key
+    result fields (numbers normalised by the training statistics, other values hashed),
+    the tool's name slot and the error / not-replayed flags."""
+    from core.state.features import O_CAT, O_FLAGS, O_NUM, O_TOOL, CONTEXT_DIM, CTX_CAT, CTX_NUM, CTX_TOOL, \
+        flatten_result, parse_result
+
+    # The layout and the result parser live in core.state.features, so that a served step and a
+    # logged one are featurised alike (tested against extract_features).
+    row = np.zeros(CONTEXT_DIM, dtype=np.float32)
+    leaves: list[tuple[str, Any]] = []
+    if result is not None:
+        flatten_result(parse_result(result), "", leaves)
+    keep = frozenset(stats.key_fields.get(tool, ()))
+    _scatter_row(row, [(f"{tool}:{path}", value) for path, value in leaves if path in keep],
+                 O_NUM, CTX_NUM, O_CAT, CTX_CAT, stats.numeric)
+    row[O_TOOL + _slot(f"tool:{tool}", CTX_TOOL)[0]] = 1.0
+    row[O_FLAGS + 1] = float(error is not None)
+    row[O_FLAGS + 2] = float(not replayed)
+    return row
+
+
+def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: Mapping[str, Any] | None,
+                 stats: Any) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the encoder's context input at step ``step_t``: the latest result's
+    row (``since`` steps ago; None = no result yet), the step flags and the observation's
+    scalar state — as :func:`core.state.features.extract_features` computes it."""
+    from core.state.features import O_FLAGS, O_OBS_CAT, O_OBS_NUM, CONTEXT_DIM, OBS_CAT, OBS_NUM
+
+    if result_row is not None:
+        ctx = result_row.copy()
+        ctx[O_FLAGS + 0] = 1.0
+    else:
+        ctx = np.zeros(CONTEXT_DIM, dtype=np.float32)
+    ctx[O_FLAGS + 3] = math.log1p(since if result_row is not None else 0) / math.log1p(12)
+    ctx[O_FLAGS + 4] = math.log1p(step_t) / math.log1p(12)
+    items = []
+    for k, v in (state or {}).items():
+        if isinstance(v, (bool, str)):
+            items.append((f"state:{k}", str(v).lower()))
+        elif isinstance(v, (int, float)):
+            items.append((f"state:{k}", float(v)))
+    _scatter_row(ctx, items, O_OBS_NUM, OBS_NUM, O_OBS_CAT, OBS_CAT, stats.numeric)
+    return ctx
+
+
+def trace_arrays(tokens: Sequence[int], times: Sequence[float], rewards: Sequence[float], now: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(trace_action int64, trace_reward float32, trace_dt float32)`` of length TRACE_LEN,
+    newest first, from the served steps (oldest first) and the current time: PAD_TOKEN
+    and zeros where there is no step, Δt as log1p of the seconds since the step."""
+    from core.state.features import PAD_TOKEN, TRACE_LEN
+
+    action = np.full(TRACE_LEN, PAD_TOKEN, dtype=np.int64)
+    reward = np.zeros(TRACE_LEN, dtype=np.float32)
+    dt = np.zeros(TRACE_LEN, dtype=np.float32)
+    n = min(len(tokens), TRACE_LEN)
+    for k in range(n):  # at most three steps
+        i = len(tokens) - 1 - k
+        action[k] = tokens[i]
+        reward[k] = rewards[i]
+        dt[k] = math.log1p(max(now - times[i], 0.0))
+    return action, reward, dt
+
+
+# =========================================================================== the policy's forward
+_COMPILED: "weakref.WeakKeyDictionary[Any, tuple[Callable[[Mapping[str, Any]], tuple[Any, Any]], bool]]" = \
+    weakref.WeakKeyDictionary()
+#: Encoder inputs in the order of the compiled policy's arguments (core.rl.sim.OBS_KEYS).
+_OBS_KEYS = ("intent_emb", "intent_rules", "context", "trace_action", "trace_reward", "trace_dt")
+
+
+def _compile_policy(bundle: "LoadedBundle") -> tuple[Callable[[Mapping[str, Any]], tuple[Any, Any]], bool]:
+    """``(forward, compiled)``: ``forward(obs) -> (logits [B, A], values [B, K])`` of the
+    bundle's actor-critic, as a frozen TorchScript trace when possible.
+
+    Serving runs the policy on one to a few rows, where the eager module spends most of its
+    time in Python dispatch; the trace does the same arithmetic in about half the CPU time.
+    It is checked against the eager module on the bundle's smoke states (one row and all of
+    them) and used only when both agree to 1e-5; otherwise — or when the policy is not a
+    plain ``torch.nn.Module`` — the eager module serves (``compiled`` False)."""
+    import warnings
+
+    import torch
+
+    agent = bundle.policy
+
+    def eager(obs: Mapping[str, Any]) -> tuple[Any, Any]:
+        return agent.heads(agent.state(obs))
+
+    if not isinstance(agent, torch.nn.Module):
+        return eager, False
+    if agent in _COMPILED:  # engines over the same loaded bundle share one trace
+        return _COMPILED[agent]
+
+    class _Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.agent = agent
+
+        def forward(self, *inputs: Any) -> tuple[Any, Any]:
+            return self.agent.heads(self.agent.state(dict(zip(_OBS_KEYS, inputs))))
+
+    smoke = bundle.smoke_obs()
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer notes about Python values; checked below
+            traced = torch.jit.freeze(torch.jit.trace(_Flat().eval(), tuple(smoke[k][:2] for k in _OBS_KEYS),
+                                                      check_trace=False))
+            for n in (1, len(smoke["context"])):
+                probe = {k: v[:n] for k, v in smoke.items()}
+                got, want = traced(*(probe[k] for k in _OBS_KEYS)), eager(probe)
+                if not all(torch.allclose(g, w, atol=1e-5, rtol=1e-5) for g, w in zip(got, want)):
+                    return eager, False
+    except (RuntimeError, TypeError, ValueError):  # an operation the tracer cannot record
+        return eager, False
+
+    def compiled(obs: Mapping[str, Any]) -> tuple[Any, Any]:
+        return traced(*(obs[k] for k in _OBS_KEYS))
+
+    _COMPILED[agent] = (compiled, True)
+    return compiled, True
+
+
+_FAST: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _numpy_policy(bundle: "LoadedBundle") -> Any:
+    """The bundle's policy as a :class:`core.serve.fast_policy.NumpyPolicy`, or None when it is
+    not the architecture it knows or does not reproduce the module (then the module
+    serves).  Shared by the engines over the same loaded bundle."""
+    from core.serve.fast_policy import numpy_policy
+
+    agent = bundle.policy
+    try:
+        if agent in _FAST:
+            return _FAST[agent]
+    except TypeError:  # not weak-referenceable: built each time
+        return numpy_policy(agent, bundle.smoke_obs())
+    _FAST[agent] = fast = numpy_policy(agent, bundle.smoke_obs())
+    return fast
+
+
+def _top_k(logits: np.ndarray, mask: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens [B, k], probabilities [B, k])`` of the ``k`` most probable allowed actions
+    under the masked softmax (:class:`core.rl.common.MaskedCategorical`: a masked action's
+    probability is exactly 0), most probable first; a slot with no allowed action left
+    is token -1 with probability 0."""
+    if not mask.any(axis=1).all():
+        raise ValueError("a mask row allows no action; masks must keep terminate/escalate")
+    z = np.where(mask, logits.astype(np.float64), -np.inf)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    probs = z / z.sum(axis=1, keepdims=True)
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    p = np.take_along_axis(probs, top, axis=1)
+    return np.where(p > 0, top, -1), p
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+# =========================================================================== per-version runtime
+class PolicyRuntime:
+    """One loaded policy version and what the engine derives from it once: compiled masks
+    (re-compiled when reviews add rules), token tables, the out-of-distribution
+    reference and decoded actions."""
+
+    def __init__(self, bundle: "LoadedBundle"):
+        self.bundle = bundle
+        self.version = bundle.policy_version
+        cat = bundle.catalog
+        self.catalog = cat
+        self.n_actions = len(cat.tokens)
+        self.names = [t.name for t in cat.tokens]
+        self.labels = [t.label for t in cat.tokens]
+        self.kinds = [t.kind for t in cat.tokens]
+        self.tools = [t.tool for t in cat.tokens]
+        self.risks = [t.risk for t in cat.tokens]
+        self.escalate_id, self.final_id = cat.escalate_id, cat.final_id
+        num = bundle.feature_stats.numeric
+        #: (state feature, robust centre, robust scale) of every numeric training feature.
+        self.ood_reference = [(k.removeprefix("state:"), float(num[k][0]), float(num[k][1]))
+                              for k in sorted(num) if k.startswith("state:")]
+        self.task_types = frozenset(bundle.rde.task_types)
+        self.dataset = bundle.manifest.dataset
+        self.masks: "CompiledMasks" = bundle.masks
+        self._review_signature: tuple[Any, ...] | None = None
+        self._rules_added, self._rules_checked = -1, -math.inf
+        #: Mask rows by (task type, the values the rules read, action counts): see mask().
+        self._mask_memo: collections.OrderedDict[tuple[Any, ...], np.ndarray] = collections.OrderedDict()
+        self._actions: dict[int, "Action"] = {}
+        #: The numpy forward (core.serve.fast_policy) when it reproduces the module; else the module.
+        self.fast = _numpy_policy(bundle)
+        self.forward, self.compiled = _compile_policy(bundle) if self.fast is None else (None, False)
+
+    # ------------------------------------------------------------------ masks
+    def refresh_masks(self, ws: "Workspace") -> None:
+        """Re-compile the masks when the workspace's review-born rules changed: checked at
+        once after this process committed one (:func:`core.guard.review.rules_added`), else at
+        most every :data:`MASK_RULES_CHECK_S` seconds (one indexed query; the compile only
+        when a review was decided)."""
+        added, now = review.rules_added(), time.monotonic()
+        if added == self._rules_added and now - self._rules_checked < MASK_RULES_CHECK_S:
+            return
+        self._rules_added, self._rules_checked = added, now
+        sig = tuple(ws.conn.execute("SELECT COUNT(*), MAX(id) FROM mask_rules_from_reviews").fetchone())
+        if sig == self._review_signature:
+            return
+        rules = review.with_review_rules(self.bundle.mask_rules, ws, self.dataset)
+        self.masks = rules.compile(self.catalog)
+        self._mask_memo.clear()
+        self._review_signature = sig
+
+    def mask(self, states: Sequence[Mapping[str, Any]], task_types: Sequence[str | None],
+             counts: np.ndarray) -> np.ndarray:
+        """``[B, A]`` allowed actions under the bundle's and the review-born rules.
+
+        Only the features the rules read are passed, as plain value lists (missing =
+        unknown); the masks validate and encode them.  A row is a function of those
+        values and the counts of the actions the limits count, so rows are remembered (an
+        LRU of :data:`MASK_MEMORY`, emptied when the rules change): an episode whose state
+        the rules read did not change since its last step is not evaluated again, unless
+        it took a limited action meanwhile."""
+        masks = self.masks
+        names = [f for f in masks.required_features if f != "task_type"]
+        counted = counts[:, masks.counted_tokens]
+        # the type is part of the key: True == 1 for a dict, not necessarily for a rule
+        keys = [(t, tuple((type(v), v) for v in (s.get(f) for f in names)), c.tobytes())
+                for s, t, c in zip(states, task_types, counted)]
+        memo = self._mask_memo
+        out = np.empty((len(keys), self.n_actions), dtype=bool)
+        misses = []
+        for b, key in enumerate(keys):
+            row = memo.get(key)
+            if row is None:
+                misses.append(b)
+            else:
+                out[b] = row
+                memo.move_to_end(key)
+        if misses:
+            feats: dict[str, Any] = {}
+            for f in masks.required_features:
+                feats[f] = ([task_types[b] for b in misses] if f == "task_type"
+                            else [states[b].get(f) for b in misses])
+            rows = np.asarray(masks.evaluate(feats, counts[misses]).mask, dtype=bool)
+            out[misses] = rows
+            for b, row in zip(misses, rows):
+                memo[keys[b]] = row.copy()
+            while len(memo) > MASK_MEMORY:
+                memo.popitem(last=False)
+        return out
+
+    # ------------------------------------------------------------------ distribution check
+    def out_of_distribution(self, state: Mapping[str, Any], task_type: str | None, ood_z: float
+                            ) -> list[str]:
+        """Why the request is unlike the training data (empty list: it is not)."""
+        notes = []
+        if task_type is not None and task_type not in self.task_types:
+            notes.append(f"task type {task_type!r} never seen in training")
+        # one row: a plain loop beats array calls; a missing or non-numeric value is no evidence
+        for key, centre, scale in self.ood_reference:
+            x = _number(state.get(key))
+            z = abs(x - centre) / scale
+            if z > ood_z:  # False for NaN
+                notes.append(f"{key} = {x:g} is {z:.1f} robust SDs from its training centre {centre:g}")
+        return notes
+
+    # ------------------------------------------------------------------ actions
+    def action(self, token: int) -> "Action":
+        """The decoded action of a token (what the audit keeps for export)."""
+        act = self._actions.get(token)
+        if act is None:
+            # core.access.audit's own decoder: exported episodes read the same as `--catalog` decoding
+            from core.access.audit import token_action
+
+            act = self._actions[token] = token_action(self.catalog, token)
+        return act
+
+
+_SERIALS = itertools.count()
+
+
+@dataclass
+class EpisodeState:
+    """One served episode, in memory."""
+
+    episode_id: str
+    runtime: PolicyRuntime
+    started_at: float
+    last_seen: float
+    #: Tells apart two episodes under the same id (one expired, then a new one).
+    serial: int = field(default_factory=lambda: next(_SERIALS))
+    step_t: int = 0
+    #: Served tokens, decision times and (reported) rewards, oldest first (last TRACE_LEN).
+    trace_tokens: list[int] = field(default_factory=list)
+    trace_times: list[float] = field(default_factory=list)
+    trace_rewards: list[float] = field(default_factory=list)
+    #: Step index of each trace entry (to apply a reported reward to the right one).
+    trace_steps: list[int] = field(default_factory=list)
+    #: How often each action token was served (business limits count them); a dict, not a
+    #: catalog-wide array, so that an idle episode costs a few hundred bytes.
+    counts: dict[int, int] = field(default_factory=dict)
+    #: The latest tool result (tool, result, error) and the step whose action produced it.
+    result: tuple[str, Any, str | None] | None = None
+    result_step: int = -1
+    #: The latest result's context row (:func:`result_context`), kept once RL-Boost built
+    #: it: the row only changes when a new result arrives.
+    result_row: np.ndarray | None = None
+    #: ``(query, sentence embedding, rule vector)`` kept once RL-Boost needed them: the
+    #: episode's later requests with the same query never look the embedding up again.
+    intent: tuple[str, np.ndarray, np.ndarray] | None = None
+    #: The policy's intent branch of that query (the numpy forward's; None until computed).
+    intent_state: np.ndarray | None = None
+
+    @property
+    def prev_token(self) -> int:
+        return self.trace_tokens[-1] if self.trace_tokens else NO_PREVIOUS
+
+
+@dataclass
+class _Row:
+    """Everything one request needs on its way through a batch."""
+
+    index: int
+    request: DecisionRequest
+    episode: EpisodeState
+    new_episode: bool
+    state: dict[str, Any]
+    #: The latest tool result as (tool, result, error), or None before the first one.
+    result: tuple[str, Any, str | None] | None
+    #: The step index of this request, and how many steps ago the latest result came.
+    step_t: int
+    since: int
+    ood_notes: list[str]
+    #: The decision time (the trace's Δt is measured to it).
+    now: float
+    #: The result's context row and the query's ``(embedding, rule vector)`` when known:
+    #: taken from the episode, or built by RL-Boost (the episode keeps them at commit).
+    result_row: np.ndarray | None = None
+    intent: tuple[np.ndarray, np.ndarray] | None = None
+    #: The policy's intent branch of the query (numpy forward), like ``intent``.
+    intent_state: np.ndarray | None = None
+    #: RL-Boost was due but deferred: the query's embedding is not ready.
+    intent_pending: bool = False
+    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def context(self, stats: Any) -> np.ndarray:
+        """The encoder's context input (only the policy needs it: computed on RL-Boost;
+        the result's part once per result)."""
+        if self.result is not None and self.result_row is None:
+            self.result_row = result_context(*self.result, stats)
+        return step_context(self.result_row, self.since, self.step_t, self.state, stats)
+
+    def trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The encoder's trace input (RL-Boost only).  While a decision holds the engine's
+        lock the episode's trace lists are only replaced, never changed in place (only
+        report_outcome does that, under the same lock), so this reads them as they were
+        when the request came."""
+        ep = self.episode
+        return trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, self.now)
+
+
+@dataclass
+class _Boost:
+    """What the policy proposed for the rows of a batch that needed it."""
+
+    top: np.ndarray           # [B, k] token ids (-1 = none)
+    prob: np.ndarray          # [B, k]
+    est: np.ndarray           # [B, k] reward estimates of the candidates
+    rde_est: np.ndarray       # [B] reward estimate of the baseline's action (nan = none)
+    state_value: np.ndarray   # [B] critic value of the current state
+
+
+# =========================================================================== arbitration
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of arbitration for one request."""
+
+    final: int
+    #: "rde" (the baseline), "policy" (its pick adopted) or "fallback" (no proposal).
+    source: str
+    confidence: float
+    adopted: bool
+    overridden: bool
+    explanation: str
+
+
+def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | None,
+              candidates: Sequence[Candidate], allowed: np.ndarray, config: ServingConfig, *,
+              boosted: bool, timed_out: bool, intent_pending: bool = False,
+              intent_error: str | None = None) -> Verdict:
+    """Choose between the baseline's action ``rde`` (-1: the tree has none allowed) and the
+    policy's ``candidates`` (most probable first; empty when RL-Boost did not run, ran
+    out of time, or was deferred because the query's embedding was not ready:
+    ``intent_pending``).
+
+    The policy's pick is adopted when the mask allows it and its reward estimate beats the
+    baseline action's by more than ``adopt_margin`` — or when there is no baseline action.
+    ``force_rde_override`` never adopts (an adoption it prevents is an *override*).
+    Without either proposal: escalate (``E0``), else the final answer (``F0``), else the
+    first allowed action."""
+    names = rt.names
+    pick = candidates[0] if candidates else None
+    beats = pick is not None and bool(allowed[pick.id]) and (
+        rde < 0 or (rde_est is not None and pick.reward_est - rde_est > config.adopt_margin))
+    overridden = beats and config.force_rde_override
+    if beats and not overridden and pick is not None:
+        why = (f"adopted the policy's pick {pick.name}: reward estimate {pick.reward_est:.3f} beats the "
+               f"baseline's {rde_est:.3f} by more than {config.adopt_margin}" if rde >= 0 else
+               f"adopted the policy's pick {pick.name}: the baseline has no allowed action")
+        return Verdict(pick.id, "policy", pick.prob, True, False, why)
+    if rde >= 0:
+        if not boosted:
+            why = f"baseline {names[rde]} with confidence {rde_conf:.2f}"
+        elif overridden:
+            why = f"force_rde_override kept the baseline {names[rde]} (the policy's {pick.name} would have won)"
+        elif timed_out:
+            why = (f"candidate generation exceeded its {config.time_budget_ms:g} ms budget: the baseline "
+                   f"{names[rde]} decided alone")
+        elif intent_pending and intent_error:
+            why = (f"RL-Boost deferred: the sentence model failed on this query ({intent_error}; retried in "
+                   f"the background); the baseline {names[rde]} decided alone")
+        elif intent_pending:
+            why = (f"RL-Boost deferred: the query's sentence embedding is still being computed (ready for "
+                   f"the episode's next request); the baseline {names[rde]} decided alone")
+        elif pick is None:
+            why = f"the policy proposed no allowed action: baseline {names[rde]}"
+        else:
+            gap = "n/a" if rde_est is None else f"{pick.reward_est - rde_est:+.3f}"
+            why = (f"kept the baseline {names[rde]}: the policy's {pick.name} does not beat it by more than "
+                   f"{config.adopt_margin} (reward estimate gap {gap})")
+        return Verdict(rde, "rde", rde_conf, False, overridden, why)
+    final = next((a for a in (rt.escalate_id, rt.final_id) if allowed[a]), int(np.flatnonzero(allowed)[0]))
+    cause = ("force_rde_override" if overridden else "candidate generation timed out" if timed_out
+             else "the policy proposed none")
+    return Verdict(final, "fallback", 0.0, False, overridden,
+                   f"no proposal (the tree has no allowed action; {cause}): {names[final]}")
+
+
+# =========================================================================== the engine
+def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
+    """Identity of the policies index file (changes when a promotion replaces it)."""
+    from core.govern.policy_folder import INDEX, policies_root
+
+    try:
+        st = os.stat(policies_root(root) / INDEX)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class DecisionEngine:
+    """Serves decisions for one policy (a bundle, or a promoted policy that may be
+    re-promoted while the engine runs).  Thread-safe: decisions are made one batch at a
+    time.  Build it with :func:`load` (or :meth:`from_bundle` / :meth:`from_policy`);
+    :meth:`close` it (or use ``with``) to commit the last audit records."""
+
+    def __init__(self, ws: "Workspace", bundle: "LoadedBundle", *, config: ServingConfig | None = None,
+                 actor: Actor | None = None, policy_name: str | None = None,
+                 policies_root: str | Path | None = None, embedder: Any = None,
+                 clock: Callable[[], float] = time.monotonic, audit_writer: "AuditWriter | None" = None,
+                 metrics: ServingMetrics | None = None):
+        from core.access.audit import AuditWriter
+
+        self.ws = ws
+        self.config = config or ServingConfig()
+        if self.config.torch_threads is not None:
+            import torch
+            from threadpoolctl import threadpool_limits
+
+            torch.set_num_threads(self.config.torch_threads)
+            threadpool_limits(self.config.torch_threads, user_api="blas")  # the numpy policy's
+        if self.config.switch_interval_ms is not None:
+            sys.setswitchinterval(self.config.switch_interval_ms / 1000.0)
+        self.actor = actor or Actor.service("decision-engine")
+        self.clock = clock
+        self.metrics = metrics or ServingMetrics()
+        self._policy_name = policy_name
+        self._policies_root = policies_root
+        self._index_stat: tuple[int, int, int] | None = None
+        self.runtime = PolicyRuntime(bundle)
+        self.reload_error: str | None = None
+        if policy_name is not None:
+            self._index_stat = _index_stat(self._policies_root)
+        #: The engine made its embedder (then close() closes it).
+        self._own_embedder = embedder is None
+        if embedder is None:
+            import core.base.embed
+
+            # the workspace's cache read-only: the engine keeps its own bounded cache of intents
+            base = core.base.embed.workspace_embedder(ws)
+            embedder = base.reader(process=self.config.model_process) if hasattr(base, "reader") else base
+        self.embedder = embedder
+        c = self.config
+        self.audit = audit_writer or AuditWriter(ws, self.actor, batch_size=c.audit_batch_size,
+                                                 flush_interval_s=c.audit_flush_interval_s,
+                                                 synchronous=c.audit_synchronous)
+        self._own_audit = audit_writer is None
+        self._episodes: collections.OrderedDict[str, EpisodeState] = collections.OrderedDict()
+        #: decision id -> (episode id, episode serial, step, policy version)
+        self._served: collections.OrderedDict[str, tuple[str, int, int, str]] = collections.OrderedDict()
+        self._intents: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        #: The numpy policy's intent branch of a query, by (policy version, query): computed
+        #: with the query's embedding, off the request's path (under ``_intent_lock`` too).
+        self._intent_branches: collections.OrderedDict[tuple[str, str], np.ndarray] = collections.OrderedDict()
+        #: Embeddings under way (query -> the job computing it), and the lock of both maps.
+        self._intent_jobs: dict[str, concurrent.futures.Future] = {}
+        #: The latest embedding failure per query (until it embeds), named by deferrals.
+        self._intent_errors: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._intent_lock = threading.Lock()
+        self._lock = threading.RLock()
+        # One worker: candidate generation runs beside the request so its budget can be
+        # enforced; a run that overruns finishes in the background and is ignored.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-rl-boost")
+        #: Wall ms of the policy's latest runs (embedding waits excluded): whether it may run inline.
+        self._boost_ms: collections.deque[float] = collections.deque(maxlen=INLINE_WINDOW)
+        # The sentence embedding of a new episode's query is started when the episode starts,
+        # beside the decision, so that a later RL-Boost finds it ready.
+        self._intent_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-intent")
+        # Load the sentence model there now, so the first new queries are not deferred while it loads.
+        warm_up = getattr(self.embedder, "warm_up", None)
+        if callable(warm_up):
+            self._intent_pool.submit(warm_up)
+        self._closed = False
+        if self.config.freeze_gc:
+            gc.collect()
+            gc.freeze()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_bundle(cls, ws: "Workspace", path: str | Path, **options: Any) -> "DecisionEngine":
+        """An engine serving the bundle at ``path`` (zip or promoted folder; verified, its
+        signature by a key ``ws`` trusts)."""
+        from core.govern.bundle import load_bundle
+        from core.access.keys import trust_store
+
+        return cls(ws, load_bundle(path, trust=trust_store(ws)), **options)
+
+    @classmethod
+    def from_policy(cls, ws: "Workspace", name: str, *, root: str | Path | None = None,
+                    **options: Any) -> "DecisionEngine":
+        """An engine serving the promoted policy ``name`` (``core/policies`` or
+        ``$RWB_POLICIES_DIR`` or ``root``); newly promoted versions are picked up at the
+        next episode start."""
+        seen = _index_stat(root)  # taken before loading: a promotion meanwhile is picked up later
+        engine = cls(ws, load_promoted(ws, name, root=root, actor=options.get("actor")), policy_name=name,
+                     policies_root=root, **options)
+        engine._index_stat = seen
+        return engine
+
+    @property
+    def policy_version(self) -> str:
+        """The version new episodes start on (``name@version``)."""
+        return self.runtime.version
+
+    # ------------------------------------------------------------------ hot reload
+    def _pick_up_promotion(self) -> None:
+        """At an episode start: load the active version when the index changed and names
+        another version than the one new episodes start on.  A version that cannot be
+        loaded is not served: the engine keeps the current one, counts the failure
+        (``rwb_policy_reloads{result="failed"}``), keeps the reason in ``reload_error``
+        and tries again when the index changes next."""
+        if self._policy_name is None:
+            return
+        stat = _index_stat(self._policies_root)
+        if stat == self._index_stat:
+            return
+        self._index_stat = stat
+        from core.govern.policy_folder import active_version
+
+        try:
+            version = active_version(self._policy_name, self._policies_root)
+            if f"{self._policy_name}@{version}" == self.runtime.version:
+                return
+            self.runtime = PolicyRuntime(load_promoted(self.ws, self._policy_name, root=self._policies_root,
+                                                       version=version, actor=self.actor))
+        except RwbError as exc:
+            self.reload_error = str(exc)
+            self.metrics.reloads.labels("failed").inc()
+            return
+        self.reload_error = None
+        self.metrics.reloads.labels("loaded").inc()
+
+    # ------------------------------------------------------------------ episodes
+    def _expire(self, now: float) -> None:
+        ttl = self.config.episode_ttl_s
+        while self._episodes:
+            eid, ep = next(iter(self._episodes.items()))
+            if now - ep.last_seen <= ttl:
+                break
+            del self._episodes[eid]
+
+    def _episode(self, episode_id: str, now: float) -> tuple[EpisodeState, bool]:
+        ep = self._episodes.get(episode_id)
+        if ep is not None:
+            return ep, False
+        self._pick_up_promotion()
+        rt = self.runtime
+        ep = EpisodeState(episode_id=episode_id, runtime=rt, started_at=now, last_seen=now)
+        return ep, True
+
+    def episode(self, episode_id: str) -> EpisodeState | None:
+        """The in-memory state of an episode (None when unknown or expired)."""
+        with self._lock:
+            self._expire(self.clock())
+            return self._episodes.get(episode_id)
+
+    @property
+    def active_episodes(self) -> int:
+        with self._lock:
+            self._expire(self.clock())
+            return len(self._episodes)
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, request: Mapping[str, Any] | DecisionRequest) -> Decision:
+        """Decide one request (see the module docstring).  Raises :class:`InputError` for
+        an invalid request and :class:`core.access.audit.AuditUnavailable` when the decision
+        cannot be audited (then nothing was served)."""
+        return self.decide_batch([request])[0]
+
+    def decide_batch(self, requests: Sequence[Mapping[str, Any] | DecisionRequest]) -> list[Decision]:
+        """Decide many requests at once (at most one per episode): masks, tree, policy
+        and critic each run once over the batch.  All requests are validated before
+        anything is decided."""
+        t0 = time.perf_counter()
+        parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
+        seen: set[str] = set()
+        for i, r in enumerate(parsed):
+            if r.episode_id in seen:
+                raise InputError(f"request {i}: episode {r.episode_id!r} appears twice in one batch; its "
+                                 "steps depend on each other — decide them one after the other",
+                                 field="episode_id", record=i)
+            seen.add(r.episode_id)
+        if not parsed:
+            return []
+        with self._lock:
+            if self._closed:
+                raise RwbError("this decision engine is closed")
+            now = self.clock()
+            self._expire(now)
+            rows = [self._prepare(i, r, now) for i, r in enumerate(parsed)]
+            groups: dict[int, list[_Row]] = {}
+            for row in rows:  # episodes may run on different policy versions
+                groups.setdefault(id(row.episode.runtime), []).append(row)
+            made: list[dict[str, Any]] = [{}] * len(rows)
+            for group in groups.values():
+                for row, fields in zip(group, self._decide_group(group[0].episode.runtime, group, now, t0)):
+                    made[row.index] = fields
+            # After the decisions, so that a request does not share the CPU with its own
+            # query's embedding when the baseline answered it alone: the deferred RL-Boosts'
+            # queries, and (prefetch_intent) every new episode's.
+            wanted = [r.request.query for r in rows if r.intent is None
+                      and (r.intent_pending or (self.config.prefetch_intent and r.new_episode))]
+            if wanted:
+                self._prefetch_intents(wanted)
+            self.metrics.episodes.set(len(self._episodes))
+            per = (time.perf_counter() - t0) / len(rows)
+            for _ in rows:
+                self.metrics.latency.observe(per)
+            return [Decision(**fields, latency_ms=per * 1000.0) for fields in made]
+
+    def _prepare(self, index: int, req: DecisionRequest, now: float) -> _Row:
+        """Episode state, latest result and trace of one request (nothing is changed yet:
+        the episode is updated only once its decision is audited)."""
+        ep, new = self._episode(req.episode_id, now)
+        rt = ep.runtime
+        result, result_step = ep.result, ep.result_step
+        if req.last_result is not None:
+            lr = req.last_result
+            prev = ep.prev_token
+            tool = lr.tool or (None if prev < 0 else (rt.tools[prev] or rt.kinds[prev]))
+            if tool is None:
+                raise InputError(f"request {index}: last_result needs its tool (the episode has no served "
+                                 "action it could belong to)", field="last_result.tool", record=index)
+            result, result_step = (tool, lr.result, lr.error), ep.step_t - 1
+        state = dict(req.state)
+        notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
+        same = ep.intent is not None and ep.intent[0] == req.query
+        return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
+                    step_t=ep.step_t, since=ep.step_t - result_step if result else 0, ood_notes=notes,
+                    now=now, result_row=ep.result_row if req.last_result is None else None,
+                    intent=ep.intent[1:] if same else None, intent_state=ep.intent_state if same else None)
+
+    def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
+                      ) -> list[dict[str, Any]]:
+        """Masks, tree, RL-Boost, arbitration, review and audit for rows on one policy
+        version; returns each row's :class:`Decision` fields (but the latency)."""
+        cfg, m, v = self.config, self.metrics, rt.version
+        B = len(rows)
+        rt.refresh_masks(self.ws)
+        states = [r.state for r in rows]
+        task_types = [r.request.task_type for r in rows]
+        counts = np.zeros((B, rt.n_actions), dtype=np.int64)
+        for b, r in enumerate(rows):
+            for token, n in r.episode.counts.items():
+                counts[b, token] = n
+        mask = rt.mask(states, task_types, counts)
+        step_t = np.array([r.step_t for r in rows], dtype=np.int64)
+        prev = np.array([r.episode.prev_token for r in rows], dtype=np.int64)
+        X = rt.bundle.rde.featurize(states, task_types, step_t, prev)
+        rde_tok, rde_conf = rt.bundle.rde.predict(X, mask)
+
+        reasons: list[list[str]] = [[] for _ in rows]
+        for b, r in enumerate(rows):
+            if rde_tok[b] < 0:
+                reasons[b].append("no_rde_action")
+            elif rde_conf[b] < cfg.confidence_threshold:
+                reasons[b].append("low_confidence")
+            if r.ood_notes:
+                reasons[b].append("out_of_distribution")
+        boost_rows = [b for b in range(B) if reasons[b]]
+        if boost_rows and not cfg.wait_for_intent:
+            for b in boost_rows:  # the tree has an action: it answers while the query is embedded
+                rows[b].intent_pending = bool(rde_tok[b] >= 0) and not self._intent_ready(rows[b])
+            boost_rows = [b for b in boost_rows if not rows[b].intent_pending]
+        boost: _Boost | None = None
+        timed_out = False
+        if boost_rows:
+            sub, budget_s = [rows[b] for b in boost_rows], cfg.time_budget_ms / 1000.0
+            recent = list(self._boost_ms)
+            if (len(recent) == INLINE_WINDOW and max(recent) < INLINE_SHARE * cfg.time_budget_ms
+                    and all(self._intent_ready(r) for r in sub)):
+                # fast and nothing to wait for: here, sparing two thread wake-ups; a run that
+                # stalled past the budget anyway is discarded like one that timed out
+                boost = self._propose(rt, sub, mask[boost_rows], rde_tok[boost_rows])
+                if time.perf_counter() - t0 > budget_s:
+                    boost, timed_out = None, True
+            else:
+                future = self._pool.submit(self._propose, rt, sub, mask[boost_rows], rde_tok[boost_rows])
+                try:
+                    boost = future.result(timeout=max(budget_s - (time.perf_counter() - t0), 0.0))
+                except concurrent.futures.TimeoutError:
+                    timed_out = True
+        where = {b: j for j, b in enumerate(boost_rows)}
+
+        # ---------------------------------------------------------------- arbitration
+        out: list[dict[str, Any]] = []
+        for b, r in enumerate(rows):
+            j = where.get(b)
+            cands: list[Candidate] = []
+            rde_est = state_value = None
+            if boost is not None and j is not None:
+                cands = [Candidate(int(tok), rt.names[tok], rt.labels[tok], float(p), float(e))
+                         for tok, p, e in zip(boost.top[j], boost.prob[j], boost.est[j]) if tok >= 0]
+                rde_est = None if math.isnan(boost.rde_est[j]) else float(boost.rde_est[j])
+                state_value = float(boost.state_value[j])
+            verdict = arbitrate(rt, int(rde_tok[b]), float(rde_conf[b]), rde_est, cands, mask[b], cfg,
+                                boosted=bool(reasons[b]), timed_out=timed_out and j is not None,
+                                intent_pending=r.intent_pending,
+                                intent_error=self._intent_errors.get(r.request.query) if r.intent_pending else None)
+            components: tuple[dict[str, Any], ...] = ()
+            value = cands[0].reward_est if verdict.adopted else rde_est if verdict.source == "rde" else None
+            if state_value is not None and value is not None:
+                components = ({"name": "state_value", "value": state_value},
+                              {"name": "action_advantage", "value": value - state_value})
+            out.append({"final": verdict.final, "source": verdict.source, "conf": verdict.confidence,
+                        "cands": cands, "rde_est": rde_est, "adopted": verdict.adopted,
+                        "overridden": verdict.overridden, "timed_out": timed_out and j is not None,
+                        "why": verdict.explanation, "components": components})
+
+        # ---------------------------------------------------------------- review queue
+        to_review = [b for b, o in enumerate(out) if rt.risks[o["final"]] in cfg.review_risks
+                     and o["conf"] < cfg.review_confidence]
+        items: dict[int, int] = {}
+        if to_review:
+            reqs = [self._review_request(rt, rows[b], out[b], reasons[b]) for b in to_review]
+            items = dict(zip(to_review, review.enqueue_many(self.ws, self.actor, reqs)))
+
+        # ---------------------------------------------------------------- audit, then commit state
+        decisions = []
+        for b, (r, o) in enumerate(zip(rows, out)):
+            rde = int(rde_tok[b])
+            record = {"input_hash": None, "rde_action": rde if rde >= 0 else None,
+                      "rl_candidates": [c.audit() for c in o["cands"]], "final_action": o["final"],
+                      "reward_components": list(o["components"]), "policy_version": v,
+                      "episode_id": r.request.episode_id, "decision_id": r.decision_id}
+            self.audit.write(record, request=r.request.to_json_dict(), action=rt.action(o["final"]))
+            self._commit(r, o["final"], now)
+            m.decisions.labels(v, o["source"]).inc()
+            for reason in reasons[b]:
+                m.rl_boost.labels(v, reason).inc()
+            if r.ood_notes:
+                m.ood.labels(v).inc()
+            if o["adopted"]:
+                m.adoptions.labels(v).inc()
+            if o["timed_out"]:
+                m.timeouts.labels(v).inc()
+            if r.intent_pending:
+                m.deferred.labels(v).inc()
+            if o["overridden"]:
+                m.overrides.labels(v).inc()
+            if b in items:
+                m.review_pushes.labels(v).inc()
+            decisions.append(dict(
+                decision_id=r.decision_id, episode_id=r.request.episode_id, step_t=r.step_t,
+                policy_version=v, final_action=o["final"], final_name=rt.names[o["final"]],
+                final_label=rt.labels[o["final"]], kind=rt.kinds[o["final"]], tool=rt.tools[o["final"]],
+                risk=rt.risks[o["final"]], source=o["source"], confidence=o["conf"],
+                rde_action=rde if rde >= 0 else None, rde_confidence=float(rde_conf[b]),
+                rl_boost=bool(reasons[b]), rl_boost_reasons=tuple(reasons[b]), rl_candidates=tuple(o["cands"]),
+                rde_reward_est=o["rde_est"], adopted=o["adopted"], overridden=o["overridden"],
+                timed_out=o["timed_out"], intent_pending=r.intent_pending, ood=bool(r.ood_notes),
+                ood_notes=tuple(r.ood_notes),
+                review_item=items.get(b), reward_components=o["components"], explanation=o["why"]))
+        return decisions
+
+    def _commit(self, r: _Row, token: int, now: float) -> None:
+        """Record a served (and audited) action in its episode."""
+        from core.state.features import TRACE_LEN
+
+        ep = r.episode
+        if r.request.last_result is not None:
+            ep.result, ep.result_step, ep.result_row = r.result, r.step_t - 1, r.result_row
+        elif r.result_row is not None:
+            ep.result_row = r.result_row
+        if r.intent is not None:
+            ep.intent, ep.intent_state = (r.request.query, *r.intent), r.intent_state
+        ep.trace_tokens = (ep.trace_tokens + [token])[-TRACE_LEN:]
+        ep.trace_times = (ep.trace_times + [now])[-TRACE_LEN:]
+        ep.trace_rewards = (ep.trace_rewards + [0.0])[-TRACE_LEN:]
+        ep.trace_steps = (ep.trace_steps + [ep.step_t])[-TRACE_LEN:]
+        ep.counts[token] = ep.counts.get(token, 0) + 1
+        ep.step_t += 1
+        ep.last_seen = now
+        self._episodes[ep.episode_id] = ep
+        self._episodes.move_to_end(ep.episode_id)
+        self._served[r.decision_id] = (ep.episode_id, ep.serial, ep.step_t - 1, ep.runtime.version)
+        if len(self._served) > OUTCOME_MEMORY:
+            self._served.popitem(last=False)
+
+    def _review_request(self, rt: PolicyRuntime, r: _Row, o: Mapping[str, Any], reasons: list[str]
+                        ) -> "review.ReviewRequest":
+        tok = o["final"]
+        why = (f"{rt.risks[tok]}-risk action served with confidence {o['conf']:.2f} (below "
+               f"{self.config.review_confidence}) by the {o['source']}")
+        if reasons:
+            why += f"; RL-Boost: {', '.join(reasons)}"
+        return review.ReviewRequest(
+            origin="serving", reason=why, state=r.state, token_id=tok, token_name=rt.names[tok],
+            action_label=rt.labels[tok], tool=rt.tools[tok], risk=rt.risks[tok],
+            reward_components=list(o["components"]), task_type=r.request.task_type, dataset=rt.dataset,
+            confidence=o["conf"], episode_id=r.request.episode_id, step_t=r.step_t,
+            decision_id=r.decision_id,
+            meta={"policy_version": rt.version, "explanation": o["why"], "query": r.request.query,
+                  "rl_candidates": [c.audit() for c in o["cands"]]})
+
+    # ------------------------------------------------------------------ RL-Boost
+    def _intent_ready(self, row: _Row) -> bool:
+        """Whether ``row``'s query has its intent at hand (the episode's, or the engine's
+        cache, which then fills ``row.intent``) — never waits."""
+        if row.intent is None:
+            with self._intent_lock:
+                row.intent = self._intents.get(row.request.query)
+                if row.intent is not None:
+                    self._intents.move_to_end(row.request.query)
+        return row.intent is not None
+
+    def _prefetch_intents(self, queries: Sequence[str]) -> None:
+        """Start embedding, on the intent thread, the queries that are neither cached nor
+        under way (one job), so that a later RL-Boost finds them ready."""
+        with self._intent_lock:
+            new = [q for q in dict.fromkeys(queries) if q not in self._intents and q not in self._intent_jobs]
+            if not new:
+                return
+            job: concurrent.futures.Future = concurrent.futures.Future()
+            for q in new:
+                self._intent_jobs[q] = job
+        self._intent_pool.submit(self._run_prefetch, new, job)
+
+    def _run_prefetch(self, queries: list[str], job: concurrent.futures.Future) -> None:
+        """The intent thread's job: embed, unless an RL-Boost took the job over (cancelled
+        it) while it waited in the queue."""
+        if job.set_running_or_notify_cancel():
+            self._embed_into(queries, job)
+
+    def _embed_into(self, queries: list[str], job: concurrent.futures.Future) -> None:
+        """Embed ``queries`` (registered under the running ``job``), cache their intents
+        and resolve ``job`` with them (or with the embedder's error); then drop the
+        registration.  The registration goes after the result, so a query is always
+        cached or under way while its embedding runs: nobody embeds it twice."""
+        try:
+            job.set_result(self._embed(queries))
+        except BaseException as exc:  # handed to whoever waits on the job, and remembered
+            self.metrics.embed_failures.inc()
+            with self._intent_lock:
+                for q in queries:
+                    self._intent_errors[q] = f"{type(exc).__name__}: {exc}"
+                    self._intent_errors.move_to_end(q)
+                while len(self._intent_errors) > INTENT_CACHE_SIZE:
+                    self._intent_errors.popitem(last=False)
+            job.set_exception(exc)
+        finally:
+            with self._intent_lock:
+                for q in queries:
+                    if self._intent_jobs.get(q) is job:
+                        del self._intent_jobs[q]
+
+    def _embed(self, queries: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Sentence embedding and rule vector of each query, kept in the cache and returned."""
+        from core.state.features import extract_intent, intent_rule_vector
+
+        emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
+        out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
+        rt = self.runtime  # the version new episodes start on: its policy's intent branch now, not on a request
+        branches = None if rt.fast is None else rt.fast.intent(emb, np.stack([r for _, r in out.values()]))
+        with self._intent_lock:
+            for q, value in out.items():
+                self._intents[q] = value
+                self._intents.move_to_end(q)
+                self._intent_errors.pop(q, None)
+            while len(self._intents) > INTENT_CACHE_SIZE:
+                self._intents.popitem(last=False)
+            if branches is not None:
+                self._keep_branches(rt.version, list(out), branches)
+        return out
+
+    def _keep_branches(self, version: str, queries: list[str], branches: np.ndarray) -> None:
+        """Remember the intent branches of ``queries`` under ``version`` (caller holds ``_intent_lock``)."""
+        for q, e in zip(queries, branches):
+            self._intent_branches[(version, q)] = e
+            self._intent_branches.move_to_end((version, q))
+        while len(self._intent_branches) > INTENT_CACHE_SIZE:
+            self._intent_branches.popitem(last=False)
+
+    def _intent(self, queries: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{query: (embedding, rule vector)}``: from the cache, from an embedding that is
+        running (waited for), or embedded here — also a prefetch still waiting in the
+        queue behind others, which is taken over (with its other queries) rather than
+        waited for.  What is embedded here is registered like a prefetch, so that nobody
+        else embeds it meanwhile.  Raises what the embedder raised."""
+        own: concurrent.futures.Future = concurrent.futures.Future()
+        own.set_running_or_notify_cancel()  # running from the start: nobody can take it over
+        with self._intent_lock:
+            got = {q: self._intents[q] for q in queries if q in self._intents}
+            for q in got:
+                self._intents.move_to_end(q)
+            needed = [q for q in dict.fromkeys(queries) if q not in got]
+            queued = {self._intent_jobs[q] for q in needed if q in self._intent_jobs}
+            taken = {job for job in queued if job.cancel()}
+            mine = [q for q, job in self._intent_jobs.items() if job in taken]
+            mine += [q for q in needed if q not in self._intent_jobs]
+            waits = queued - taken
+            for q in mine:
+                self._intent_jobs[q] = own
+        if mine:
+            self._embed_into(mine, own)
+            waits.add(own)
+        for job in waits:
+            try:
+                got.update(job.result())
+            except concurrent.futures.CancelledError:  # another RL-Boost took it over: ask again
+                pass
+        missing = [q for q in needed if q not in got]
+        return {**got, **self._intent(missing)} if missing else got
+
+    def _intents_of(self, rows: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
+        """``(intent_emb [B, 384], intent_rules [B, D])`` of the rows; a row whose episode
+        has no intent for its query yet gets one (kept by the episode at commit)."""
+        missing = [r for r in rows if r.intent is None]
+        if missing:
+            found = self._intent([r.request.query for r in missing])
+            for r in missing:
+                r.intent = found[r.request.query]
+        return np.stack([r.intent[0] for r in rows]), np.stack([r.intent[1] for r in rows])
+
+    def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
+        """The policy's top-k allowed actions and the critic's reward estimates: of each
+        candidate (and of the baseline's action), the critic's value of the state after it."""
+        from core.state.features import O_FLAGS
+
+        k = min(self.config.top_k, rt.n_actions)
+        B = len(rows)
+        emb, rules = self._intents_of(rows)
+        t0 = time.perf_counter()
+        context = np.stack([r.context(rt.bundle.feature_stats) for r in rows])
+        t_act, t_rew, t_dt = (np.stack(parts) for parts in zip(*(r.trace() for r in rows)))
+        # The state one step later, whatever the action: a result exists → it is one step older.
+        nxt_ctx = context.copy()
+        has = nxt_ctx[:, O_FLAGS + 0] > 0
+        since = np.array([r.since for r in rows])
+        step = np.array([r.step_t for r in rows])
+        nxt_ctx[:, O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
+        nxt_ctx[:, O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
+
+        def shifted(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """Row of each (request, action) pair and its trace after the action."""
+            idx = np.repeat(np.arange(B), acts.shape[1])
+            a = np.maximum(acts.reshape(-1), 0)[:, None]
+            zeros = np.zeros((len(idx), 1), np.float32)
+            return (idx, np.concatenate([a, t_act[idx, :-1]], axis=1),
+                    np.concatenate([zeros, t_rew[idx, :-1]], axis=1), np.concatenate([zeros, t_dt[idx, :-1]], axis=1))
+
+        fast = rt.fast
+        if fast is not None:  # numpy, sharing the intent (per episode) and the next context
+            missing = [b for b, r in enumerate(rows) if r.intent_state is None]
+            if missing:  # computed with the embedding, unless the query was embedded for another version
+                with self._intent_lock:
+                    for b in missing:
+                        rows[b].intent_state = self._intent_branches.get((rt.version, rows[b].request.query))
+                missing = [b for b in missing if rows[b].intent_state is None]
+            if missing:
+                branches = fast.intent(emb[missing], rules[missing])
+                with self._intent_lock:
+                    self._keep_branches(rt.version, [rows[b].request.query for b in missing], branches)
+                for b, e in zip(missing, branches):
+                    rows[b].intent_state = e
+            e_int = np.stack([r.intent_state for r in rows])
+            e_ctx = fast.context(np.concatenate([context, nxt_ctx]))          # both contexts in one pass
+            current = fast.state(e_int, rules, context, e_ctx[:B], t_act, t_rew, t_dt)
+            top, p = _top_k(fast.logits(current), mask, k)
+            acts = np.concatenate([top, rde_tok[:, None]], axis=1)             # [B, k+1]: column k = baseline
+            idx, n_act, n_rew, n_dt = shifted(acts)
+            after = fast.state(e_int[idx], rules[idx], nxt_ctx[idx], e_ctx[B:][idx], n_act, n_rew, n_dt)
+            critic = fast.values(np.concatenate([current, after]))           # the critic once, on every row
+            values, est = critic[:B], critic[B:]
+        else:  # the module (TorchScript when it traces)
+            import torch
+
+            def run(*inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                with torch.inference_mode():
+                    lg, val = rt.forward(dict(zip(_OBS_KEYS, map(torch.from_numpy, inputs))))
+                    return lg.numpy(), val.numpy()
+
+            logits, values = run(emb, rules, context, t_act, t_rew, t_dt)
+            top, p = _top_k(logits, mask, k)
+            acts = np.concatenate([top, rde_tok[:, None]], axis=1)
+            idx, n_act, n_rew, n_dt = shifted(acts)
+            est = run(emb[idx], rules[idx], nxt_ctx[idx], n_act, n_rew, n_dt)[1]
+        est = np.where(acts >= 0, est.mean(-1).reshape(B, k + 1).astype(np.float64), np.nan)
+        self._boost_ms.append((time.perf_counter() - t0) * 1000.0)
+        return _Boost(top=top, prob=p.astype(np.float64), est=est[:, :k], rde_est=est[:, k],
+                      state_value=values.mean(-1).astype(np.float64))
+
+    # ------------------------------------------------------------------ outcomes
+    def report_outcome(self, decision_id: str, ok: bool, *, reward: float | None = None) -> bool:
+        """Report whether a served action succeeded (the ``rwb_action_outcomes`` /
+        ``rwb_action_failures`` metrics the alert rules read), and optionally its reward
+        (the template's per-step reward), which enters the episode's trace for the
+        encoder.  Returns True when the decision is still in memory (its reward was
+        applied); the outcome is counted either way."""
+        if reward is not None and not (isinstance(reward, (int, float)) and math.isfinite(reward)):
+            raise InputError("reward must be a finite number", field="reward")
+        with self._lock:
+            served = self._served.get(decision_id)
+            version = served[3] if served else "unknown"
+            self.metrics.outcomes.labels(version, "ok" if ok else "failed").inc()
+            if not ok:
+                self.metrics.failures.labels(version).inc()
+            if served is None:
+                return False
+            self._expire(self.clock())
+            ep = self._episodes.get(served[0])
+            if ep is None or ep.serial != served[1]:
+                return False
+            if reward is not None and served[2] in ep.trace_steps:
+                ep.trace_rewards[ep.trace_steps.index(served[2])] = float(reward)
+            return True
+
+    # ------------------------------------------------------------------ metrics and closing
+    def metrics_text(self) -> str:
+        """The Prometheus text exposition of this engine's metrics."""
+        with self._lock:
+            self.metrics.episodes.set(len(self._episodes))
+        return self.metrics.text()
+
+    def flush(self) -> int:
+        """Commit every audit record written so far (returns how many this call committed)."""
+        return self.audit.flush()
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait until the background embedding work queued so far — the sentence model's
+        warm-up at start, query embeddings under way — is done (a service's readiness
+        probe); False when ``timeout`` seconds passed first."""
+        if self._closed:
+            raise RwbError("this decision engine is closed")
+        try:
+            self._intent_pool.submit(lambda: None).result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Commit the remaining audit records and stop the worker."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True)
+        self._intent_pool.shutdown(wait=True)
+        close_embedder = getattr(self.embedder, "close", None)
+        if self._own_embedder and callable(close_embedder):
+            close_embedder()
+        if self._own_audit:
+            self.audit.close()
+        else:
+            self.audit.flush()
+
+    def __enter__(self) -> "DecisionEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# =========================================================================== entry points
+def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None, version: str | None = None,
+                  actor: Actor | None = None) -> "LoadedBundle":
+    """The promoted policy ``name`` (its active version, or ``version``), verified for ``ws``:
+    every hash, a signature by a key ``ws`` trusts, and — when ``ws``'s registry promoted
+    this policy — the manifest digest the registry recorded at promotion (the index in the
+    policies folder is a plain file; the registry's events are append-only).  A workspace
+    whose registry never saw ``name`` (a production workspace serving the installed
+    package) relies on the signature.  A refusal is written to the security log
+    (:func:`core.access.audit.security_event`, ``promoted_copy_refused``) and raised."""
+    from core.access.audit import security_event
+    from core.govern.bundle import BundleError
+    from core.access.keys import trust_store
+    from core.govern.policy_folder import active_version, load_bundle_for, policies_root
+    from core.govern.registry_records import policy_names, promoted_digest
+
+    version = version or active_version(name, root)
+    folder = policies_root(root) / name / version
+    try:
+        bundle = load_bundle_for(name, root=root, version=version, trust=trust_store(ws))
+        if name in policy_names(ws):
+            recorded = promoted_digest(ws, name, version)
+            if recorded is None:
+                raise BundleError(f"{name}@{version} in {folder.parent.parent} was never promoted by this workspace's "
+                                  "registry; refusing to serve it", file=str(folder))
+            if bundle.manifest.digest != recorded:
+                raise BundleError(f"{name}@{version} in {folder.parent.parent} is not the copy the registry promoted "
+                                  f"(manifest digest {bundle.manifest.digest[:12]}…, recorded {recorded[:12]}…); "
+                                  "it was swapped or edited — promote or roll back again from the registry",
+                                  file=str(folder))
+    except BundleError as exc:
+        security_event(ws, actor, "promoted_copy_refused", policy=f"{name}@{version}", path=str(folder),
+                       reason=str(exc))
+        raise
+    return bundle
+
+
+def _is_bundle_path(policy: str | Path) -> bool:
+    p = Path(policy)
+    return p.suffix.lower() == ".zip" or (p.is_dir() and (p / "manifest.json").is_file())
+
+
+def load(policy: str | Path, *, ws: "Workspace | None" = None, root: str | Path | None = None,
+         **options: Any) -> DecisionEngine:
+    """The production entry point: an engine for the promoted policy named ``policy``
+    (from ``root``, ``$RWB_POLICIES_DIR`` or ``core/policies``), or for the bundle at the
+    path ``policy`` (a ``.zip`` or a promoted folder).  ``ws`` is the workspace that keeps
+    the audit trail and the review queue (default: ``$RWB_WORKSPACE`` or ./workspace).
+    ``options`` go to :class:`DecisionEngine` (``config=ServingConfig(...)``, ``actor``,
+    ``embedder``, ``clock``)."""
+    if ws is None:
+        from core.records.store import Workspace
+
+        ws = Workspace.open()
+    if _is_bundle_path(policy):
+        if not Path(policy).exists():
+            raise InputError(f"no bundle at {policy}", file=str(policy))
+        return DecisionEngine.from_bundle(ws, policy, **options)
+    return DecisionEngine.from_policy(ws, str(policy), root=root, **options)
+
+
+def read_requests(text: str, *, file: str | None = None) -> list[dict[str, Any]]:
+    """Requests from JSON text: one object, a list of objects, or JSON lines."""
+    import json
+
+    s = text.strip()
+    if not s:
+        raise InputError("no request given", file=file)
+    try:
+        data = json.loads(s)
+        items = data if isinstance(data, list) else [data]
+    except ValueError:
+        items = []
+        for n, line in enumerate(s.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except ValueError as exc:
+                    raise InputError(f"not JSON: {exc}", file=file, line=n) from None
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(f"request {i} is not a JSON object", file=file, record=i)
+    return items
+
+
+def serve_requests(ws: "Workspace", policy: str | Path, requests: Sequence[Mapping[str, Any]], *,
+                   config: ServingConfig | None = None, root: str | Path | None = None
+                   ) -> tuple[list[Decision], str]:
+    """Serve ``requests`` in order with a fresh engine for ``policy`` (name or bundle path),
+    commit their audit records, and return the decisions and the engine's metrics text
+    (what ``rwb serve decide`` and ``rwb serve metrics`` print).  The default ``config``
+    waits for query embeddings (``wait_for_intent``) with the sentence model in this
+    process (``model_process=False``): a one-shot run has no later request that a
+    background embedding would serve, and no time to start a child."""
+    parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
+    config = config or ServingConfig(wait_for_intent=True, model_process=False)
+    with load(policy, ws=ws, root=root, config=config) as engine:
+        decisions = [engine.decide(r) for r in parsed]
+        engine.flush()
+        return decisions, engine.metrics_text()
+
+
+__all__ = ["ALERT_RULES_FILE", "Candidate", "Decision", "DecisionEngine", "DecisionRequest", "EpisodeState",
+           "LastResult", "PolicyRuntime", "ServingConfig", "ServingMetrics", "Verdict", "alert_rules", "arbitrate",
+           "load", "parse_request", "read_requests", "result_context", "serve_requests", "step_context",
+           "trace_arrays"]
