@@ -15,8 +15,8 @@ from core.access import users
 from core.base.errors import PermissionDenied
 from core.records.store import Workspace
 from core.access.users import (BACKOFF_BASE_S, BACKOFF_CAP_S, BACKOFF_FREE_FAILURES, BACKOFF_WINDOW_S,
-                        LOCAL_ADMIN, SESSION_IDLE_S, SESSION_MAX_S, Actor, SessionEnded,
-                        SignInThrottled)
+                               LOCAL_ADMIN, SESSION_IDLE_S, SESSION_MAX_S, Actor, SessionEnded,
+                               SignInThrottled)
 
 PASSWORD = "correct horse battery"
 T0 = 1_800_000_000.0  # a fixed clock reading (2027-01-15)

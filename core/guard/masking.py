@@ -70,7 +70,8 @@ import numpy as np
 import yaml
 
 from core.base import safe_yaml
-from core.records.catalog import OTHER, RISK_LEVELS, UNSET, ActionToken, Catalog, value_key
+from core.records.catalog import (OTHER, RISK_LEVELS, UNSET, ActionToken, Catalog, build_catalog, catalog_for_dataset,
+                                  load_tools_file, value_key)
 from core.base.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -1297,8 +1298,6 @@ def check_masks(path: str | Path, ws: Any = None, *, dataset: str | None = None,
                 tools_file: str | Path | None = None) -> dict[str, Any]:
     """Compile a mask-rules file against a dataset's or a tools file's catalog and say what
     each rule targets (``rwb catalog masks``); errors name the rule and line."""
-    from core.records.catalog import build_catalog, catalog_for_dataset, load_tools_file
-
     if (dataset is None) == (tools_file is None):
         raise InputError("give exactly one of --dataset NAME or --tools FILE")
     if tools_file is not None:

@@ -309,7 +309,7 @@ def _episode_dict_validator() -> SchemaValidator:
     global _EPISODE_DICT
     if _EPISODE_DICT is None:
         schema: CoreSchema = _dict_schema(Episode.__pydantic_core_schema__)
-        # Cache only keys: they repeat on every step, values rarely (faster, measured).
+        # Cache only keys: they repeat on every step, values rarely do.
         _EPISODE_DICT = SchemaValidator(schema, {"cache_strings": "keys"})
     return _EPISODE_DICT
 

@@ -21,14 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.records.episodes import Episode, ToolSchema
+from core.base import embed as text_embedding
 from core.base.errors import InputError
+from core.data.importers import read_file
+from core.records.catalog import build_catalog, catalog_for_dataset
+from core.records.episodes import Episode, ToolSchema
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
 from core.rewards.pyramid import Pyramid, ScoreResult
 from core.rewards.template import Template, load_template
+from core.rewards.versions import resolve_template
 
 TemplateLike = Template | str | Path
 
@@ -41,8 +45,6 @@ def as_template(template: TemplateLike, ws=None) -> Template:
         return template
     if ws is None:
         return load_template(template)
-    from core.rewards.versions import resolve_template
-
     return resolve_template(ws, str(template))
 
 
@@ -50,23 +52,17 @@ def frame_from_episodes(episodes: Sequence[Episode], tools: Sequence[ToolSchema]
                         ) -> StepsFrame:
     """Steps frame of in-memory episodes; the catalog comes from ``tools`` (or, without
     schemas, from the logged calls)."""
-    from core.records.catalog import build_catalog
-
     return build_frame(episodes, build_catalog(list(tools or []), episodes))
 
 
 def frame_from_file(path: str | Path) -> StepsFrame:
     """Steps frame of an episodes file in any importable format (nothing is stored)."""
-    from core.data.importers import read_file
-
     parsed = read_file(path)
     return frame_from_episodes(parsed.episodes, parsed.tools)
 
 
 def load_frame(ws, dataset: str) -> StepsFrame:
     """Steps frame of a workspace dataset, normalised with the dataset's catalog."""
-    from core.records.catalog import catalog_for_dataset
-
     catalog = catalog_for_dataset(ws, dataset)
     return build_frame(ws.load_episodes(dataset), catalog)
 
@@ -116,9 +112,7 @@ def score(ws, template: TemplateLike, *, dataset: str | None = None,
     t = as_template(template, ws)
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
-        from core.base.embed import workspace_embedder
-
-        ctx = ScoringContext(embedder=workspace_embedder(ws), progress=progress)
+        ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), progress=progress)
     else:
         ctx = ScoringContext(progress=progress)
     cache = ComponentCache.for_workspace(ws) if (ws is not None and use_cache) else None

@@ -27,6 +27,7 @@ from scipy.stats import spearmanr
 
 from core.records.episodes import Episode
 from core.base.errors import InputError
+from core.rewards.api import load_frame, score
 from core.rewards.outcomes import auc, bootstrap_ci, episode_groups, episode_labels, grouped_folds
 from core.rewards.pyramid import ScoreResult
 
@@ -181,8 +182,6 @@ def calibrate(ws, template, *, dataset: str, group_key: str | None = None, n_boo
               seed: int = 0, progress=None) -> CalibrationReport:
     """Score a workspace dataset with ``template`` and calibrate it (:func:`calibrate_result`);
     ``progress`` as for :func:`core.rewards.api.score`."""
-    from core.rewards.api import load_frame, score
-
     frame = load_frame(ws, dataset)
     result = score(ws, template, frame=frame, progress=progress)
     labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)

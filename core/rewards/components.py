@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import pandas as pd
 
+from core.base.embed import Embedder
 from core.rewards.frame import (ESCALATE, FINAL_ANSWER, KIND_CODE, KINDS, REPLY, TERMINATE,
                                 TOOL_CALL, StepsFrame)
 
@@ -65,8 +66,6 @@ class ScoringContext:
     def get_embedder(self):
         """The embedder to use; an in-memory one when the caller gave none."""
         if self.embedder is None:
-            from core.base.embed import Embedder
-
             self.embedder = Embedder(cache_dir=None)
         return self.embedder
 

@@ -20,10 +20,16 @@ from typing import Any, Literal
 
 import numpy as np
 
+from core.base import embed as text_embedding
+from core.base import safe_yaml
 from core.base.errors import InputError
+from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions
+from core.rewards.api import as_template, load_frame
+from core.rewards.calibration import outcome_columns
 from core.rewards.components import Component, ScoringContext, _check, register
 from core.rewards.frame import FINAL_ANSWER, REPLY, TOOL_CALL, StepsFrame
 from core.rewards.outcomes import auc, grouped_folds
+from core.rewards.template import parse_template
 
 #: Tool-use statistics per episode, in column order.
 STAT_FEATURES: tuple[str, ...] = (
@@ -81,8 +87,6 @@ def last_words(frame: StepsFrame) -> list[str]:
 
 def signal_features(frame: StepsFrame) -> np.ndarray:
     """[n_episodes, len(SIGNAL_FEATURES)]: write calls and unrecovered errors per episode."""
-    from core.rewards.agent_signals import UnrecoveredErrors, WriteActions
-
     writes = WriteActions(per=1.0)(frame, None)
     unrecovered = UnrecoveredErrors(per=1.0, cap=10 ** 9).unrecovered(frame)
     return np.column_stack([-np.bincount(frame.episode, weights=writes, minlength=frame.n_episodes),
@@ -96,8 +100,6 @@ def outcome_features(frame: StepsFrame, ctx: ScoringContext, embed: str) -> tupl
     names = [*STAT_FEATURES, *SIGNAL_FEATURES]
     x = np.hstack([episode_stats(frame), signal_features(frame)])
     if embed == "last_words":
-        from core.rewards.agent_signals import AnswerConsistency
-
         cosine, has = AnswerConsistency().cosines(frame, ctx)
         vectors = ctx.encode(last_words(frame), what="learned_outcome").astype(np.float64)
         names += [*ANSWER_FEATURES, *(f"last_words_{i}" for i in range(vectors.shape[1]))]
@@ -199,9 +201,6 @@ class LearnedOutcome(Component):
 def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
     """``template`` with its ``learned_outcome`` episode term set to the fitted ``params``
     (added with ``weight`` when the template has none, else its weight kept)."""
-    from core.base import safe_yaml
-    from core.rewards.template import parse_template
-
     data = template.to_dict()
     terms = data.setdefault("episode_terms", {})
     entry = dict(terms.get("learned_outcome") or {"weight": float(weight)})
@@ -213,9 +212,6 @@ def with_learned_outcome(template, params: dict[str, Any], weight: float = 1.0):
 def without_learned_outcome(template):
     """``template`` without its ``learned_outcome`` episode term (itself when it has none): the
     hand-built pyramid a fitted term is compared with, never one that already learned the labels."""
-    from core.base import safe_yaml
-    from core.rewards.template import parse_template
-
     data = template.to_dict()
     terms = data.get("episode_terms") or {}
     kept = {k: v for k, v in terms.items() if (v or {}).get("component", k) != "learned_outcome"}
@@ -229,13 +225,9 @@ def learn(ws, template, *, dataset: str, group_key: str | None = None, embed: st
           c: float = 1.0, weight: float = 1.0, seed: int = 0):
     """Fit the learned outcome on a workspace dataset's labelled episodes: (the template with
     the fitted ``learned_outcome`` term, the fit).  Nothing is saved."""
-    from core.base.embed import workspace_embedder
-    from core.rewards.api import as_template, load_frame
-    from core.rewards.calibration import outcome_columns
-
     base = as_template(template, ws)
     frame = load_frame(ws, dataset)
     labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
-    fit = fit_outcome_model(frame, labels, groups, ctx=ScoringContext(embedder=workspace_embedder(ws)),
+    fit = fit_outcome_model(frame, labels, groups, ctx=ScoringContext(embedder=text_embedding.workspace_embedder(ws)),
                             embed=embed, c=c, seed=seed)
     return with_learned_outcome(base, fit.params, weight), fit

@@ -45,7 +45,7 @@ import yaml
 
 from core.base import safe_yaml
 from core.base.errors import ConflictError, InputError
-from core.rewards.template import Template, TemplateError, parse_template, templates_dir
+from core.rewards.template import Template, TemplateError, load_template, parse_template, templates_dir
 from core.access.users import Actor, authorize
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -255,8 +255,6 @@ def resolve_template(ws: "Workspace | None", spec: str) -> Template:
     A path to an existing file is read as is.  ``name@N`` is version N of ``name``
     (``@0``: the shipped file); a bare name is the latest workspace version, else the
     shipped file.  Without a workspace only files and shipped names resolve."""
-    from core.rewards.template import load_template
-
     path = Path(spec)
     if path.is_file() or str(spec).endswith((".yaml", ".yml")):
         return load_template(path)

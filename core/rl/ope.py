@@ -466,7 +466,7 @@ def policy_probs(agent: Any, obs: dict[str, "torch.Tensor"], mask: "torch.Tensor
     """[N, A] the agent's masked softmax over the catalog at each state (float64)."""
     import torch
 
-    from core.rl.common import MaskedCategorical
+    from core.rl.common import MaskedCategorical  # deferred with torch: estimates from logged numbers need neither
 
     n = int(mask.shape[0])
     out = []
@@ -500,7 +500,7 @@ def off_policy_report(tables: "SimTables", agent: Any, episodes: "torch.Tensor |
     per-step rewards ``a·r_t`` plus ``b·R_final/γ^t`` on the last step."""
     import torch
 
-    from core.rl.sim import flatten_obs
+    from core.rl.sim import flatten_obs  # deferred with torch: estimates from logged numbers need neither
 
     tables = tables.to(device)
     ep_ids = np.asarray(torch.as_tensor(episodes).reshape(-1).cpu().numpy(), dtype=np.int64)

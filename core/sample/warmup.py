@@ -32,7 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from core import rewards
 from core.base.errors import InputError, RwbError
+from core.rewards.versions import get_template, resolve_template, template_names
+from core.sample.workspace_setup import SAMPLE_DATASETS, init_workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -104,16 +107,12 @@ class PrepareReport:
 
 def sample_datasets(ws: "Workspace") -> list[str]:
     """The sample datasets the workspace holds, with steps, in the order pages list them."""
-    from core.sample.workspace_setup import SAMPLE_DATASETS
-
     samples = set(SAMPLE_DATASETS.values())
     return [d.name for d in ws.datasets() if d.name in samples and d.n_steps > 0]
 
 
 def latest_templates(ws: "Workspace") -> list[str]:
     """``name@N`` of the latest version of every reward template (shipped or saved)."""
-    from core.rewards.versions import get_template, template_names
-
     return [get_template(ws, name).label for name in template_names(ws)]
 
 
@@ -129,10 +128,6 @@ def prepare_workspace(ws: "Workspace", *, datasets: Sequence[str] | None = None,
     template whose components need fields the data lacks) is reported with its error, not
     raised: the other pairs are still prepared.  ``progress`` receives a
     :class:`PrepareProgress` before each step and as texts are embedded."""
-    from core import rewards
-    from core.rewards.versions import resolve_template
-    from core.sample.workspace_setup import init_workspace
-
     t0 = time.perf_counter()
     tell = progress or (lambda _event: None)
     tell(PrepareProgress("workspace", 0, 0))

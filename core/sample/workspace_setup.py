@@ -25,8 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.records.store import DatasetInfo, Workspace
+from core.access.keys import signing_key
 from core.access.users import Actor
+from core.data import datasets
+from core.data.importers.api import seed_file
+from core.guard import review
+from core.records.store import DatasetInfo, Workspace
 
 #: Dataset name of each domain's sample inside a workspace.
 SAMPLE_DATASETS: dict[str, str] = {"ecommerce": "ecommerce-sample", "finance": "finance-sample"}
@@ -61,8 +65,6 @@ class WorkspaceStatus:
 def sample_sources(ws: Workspace) -> list[SampleFile]:
     """The sample file of every domain: the checkout's committed copy, or one generated
     into ``artifacts/samples/`` with the generator's fixed sample seed when it is missing."""
-    from core.data import datasets
-
     committed = {path.parent.name: path for path in datasets.sample_files()}
     specs = {spec.domain: spec for spec in datasets.SAMPLES}
     sources = []
@@ -91,8 +93,6 @@ def ensure_samples(ws: Workspace) -> list[Any]:
     so a failure leaves the workspace empty and the next call tries again.  Seeding is
     part of setting the workspace up, so no acting user is checked (see
     :func:`core.data.importers.api.seed_file`)."""
-    from core.data.importers.api import seed_file
-
     if ws.datasets():
         return []
     sources = sample_sources(ws)
@@ -116,8 +116,6 @@ def queue_sample_reviews(ws: Workspace, datasets: list[str]) -> list[int]:
     finds the queue working.  Steps already on the queue are left as they are, so a second
     call adds nothing; returns the ids of the items this call added.  Part of setting the
     workspace up: the service principal :data:`SAMPLE_SETUP` queues them."""
-    from core.guard import review
-
     requests = [review.recorded_step_request(step, review.sample_review_reason(step),
                                              {"picked_by": "sample workspace set-up"})
                 for dataset in datasets for step in review.sample_review_steps(ws, dataset)]
@@ -131,8 +129,6 @@ def init_workspace(ws: Workspace, *, samples: bool = True) -> WorkspaceStatus:
     """Create/migrate the workspace (opening it does), make its bundle-signing key (once:
     :func:`core.access.keys.signing_key`) and import the samples into an empty one; what the app
     does on first start and ``rwb workspace init`` does."""
-    from core.access.keys import signing_key
-
     signing_key(ws)
     imported = [r.to_dict() for r in ensure_samples(ws)] if samples else []
     return workspace_status(ws, imported)

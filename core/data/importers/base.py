@@ -345,8 +345,8 @@ _DEPTH_STEP[list(b"]}")] = -1
 
 
 def _max_depth(data: bytes) -> int:
-    """Deepest nesting of lists and objects in JSON text, vectorised (about 1 ms per MB
-    without escapes): escaped backslashes and quotes out, everything but brackets and
+    """Deepest nesting of lists and objects in JSON text, vectorised over the bytes (no
+    Python loop per character): escaped backslashes and quotes out, everything but brackets and
     quotes out, then the running sum of the brackets outside strings (after an even
     number of quotes).  Exact for valid JSON; for invalid JSON only a hint (the parser
     reports the real problem; :func:`_deep_path` confirms before anything is refused)."""

@@ -40,6 +40,7 @@ from core.data.importers.base import (
     ReadOptions,
     convert_records,
 )
+from core.data.importers.rwb import RwbImporter, episode_from_line
 
 #: Files with fewer episode lines than this are read in one process (a worker takes ~1 s to start).
 PARALLEL_MIN_RECORDS = 4000
@@ -152,8 +153,6 @@ def convert_rwb_chunk(file: str, items: list[tuple[int, int | None, str]],
     """Validate some episode lines of an rwb file (runs in a worker or in this process).
 
     Returns plain data: rows, rejected records, or the first error as ``InputError.to_dict()``."""
-    from core.data.importers.rwb import episode_from_line
-
     doc = Document(Path(file), b"", "jsonl",
                    [RawRecord(None, record, line, text=text, file=file) for record, line, text in items])
     try:
@@ -248,8 +247,6 @@ def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[Pa
 
     Same result as the one-process path: header domain and tools, rows in file order,
     rejected records (``skip_invalid``) in file order, the first bad record raised."""
-    from core.data.importers.rwb import RwbImporter
-
     domain, tools, body_doc = RwbImporter().split_header(doc)
     items = [(r.record, r.line, r.text or "") for r in body_doc.records]
     size = max(1, min(CHUNK_RECORDS, -(-len(items) // (4 * workers))))  # ≥ 4 chunks per process
