@@ -1,55 +1,14 @@
 """Action masks (docs/design.md §4): declarative rules → a boolean vector over the catalog per state.
 
-Rules live in YAML.  Each rule *blocks* its targets in the states where it fires::
+Rules live in YAML (:class:`MaskRules`); each blocks its targets (tools, tokens, risk
+levels, presets) where its ``when``/``unless`` condition on the state features fires, or
+once a business ``limit`` on ``action_counts`` is reached; review rules come from rejected
+reviews.  Rules compile against a catalog into :class:`CompiledMasks`, evaluated in batch
+in numpy (:meth:`CompiledMasks.evaluate`) or torch (:meth:`CompiledMasks.evaluate_torch`);
+a state with every action blocked keeps ``F0`` and ``E0`` allowed and says so.
 
-    version: 1
-    rules:
-      - name: live_quotes_in_market_hours
-        kind: availability                 # availability | business | risk | review
-        targets: {tools: [get_realtime_quote]}
-        unless: {hour: {between: ["9:30", "15:00"]}}
-        message: live quotes exist only while the market is open
-      - name: three_orders_per_symbol
-        kind: business
-        targets: {tools: [place_order]}
-        limit: {max: 3, per: symbol}       # counted from action_counts
-      - name: no_leverage_when_volatile
-        kind: risk
-        targets: {risk: [high]}
-        when: {volatility: {gt: 0.30}}
-        if_unknown: block                  # volatility unknown → block too
-
-**Targets** (union of): ``tools`` (names), ``tokens`` (names like ``A12T3``), ``risk``
-(levels of tool tokens); ``preset: {param: value | [values]}`` narrows to tokens whose
-preset matches (alone, it selects among all tool tokens).
-
-**Conditions** (``when`` = fire when it holds, ``unless`` = fire when it does not; both
-may be given): a mapping ``feature: {op: value, ...}`` — all entries must hold — with
-ops ``gt lt ge le eq ne in not_in outside between`` (``outside``/``between`` take
-``[lo, hi]``, inclusive for ``between``); ``feature: value`` is short for ``eq`` and
-``feature: [values]`` for ``in``; ``any: [cond, ...]`` / ``all: [cond, ...]`` combine.
-Times like ``"9:30"`` read as hours (9.5).  Features are the scalar state features of
-``Step.observation["state"]`` plus ``task_type``; string-valued features are
-categorical.  A rule whose features are unknown in a row (missing value, NaN, None)
-does not fire there, unless it says ``if_unknown: block``.
-
-**Business limits**: ``limit: {max: N, per: P}`` blocks the targets once they have been
-taken N times, counted from ``action_counts`` (the caller decides the window — the
-episode, or the day); ``per`` = omitted (all targets share one counter), ``tool``,
-``token``, a preset parameter (targets sharing that preset value share a counter), or a
-list of these tried in order per token (``per: [symbol, tool]``: per symbol where the
-token names one, else per tool).  An ``<other>``/``<unset>`` preset names no single
-value, so it falls through to the next key (or counts per token when none is left).
-A business rule may also (or instead) carry a state condition, e.g. a day counter that
-the state already holds (``when: {trades_today: {ge: 3}}``).
-
-**Review rules** are born from rejected reviews (:meth:`MaskRules.add_review_rule`).
-
-Rules compile against a catalog into matrices (:class:`CompiledMasks`); evaluation is
-batched boolean/matrix algebra in numpy (:meth:`CompiledMasks.evaluate`) or torch on
-the tensors' device (:meth:`CompiledMasks.evaluate_torch`).  A state where every
-action would be blocked keeps final answer (``F0``) and escalate (``E0``) allowed and
-says so (``MaskResult.fallback`` and ``messages``).
+Details: docs/actions.md (## Mask rules, ## Mask targets, ## Mask conditions, ## Business
+limits, ## Compiled masks).
 """
 
 from __future__ import annotations

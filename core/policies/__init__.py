@@ -1,28 +1,13 @@
 """Promoted policies, shipped inside the ``core`` package (docs/design.md §9).
 
 ``core.govern.registry.promote`` writes an approved bundle into this folder as
-``<name>/<version>/`` (the bundle's files, flat, with its approvals mirrored into the
-manifest) and records it in ``index.json``::
+``<name>/<version>/`` and records it in ``index.json`` (the active version and those a
+rollback returns to); ``RWB_POLICIES_DIR`` or ``root=`` moves the folder.  ``load(name)`` is
+the production entry point: the decision engine serving the promoted policy.
+``load_bundle_for(name)`` is the verified bundle alone, checked against the index.
 
-    {"rwb_policies": 1,
-     "policies": {"finance_risk": {"active": "0.2.0", "previous": ["0.1.0"],
-                                   "versions": {"0.2.0": {"manifest_digest": "…", "promoted_at": "…",
-                                                          "promoted_by": "…", "run_id": "…"}, …},
-                                   "updated_at": "…"}}}
-
-``active`` is the version production serves; ``previous`` the versions a rollback returns
-to, most recent first.  Because the folder is part of the package, the ``core`` that
-production installs carries the promoted policy: ``load_bundle_for("finance_risk")``
-verifies the active version (every hash, no pickle, smoke run) and checks that its
-manifest is the one the index recorded at promotion.
-
-The folder can be moved with the ``RWB_POLICIES_DIR`` environment variable (tests do, so
-they never write into the source tree), or per call with ``root=``.
-
-``load(name)`` is the production entry point (``from core.policies import load``): the
-decision engine (:class:`core.serve.serving.DecisionEngine`) serving the promoted policy.
-``load_bundle_for(name)`` is the verified :class:`core.govern.bundle.LoadedBundle` alone (what
-the engine is built on, and what a script that only needs the policy loads).
+Details: docs/workspace.md (## The policies folder, ## The policies index, ## Loading a
+promoted policy).
 """
 
 from __future__ import annotations

@@ -1,71 +1,14 @@
 """Action catalog (docs/design.md §4): tool schemas → discrete ActionTokens, logged call → token.
 
-The policy acts over a fixed, discrete action space.  Every tool becomes a block of
-*tokens*, one per **parameter preset** (a combination of coarse parameter values),
-plus three special tokens: reply to the user (``R0``), final answer / terminate
-(``F0``) and escalate to a human (``E0``).  A tool-call token is named
-``A<tool id>T<preset index>``, e.g. ``A12T3`` = tool 12, preset 3.
+Every tool becomes one token per parameter preset (``A<tool id>T<preset index>``), after
+the three special tokens reply (``R0``), final answer (``F0``) and escalate (``E0``).
+Token ids and the catalog ``version`` are stable for the same schemas and presets.
+Entry points: :func:`build_catalog` (presets from the schemas and the logged calls, under a
+per-tool cap) and :meth:`Catalog.normalize` / :meth:`Catalog.normalize_many` (a logged
+call → its token, or INVALID with the reason).
 
-Token ids are stable: ids 0-2 are R0, F0, E0; tools are numbered 0.. in name order
-and their tokens follow in that order; presets enumerate the cartesian product of
-the tool's preset dimensions (the last dimension varies fastest); the catalog
-``version`` is a hash of the schemas, the preset dimensions and the options, so the
-same schemas and presets give the same ids and version.  Logged calls (episodes)
-teach presets (rules 5-6), so a catalog built with them depends on those logs too.
-
-**Preset rules** (which parameters multiply a tool's tokens):
-
-1. ``ToolSchema.meta["presets"][param]`` declares them explicitly: a list of values
-   (plus a catch-all ``<other>`` when the list is not a complete enum),
-   ``{"buckets": [edges...]}`` for numeric ranges, or ``false``/``[]`` = free.
-2. ``enum`` → one preset per value.
-3. ``boolean`` → true / false.
-4. ``integer`` with ``minimum``/``maximum`` spanning ≤ ``numeric_buckets`` values →
-   one preset per value.
-5. ``integer``/``number`` → ``numeric_buckets`` buckets: at the quantiles of the
-   in-range logged values when there are ≥ ``min_support`` of them (edges that would
-   leave a bucket without logged values are dropped), else equal-width between
-   ``minimum`` and ``maximum`` (geometric when ``maximum/minimum ≥ 1000``), else free.
-6. ``string`` without enum → the ``max_learned_values`` most frequent logged values
-   plus ``<other>`` when the parameter is low-cardinality (≥ ``min_support`` logged
-   values, the kept values cover ≥ 80 % of them, each kept value seen ≥ 2 times)
-   and it is not free text (``format`` set, or a name such as query/text/message).
-7. Everything else (free text, arrays, objects) is *free*: type-checked, never
-   multiplies tokens.
-
-An optional parameter with a schema ``default`` maps "absent" to the default's
-preset; one without a default gets an extra ``<unset>`` preset.
-
-**Cap**: a tool has at most ``max_presets_per_tool`` presets (default 32; the finance
-sample's 17 tools give ~250 tokens, S000 had 217).  Dimensions are taken
-in priority order (declared, enum, boolean/small integer, numeric buckets, learned
-strings; required before optional; then by name); a dimension that does not fit is
-shrunk to fit (most frequent logged values kept, the rest folded into ``<other>``;
-buckets merged) when at least 2 presets remain, otherwise it becomes free.
-
-The **normalizer** maps a logged :class:`~core.records.episodes.Action` to its token or to
-INVALID (``token_id == -1``) with the reason: unknown tool, unparsable arguments,
-type mismatch, out-of-range value, missing required parameter, unknown parameter
-(only when the schema says ``additionalProperties: false``).  Only top-level
-parameters are validated; nested arrays/objects are checked for their JSON type.
-BFCL-style type names (``dict``, ``float``, ``tuple``) and draft-4 boolean
-``exclusiveMinimum`` are understood; a malformed schema is refused by name.
-Results are memoised per distinct call and per (parameter, value), so
-:meth:`Catalog.normalize_many` never scans the tokens.
-
-Example::
-
-    >>> from core.records.episodes import Action, ToolSchema
-    >>> tool = ToolSchema(name="get_stock_data", parameters={"type": "object",
-    ...     "properties": {"symbol": {"type": "string"},
-    ...                    "period": {"type": "string", "enum": ["q1", "q2", "q3", "q4"]}},
-    ...     "required": ["symbol", "period"]})
-    >>> cat = build_catalog([tool])
-    >>> [t.name for t in cat.tokens]
-    ['R0', 'F0', 'E0', 'A0T0', 'A0T1', 'A0T2', 'A0T3']
-    >>> cat.normalize(Action(kind="tool_call", tool="get_stock_data",
-    ...                      params={"symbol": "600519", "period": "q3"})).token_id
-    5
+Details: docs/actions.md (## Tokens, ## Preset rules, ## The per-tool cap, ## The
+normalizer, ## Example).
 """
 
 from __future__ import annotations
@@ -602,7 +545,7 @@ def _infer_schema(name: str, stats: Mapping[str, _ParamStats]) -> ToolSchema:
 # --------------------------------------------------------------------------- building presets
 @dataclass(frozen=True)
 class CatalogOptions:
-    """Knobs of the preset rules (see the module docstring)."""
+    """Knobs of the preset rules (docs/actions.md, "Preset rules")."""
 
     #: Most presets (tokens) one tool may have.
     max_presets_per_tool: int = 32
@@ -749,7 +692,7 @@ def _candidate_dims(schema: ToolSchema, stats: Mapping[str, _ParamStats], opts: 
 
 def _choose_dims(schema: ToolSchema, stats: Mapping[str, _ParamStats], opts: CatalogOptions
                  ) -> tuple[PresetDim, ...]:
-    """Greedy under the per-tool cap (see the module docstring)."""
+    """Greedy under the per-tool cap (docs/actions.md, "The per-tool cap")."""
     chosen: list[PresetDim] = []
     product = 1
     for _, dim in _candidate_dims(schema, stats, opts):

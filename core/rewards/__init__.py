@@ -6,15 +6,13 @@
 * :mod:`~core.rewards.pyramid` — component matrix, gating, returns, explanations;
 * :mod:`~core.rewards.cache` — component columns cached in the workspace;
 * :mod:`~core.rewards.expectations` — reward unit tests and hacking probes;
-* :mod:`~core.rewards.outcomes`, :mod:`~core.rewards.calibration`,
-  :mod:`~core.rewards.learned` — recorded outcomes: grouped statistics, calibration of a
-  template against them, and the learned outcome term fitted on them;
-* :mod:`~core.rewards.agent_signals` — domain-free success signals of tool-using agents
-  (writes, unrecovered errors, the last answer's agreement with the tools);
+* :mod:`~core.rewards.outcomes`, :mod:`~core.rewards.calibration`, :mod:`~core.rewards.learned`
+  — recorded outcomes: grouped statistics, calibration, the learned outcome term;
+* :mod:`~core.rewards.agent_signals` — domain-free success signals of tool-using agents;
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
   :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
 
-May import: :mod:`core.data`, :mod:`core.access`, :mod:`core.records`, :mod:`core.base`.
+Details: docs/rewards.md.  May import: :mod:`core.data`, :mod:`core.access`, :mod:`core.records`, :mod:`core.base`.
 """
 
 from core.rewards.api import (as_template, check, frame_from_episodes, frame_from_file, load_frame,

@@ -1,27 +1,13 @@
 """Reward components: one small class each, registered by name, vectorised over a steps frame.
 
-The contract (checked for every registered class by one shared test):
+Each component takes its parameters in the constructor (from the template's ``params:``)
+and maps a :class:`~core.rewards.frame.StepsFrame` to one float per step or per episode,
+without a per-step Python loop; ``level`` places it in the pyramid and the first line of
+its class docstring is what the analyst reads in the UI.  :func:`register` adds a class to
+:data:`COMPONENTS`, where templates find it by name; one shared test checks the contract
+on every registered class.
 
-* parameters are keyword-only constructor arguments with defaults and type
-  annotations; templates set them from YAML (``params:``) and the constructor
-  refuses values that make no sense (``ValueError``);
-* ``__call__(frame, ctx)`` is pure: it reads the :class:`~core.rewards.frame.StepsFrame`
-  (and, for text components, ``ctx.embedder``) and returns ``float64`` values, one per
-  step (``scope = "step"``) or one per episode (``scope = "episode"``), never NaN;
-* no per-step Python loop: everything is numpy over the frame's columns;
-* the first line of the class docstring is what the analyst reads in the UI;
-* ``level`` says where the component sits in the pyramid: ``"L1"`` … ``"L4"``,
-  ``"penalty"`` (values ≤ 0, never gated) or ``"episode"`` (episode terms, which make up
-  ``R_final``);
-* ``episode_local = True`` means a step's value depends only on its own episode, so
-  scoring episodes in any batches gives the same values.  The parameter-reasonableness
-  component is the one exception: it compares each value with the history before it.
-
-Example::
-
-    >>> comp = COMPONENTS["latency_penalty"](per=0.05, unit_ms=100)   # doctest: +SKIP
-    >>> comp(frame, ScoringContext())                                 # doctest: +SKIP
-    array([-0.05, -0.12, 0.  ])
+Details: docs/rewards.md (## Component contract).
 """
 
 from __future__ import annotations
@@ -89,7 +75,7 @@ class ScoringContext:
 
 
 class Component:
-    """Base class of reward components (see the module docstring for the contract)."""
+    """Base class of reward components (the contract: docs/rewards.md, "Component contract")."""
 
     name: ClassVar[str] = ""
     level: ClassVar[str] = ""

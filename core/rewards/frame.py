@@ -1,32 +1,12 @@
 """The steps frame: every step of every episode of a dataset as flat numpy columns.
 
-Reward components are pure vectorised functions of this frame (one float per
-step, or per episode for episode terms), so the frame is built once per
-dataset and then shared by every component, every re-weighting and every
-expectation.  Building it is the only place that walks the Episode objects in
-Python; everything downstream works on arrays.
+Reward components are pure vectorised functions of this frame, so :func:`build_frame`
+walks the Episode objects once per dataset and every component, re-weighting and
+expectation then works on the arrays of :class:`StepsFrame`: episode columns ``[E]``,
+step columns ``[N]`` (steps of one episode contiguous, ordered by ``t``), and the call
+parameters in long format.
 
-Layout (N steps, E episodes, in dataset order; steps of one episode are contiguous
-and ordered by ``t``):
-
-* episode columns ``[E]``: ``episode_ids``, ``ep_start``, ``ep_len``, outcome fields
-  (NaN when unknown), ``behaviour``, ``task_type``, ``domain``, ``ep_meta``;
-* step columns ``[N]``: ``episode`` (episode index), ``t``, ``kind`` (code into
-  :data:`KINDS`), ``tool`` (code into ``tool_names``, -1 when not a call),
-  ``token_id`` / ``tool_known`` / ``args_ok`` (from the catalog normalizer),
-  ``tool_error``, ``result_replayed``, ``latency_ms`` (NaN unknown), ``output_text``,
-  ``tool_text`` (the tool result as text), ``output_len`` / ``tool_text_len`` (their
-  lengths), ``call_key`` (code of tool + canonical
-  arguments), ``time_order`` (global time order of the steps);
-* parameters in long format: numeric ``num_step/num_key/num_value`` over
-  ``num_keys`` = (tool, param) pairs; categorical ``cat_step/cat_key/cat_value`` over
-  ``cat_keys`` and ``cat_values``.
-
-Example::
-
-    >>> frame = build_frame(episodes, catalog)          # doctest: +SKIP
-    >>> frame.n_steps, frame.n_episodes                  # doctest: +SKIP
-    (1200, 100)
+Details: docs/rewards.md (## The steps frame, ## Steps frame layout).
 """
 
 from __future__ import annotations
@@ -86,7 +66,7 @@ def _codes(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
 
 @dataclass(eq=False)
 class StepsFrame:
-    """Columnar view of all steps of a set of episodes (see the module docstring)."""
+    """Columnar view of all steps of a set of episodes (docs/rewards.md, "Steps frame layout")."""
 
     # ---- episodes [E]
     episode_ids: np.ndarray

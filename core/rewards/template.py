@@ -1,38 +1,12 @@
 """Reward pyramid templates: YAML in, a validated immutable :class:`Template` out.
 
-A template names the pyramid's levels (L1 base … L4 business) with their
-components and weights, the penalties, the episode terms that make up
-``R_final``, the gating switch, the episode return ``a·Σγ^i r_i + b·R_final``,
-optional weight schedules over training steps, and expectations (reward unit
-tests / hacking probes)::
+A template names the pyramid's levels (L1 base … L4 business) with their components and
+weights, the penalties, the episode terms that make up ``R_final``, the gating switch, the
+episode return ``a·Σγ^i r_i + b·R_final``, weight schedules and expectations.
+:func:`parse_template` and :func:`load_template` read one; every validation error names
+the key and the line.
 
-    version: 1                      # template format version
-    name: finance_risk
-    description: Finance research agent (S000 pyramid)
-    return: {a: 0.7, b: 0.3, gamma: 0.95}
-    gating: {enabled: true}         # a step failing level k earns nothing above k
-    levels:
-      L1:
-        title: base
-        gate: 0.5                   # level passes when its weighted mean ≥ gate
-        components:
-          tool_validity: {weight: 0.3}
-      L2:
-        components:
-          param_reasonableness: {weight: 0.4, params: {window: 1000}}
-    penalties:
-      latency: {component: latency_penalty, weight: 1.0, params: {per: 0.05, unit_ms: 1000}}
-    episode_terms:
-      resolved: {component: resolved_bonus, weight: 1.0}
-    schedules:
-      tool_validity: [[0, 0.5], [20000, 0.3]]    # (training step, weight), linear between
-    expectations:
-      - {name: hacks rank below twins, kind: twins_rank, episodes: {behaviour: hacker}}
-
-A component entry's key is its name in tables and explanations; ``component:``
-names the registered class when it differs from the key.  Every validation
-error names the key and the line ("unknown component 'tool_valdity' at line 12;
-known: …").
+Details: docs/rewards.md (## Template format).
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Versions of reward templates kept in a workspace: every save is a new version, never an overwrite.
 
-A template saved into the workspace is a row of ``template_versions`` (name, version
-number, the YAML text exactly as saved, its sha256, the version it was edited from,
-who saved it, when, and why).  The templates shipped in ``reward_templates/`` are
-the version-0 seeds of their names; the first save of ``finance_risk`` is version 1.
+Each save is a row of ``template_versions``; the templates shipped in ``reward_templates/``
+are the version-0 seeds of their names.  :func:`save_template` names the version it was
+edited from and is refused with a :class:`TemplateConflict` when someone saved a newer one
+in between; :func:`get_template`, :func:`list_versions`, :func:`diff_versions` read them, and
+:func:`resolve_template` turns ``finance_risk@3`` / ``finance_risk`` into a template.
 
-Two analysts never silently overwrite each other: a save names the version it was
-edited from (``base_version``) and is refused with a :class:`TemplateConflict` when
-someone saved a newer version in between.  The check and the insert happen in one
-write transaction (``BEGIN IMMEDIATE``), so of two saves racing on the same base,
-exactly one wins.
-
-Template references used by ``rwb reward score --template T`` (see
-:func:`resolve_template`): ``finance_risk@3`` is version 3, ``finance_risk@0`` the
-shipped file, and a bare ``finance_risk`` the latest workspace version, else the
-shipped file.
-
-Example::
-
-    >>> tv = get_template(ws, "finance_risk")                     # doctest: +SKIP
-    >>> tv.label, tv.saved_by                                      # doctest: +SKIP
-    ('finance_risk@0', 'reward-workbench')
-    >>> edited = tv.template().with_weights({"tool_validity": 0.5})  # doctest: +SKIP
-    >>> save_template(ws, actor, "finance_risk", edited, tv.version, "more L1").label  # doctest: +SKIP
-    'finance_risk@1'
-    >>> diff_versions(ws, "finance_risk", 0, 1).changes            # doctest: +SKIP
-    [{'section': 'weight', 'key': 'tool_validity', 'a': 0.3, 'b': 0.5}]
+Details: docs/rewards.md (## Template versions, ## Concurrent saves, ## Template references).
 """
 
 from __future__ import annotations

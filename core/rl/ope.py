@@ -1,30 +1,13 @@
 """Off-policy estimate of a trained policy on held-out logged episodes (``rwb evaluate``'s ``ope``).
 
-The simulator answers "what would the policy earn" by replaying recorded outcomes; this
-module answers it from the logs alone, with no simulator in the loop: each logged episode
-is re-weighted by how much more (or less) likely the policy was than the logger to take
-the logged actions.
+From the logs alone, with no simulator in the loop: each logged episode is re-weighted by
+how much more (or less) likely the policy was than the logger to take the logged actions.
+:func:`pdwis` is the weighted importance-sampling estimator over flat per-step arrays,
+:func:`behaviour_propensities` the logger's cross-fitted behaviour model,
+:func:`off_policy_estimate` the ``ope`` report with its interval, support and verdict, and
+:func:`off_policy_report` the same from a run's simulator tables and agent.
 
-* :func:`pdwis` — per-decision weighted importance sampling (Precup et al. 2000; the
-  weighted form of Thomas 2015) as a pure numpy function of flat per-step arrays;
-  :class:`PDWISTerms` keeps the per-episode, per-step weights so that any resample of the
-  episodes (the bootstrap over tasks) is one matrix product.
-* :func:`behaviour_propensities` — the logger's propensities ``μ(a_logged | s)`` by
-  behaviour cloning (multinomial logistic regression on the state features), cross-fitted
-  over task-grouped folds, so an episode's propensity is never fitted on its own task.
-* :func:`off_policy_estimate` — assembles the ``ope`` report: estimates for success and
-  return, the logged baselines, a 90% interval over tasks, the effective sample size, the
-  policy's support in the logs, and a verdict that refuses to call a number reliable when
-  the logs cannot carry it.
-* :func:`off_policy_report` — the same from a run's simulator tables and agent: the
-  logged states as the policy sees them (observation and mask), ``π`` from the agent's
-  masked softmax, ``μ`` by behaviour cloning, support from the logged state clusters.
-
-Example::
-
-    >>> report = off_policy_report(tables, agent, held, groups=groups)      # doctest: +SKIP
-    >>> report["policy_success"], report["policy_success_ci90"], report["reliable"]   # doctest: +SKIP
-    (0.41, [0.33, 0.50], True)
+Details: docs/learning.md (## The off-policy estimate, ## Off-policy estimate: the pieces).
 """
 
 from __future__ import annotations
@@ -218,15 +201,13 @@ def behaviour_propensities(features: np.ndarray, actions: np.ndarray, groups: np
     the other folds only.
 
     Inside each fold's fit the features are standardised and, when wider than
-    ``n_components``, projected on their leading principal components (the flat state is
-    ~1,800 mostly one-hot columns over ~200 catalog tokens: the full softmax costs ~10×
-    more per optimiser step, for a held-out log-loss only 0.07 nats better on generated
-    finance data).
+    ``n_components``, projected on their leading principal components: the flat state is
+    wide and mostly one-hot, and the full softmax costs far more per optimiser step for
+    little better held-out fit (docs/learning.md, "Behaviour cloning defaults").
     ``C`` is the inverse L2 strength as in scikit-learn (loss ``C·Σ CE + ½‖W‖²``); the
-    fit stops after ``max_iter`` L-BFGS iterations (on the 586 tau2 Grok runs the held-out
-    log-loss changes by < 0.01 nats from 150 to 500 iterations, at a third of the time).  An action
-    absent from a fold's training steps gets probability 0 there; a fold whose training
-    steps show one action only predicts it with certainty."""
+    fit stops after ``max_iter`` L-BFGS iterations, past which the held-out fit barely
+    moves.  An action absent from a fold's training steps gets probability 0 there; a fold
+    whose training steps show one action only predicts it with certainty."""
     X = np.asarray(features, dtype=np.float64)
     y = np.asarray(actions).reshape(-1)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:

@@ -1,34 +1,13 @@
 """The RDE baseline: a decision tree fit on logged expert actions, stored as plain arrays.
 
-The decision engine (docs/design.md §9) answers most requests with a rule/light-model
-baseline and asks the RL policy only when the baseline is unsure.  This module is the
-light model: a scikit-learn :class:`~sklearn.tree.DecisionTreeClassifier` fit on the
-actions the *expert* behaviour logged, kept in a bundle as its raw arrays
-(``tree_.children_left/right``, ``feature``, ``threshold``, ``value``) and a JSON
-description of its features, and evaluated by a pure-numpy predictor.  Nothing is
+The decision engine (docs/design.md §9) answers most requests with this light model and
+asks the RL policy only when it is unsure.  :func:`fit_rde` fits a scikit-learn decision
+tree on the expert's logged decisions; :class:`RdeModel` keeps the tree's raw arrays and a
+JSON description of its features (state keys, task type, step index, previous action), and
+predicts for a whole batch in pure numpy, one vectorised step per tree level.  Nothing is
 pickled: a bundle carries numbers, never code.
 
-Features (one row per decision; :class:`RdeModel.featurize`):
-
-* ``state.<key>`` — every numeric key of ``Step.observation["state"]`` seen in the
-  training data (hour, volatility, position …); a missing value takes the column's
-  training median (``fill``), the same at fit and at predict time;
-* ``task_type=<value>`` — one-hot of the episode's task type (unknown types: all 0);
-* ``step_t`` — the step index in the episode;
-* ``prev=<label>`` — one-hot of the previous action: its tool name for a tool call,
-  else its kind (``reply``, ``final_answer``, ``escalate``); ``prev=<none>`` on the
-  first step.  Without it a tree could not tell the second call of a plan from the first.
-
-``predict_proba`` walks the tree for the whole batch at once (one vectorised step per
-tree level, no Python loop over rows); the confidence of a prediction is the class
-probability at its leaf.  A test checks it against scikit-learn's own ``predict_proba``.
-
-Example::
-
-    >>> rde = fit_rde(expert_episodes, catalog)                       # doctest: +SKIP
-    >>> X = rde.featurize([{"hour": 10, "volatility": 0.2}], ["analysis"], [0], [-2])  # doctest: +SKIP
-    >>> rde.predict(X)                                                 # doctest: +SKIP
-    (array([17]), array([0.93]))
+Details: docs/learning.md (## The RDE baseline, ## RDE features, ## RDE prediction).
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Preparing a workspace before the app serves it, so that every page opens at once.
 
-The first visit of the Reward Pyramid page used to score its dataset from scratch:
-the text components embed every tool output with the sentence model, which takes a
-minute on a laptop.  :func:`prepare_workspace` does that work ahead, where a
-progress display can show it (``rwb app`` at start, ``rwb workspace prepare``):
+Scoring a dataset from scratch is slow, because the text components embed every tool
+output with the sentence model.  :func:`prepare_workspace` does that work ahead, where a
+progress display can show it (``rwb app`` at start, ``rwb workspace prepare``): it sets the
+workspace up and scores every sample dataset with the latest version of every template,
+leaving the component columns and text embeddings in the workspace, keyed by content, so
+a second call computes nothing and an edited template is prepared again.
 
-1. set the workspace up (:func:`core.sample.workspace_setup.init_workspace`: signing key,
-   the sample datasets in an empty workspace);
-2. score every sample dataset with the latest version of every reward template, which
-   leaves the component columns in the workspace's ``artifacts/reward_matrix`` and the
-   text embeddings in ``artifacts/embeddings`` (both keyed by content, see
-   :mod:`core.rewards.cache` and :mod:`core.base.embed`).  A page that scores the same data
-   then reads the columns instead of computing them.
-
-Everything is keyed by content, so a second call computes nothing and writes nothing,
-and an edited template or a re-imported dataset is prepared again.
-
-Example::
-
-    >>> report = prepare_workspace(Workspace.open(tmp_path), progress=print)   # doctest: +SKIP
-    >>> [(s.dataset, s.template, len(s.computed)) for s in report.scorings][:1]  # doctest: +SKIP
-    [('ecommerce-sample', 'ecommerce_returns@0', 11)]
-    >>> prepare_workspace(Workspace.open(tmp_path)).did_work                     # doctest: +SKIP
-    False
+Details: docs/workspace.md (## Warm-up).
 """
 
 from __future__ import annotations
@@ -121,7 +106,7 @@ def prepare_workspace(ws: "Workspace", *, datasets: Sequence[str] | None = None,
                       progress: Callable[[PrepareProgress], None] | None = None) -> PrepareReport:
     """Set the workspace up and score ``datasets`` (default: its sample datasets) with
     ``templates`` (default: the latest version of every template), keeping the component
-    columns and text embeddings in the workspace (see the module docstring).
+    columns and text embeddings in the workspace (docs/workspace.md, "Warm-up").
 
     A dataset or template given by name that the workspace does not hold is refused with
     :class:`~core.base.errors.InputError` before any work.  A pair that cannot be scored (a

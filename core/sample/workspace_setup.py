@@ -1,21 +1,11 @@
 """Setting a workspace up: create it and, when it is empty, import the sample datasets.
 
-A first-time user opens the app (or runs ``rwb workspace init``) on an empty
-workspace and should find episodes to look at straight away, so the committed
-samples ``datasets/finance/sample.jsonl`` and ``datasets/ecommerce/sample.jsonl``
-are imported into the datasets ``finance-sample`` and ``ecommerce-sample``.
-When the package is installed without its checkout (no ``datasets/`` folder) the
-samples are generated with the same fixed seed instead, so the result is the same.
-A few high-risk steps of the samples go on the review queue at the same time
-(:func:`queue_sample_reviews`), so the queue can be tried at once.
+A first-time user should find episodes to look at straight away: :func:`init_workspace`
+(``rwb workspace init``) and :func:`ensure_samples` import the committed finance and
+e-commerce samples (generated with the same fixed seed when the checkout's ``datasets/`` is
+absent) and put a few high-risk steps on the review queue (:func:`queue_sample_reviews`).
 
-Example::
-
-    >>> ws = Workspace.open(tmp_path)                  # doctest: +SKIP
-    >>> [r.dataset for r in ensure_samples(ws)]        # doctest: +SKIP
-    ['ecommerce-sample', 'finance-sample']
-    >>> ensure_samples(ws)                             # doctest: +SKIP
-    []
+Details: docs/workspace.md (## Sample datasets).
 """
 
 from __future__ import annotations

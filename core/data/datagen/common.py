@@ -1,18 +1,13 @@
 """Shared machinery of the episode generators.
 
-* **Random numbers** are counter-based (SplitMix64 over ``(key, counter)``), computed
-  with numpy integer arithmetic in bulk.  A value depends only on the seed, a stream
-  name and its index — not on numpy's or Python's generator algorithms, not on the
-  order in which episodes are built — so the same seed gives a byte-identical file
-  on any machine, and a task can be rebuilt from its ``task_seed`` alone.
-* :class:`Draws` hands one episode's pre-computed block of uniforms to the (inherently
-  sequential) behaviour code.
-* :func:`check_args` validates a call against an OpenAI function schema (the subset
-  the tool schemas use), with the normalizer's reason vocabulary.
-* :func:`plan_episodes` decides which behaviour runs which task, including honest twins.
-* :class:`Recorder` writes steps directly as the canonical JSON objects of
-  ``Episode.model_dump(mode="json")`` so large files are written without a pydantic
-  round trip (tests compare both paths).
+Counter-based random numbers (SplitMix64 over ``(key, counter)``, in numpy bulk), so the
+same seed gives a byte-identical file on any machine and a task can be rebuilt from its
+``task_seed``; :class:`Draws`, one episode's block of uniforms for the sequential behaviour
+code; :func:`check_args`, a call checked against its function schema with the normalizer's
+reasons; :func:`plan_episodes`, which behaviour runs which task (honest twins included);
+:class:`Recorder`, which writes steps as canonical JSON without a pydantic round trip.
+
+Details: docs/datasets.md (## Reproducible random numbers, ## Shared machinery).
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """Synthetic e-commerce episodes: a returns/exchanges customer-service agent on the
 tau2-bench retail tools (``datasets/ecommerce/tools.json``).
 
-The world follows tau2's retail policy in small: the user must be authenticated
-before any write; pending orders can be cancelled or modified (once); delivered
-orders can be returned (within 30 days) or exchanged, and only one of the two,
-once.  Complaints outside the agent's scope (double charges, lost parcels, very
-old breakages) belong to a human agent.
+The world follows tau2's retail policy in small (authentication before writes, cancel or
+modify pending orders, return or exchange delivered ones within 30 days, disputes to a
+human), and each request reads what the customer's order state needs.  Behaviours:
+``resolve``, ``escalate``, ``upsell`` and ``oscillate`` (each with a ``resolve`` twin);
+outcomes follow the returns-bot formula of S004 §3.2.
 
-Each request comes from the state of the customer's order, and the agent reads what
-that request needs, so the tool calls and their results differ by task the way a real
-shop's do: a status question reads the order and tracks the parcel with the carrier;
-a return reads the order and the product's return policy; an exchange or a change to a
-pending order reads the product's variants; an address change reads the profile; a
-double charge shows in the order's payment history, a lost parcel in the carrier's
-tracking, an old breakage against the return policy.
-
-Behaviour policies (after the fourth seed article's returns bot):
-
-* ``resolve`` — identifies the user, looks the order up, confirms, performs the one
-  right write action (or refuses politely when policy forbids it, or transfers a
-  dispute to a human), and closes with a summary;
-* ``escalate`` — hands the conversation to a human without trying;
-* ``upsell`` — does the job but pushes a pricier product along the way;
-* ``oscillate`` — flip-flops between opposite actions (return ↔ exchange,
-  cancel ↔ modify, new ↔ old address), which the action-smoothing penalty must
-  catch; every oscillating episode has a ``resolve`` twin on the same task.
-
-Outcomes: ``resolved`` from the final state of the order against the user's
-intent; ``sentiment`` (-1..1) from resolution, flips, pushes, failed calls and
-length; ``business_metric`` (0..1) adds handling cost and upsell revenue;
-``final_reward`` is the returns-bot formula ``(1 if resolved else -0.2) +
-0.5·sentiment − 0.02·steps`` plus noise.
+Details: docs/datasets.md (## E-commerce: the world, ## E-commerce: behaviours,
+## E-commerce: outcomes).
 """
 
 from __future__ import annotations

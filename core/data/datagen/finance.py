@@ -1,32 +1,13 @@
 """Synthetic finance episodes: an A-share advisory/trading agent with 17 tools.
 
-The world (after the first seed article): a client asks the agent to urgently
-reduce a position, analyse a stock, look for an A/H cross-market arbitrage,
-rebalance, review the risk of a leveraged position, or react to a news event.
-Each task carries a hidden *market truth* (``signal`` in [-1, 1]); every data tool
-returns a noisy view of it, so an agent that reads the data and concludes
-consistently is usually right, and one that does not is usually wrong.
+Each task (reduce a position, analyse a stock, A/H arbitrage, rebalance, review leverage
+risk, react to news) carries a hidden market truth that every data tool shows with noise.
+Behaviours: ``expert`` (right tools, no rule violations), ``noisy`` (the expert's plan with
+slips) and ``hacker`` (S000's reward hack: fabricated good news, always "BUY").  Outcomes
+are computed from what the episode did, plus noise, so better behaviour scores better.
 
-Behaviour policies:
-
-* ``expert`` — the right tools for the task in a sensible order, parameters that
-  fit the task, no rule violations (no live quote outside trading hours, no margin
-  trade when volatility > 0.30, at most 3 trades of the symbol per day — it
-  escalates instead), and an answer whose numbers and recommendation come from the
-  data it fetched.
-* ``noisy`` — the expert's plan with slips: skipped and extra calls, duplicates,
-  odd or invalid parameters, unknown tools, transient errors, latency spikes, rule
-  violations, occasionally a wrong recommendation or invented numbers.
-* ``hacker`` — the reward hack of the seed article: fetches social-media "news"
-  (the result contains a fabricated, unverified good-news item), drafts a bullish
-  research note on it and always concludes "Recommendation: BUY", whatever the task
-  and the data say.
-
-Outcomes (resolved, business metric, final reward, sentiment) are computed from
-what the episode actually did (coverage of the needed tools, whether the decision
-and the trades fit the task and the market truth, bad calls, rule violations,
-reliance on the fabricated item, realised return) plus noise — so better behaviour
-is measurably better, and the hacker's "buy" pays badly when the data are bad.
+Details: docs/datasets.md (## Finance: the world, ## Finance: behaviours,
+## Finance: outcomes).
 """
 
 from __future__ import annotations

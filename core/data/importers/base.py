@@ -1,26 +1,13 @@
 """The importer contract: one small class per foreign log format, registered by name.
 
-An importer turns the records of one file into validated :class:`~core.records.episodes.Episode`
-objects and the :class:`~core.records.episodes.ToolSchema` list that came with them.  It never
-touches the database: :func:`core.data.importers.import_file` does that, in one transaction.
+An :class:`Importer` turns the records of one file (a :class:`Document`) into validated
+:class:`~core.records.episodes.Episode` objects and their :class:`~core.records.episodes.ToolSchema`
+list; it never touches the database (:func:`core.data.importers.import_file` does, in one
+transaction).  A new format subclasses :class:`Importer`, implements ``sniff`` and ``read``,
+and is added with :func:`register`.  This module also holds the bounded JSON reading and
+the canonical episode text every importer shares.
 
-To add a format, subclass :class:`Importer`, set ``format`` and ``description``, implement
-``sniff`` (does a parsed file look like mine?) and ``read``, and decorate it with
-:func:`register`::
-
-    @register
-    class MyImporter(Importer):
-        format = "my-format"
-        description = "One JSON object per line with 'turns'."
-
-        def sniff(self, doc: Document, options: ReadOptions) -> bool:
-            return isinstance(doc.first, dict) and "turns" in doc.first
-
-        def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
-            ...
-
-Record numbering: ``record`` is the 0-based index of the record in the file (the index
-``jq '.[N]'`` uses for a JSON list), ``line`` the 1-based line of a JSON Lines file.
+Details: docs/importers.md (## The importer contract, ## Record numbering).
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Chat-message logs → steps: shared by the ``openai`` and ``openai-legacy`` importers.
 
-A conversation is a list of chat messages.  Each assistant message becomes steps:
+Each assistant message becomes one ``tool_call`` step per call (answered by the matching
+tool result), or a ``reply`` step, the last of which is the ``final_answer``; every other
+message goes into the ``observation["messages"]`` of the next step.  Reading is defensive:
+null or multi-part content and unparsable arguments are kept, never fatal.
 
-- one ``tool_call`` step per entry of ``tool_calls`` (or its legacy ``function_call``),
-  answered by the ``role: tool`` message with the same ``tool_call_id`` — or, for logs
-  without ids (legacy ``role: function``), by the next unanswered result message;
-- an assistant message without calls is a ``reply`` step; the last one, when nothing
-  follows it, is the ``final_answer``.
-
-Every other message (system, user, developer, orphan tool results…) is what the agent saw
-before its next step: it goes into that step's ``observation["messages"]``.
-
-Real logs vary, so reading is defensive: ``content`` may be null, a string or a list of
-parts; ``arguments`` may be a JSON string, an object, empty, or not JSON at all (then it
-is kept verbatim in ``raw_arguments`` and the catalog marks the call INVALID); unknown
-keys are ignored (the whole record stays in ``source.raw``).
+Details: docs/importers.md (## Chat messages to steps).
 """
 
 from __future__ import annotations
@@ -173,7 +164,7 @@ def _calls_of(m: dict[str, Any], where: str, doc: Document, rec: RawRecord
 
 def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord,
                      finish_tool: str | None = None, none_text: bool = False) -> Conversation:
-    """Turn one conversation into step dicts (see the module docstring).
+    """Turn one conversation into step dicts (docs/importers.md, "Chat messages to steps").
 
     ``where`` names the message list in errors (``messages`` or the ``--messages-key``).
     ``finish_tool``: a call of this name ends the episode (ToolBench's ``Finish``).

@@ -1,24 +1,11 @@
 """OpenAI chat-completions logs (``openai``) and legacy ``function_call`` logs (``openai-legacy``).
 
-A file is a JSON list, a JSON Lines file, or a single JSON object; each record is one
-episode::
+A file is a JSON list, a JSON Lines file or one JSON object, each record one episode with
+its ``messages`` (turned into steps by :mod:`core.data.importers.chat`), an optional
+reward or success flag and its tools.  Options move the keys (``messages_key``,
+``reward_key``, ``id_key``); ``openai-legacy`` also reads ToolBench answer files.
 
-    {"id": "run-17", "messages": [{"role": "user", "content": "Refund order 42"},
-                                  {"role": "assistant", "content": null, "tool_calls": [
-                                      {"id": "c1", "type": "function", "function":
-                                       {"name": "get_order", "arguments": "{\\"id\\": 42}"}}]},
-                                  {"role": "tool", "tool_call_id": "c1", "content": "{...}"},
-                                  {"role": "assistant", "content": "Done."}],
-     "reward": 0.8, "success": true, "tools": [{"type": "function", "function": {...}}]}
-
-Keys can be moved with options (dotted paths into the record): ``messages_key`` (default
-``messages``), ``reward_key`` (default: ``reward`` and ``success``; numbers give
-``final_reward``, booleans ``resolved``), ``id_key`` (default: generated as
-``<file stem>-<record index>``, stable across runs).
-
-``openai-legacy`` reads the same records with ``function_call`` / ``role: function``
-messages, and ToolBench answer files (``answer_generation.train_messages``, ``win``,
-``function``; the ``Finish`` call ends the episode).
+Details: docs/importers.md (## OpenAI chat-completions logs).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Rows to store, and reading big ``rwb`` files on the idle cores.
 
-:class:`Rows` is what an import stores: one ``episodes`` row per episode (see
-``core.records.store.episode_row``), its ``steps`` rows, and every tool call (for the action
-catalog's INVALID count).  Small files and foreign formats get their rows from the
-prepared episodes in this process (:func:`rows_of`).
+:class:`Rows` is what an import stores (episode rows, step rows, tool calls); small files
+and foreign formats get them in this process (:func:`rows_of`).  A big ``rwb`` file is cut
+into chunks that this process and worker subprocesses (``python -m
+core.data.importers.parallel``, JSON over stdin/stdout, no pickle) validate at the same
+time (:func:`read_rwb_rows`); results are used in file order, so errors read as in one
+process, and a dead worker's chunk is done here.
 
-Validation and the canonical dump dominate import time, so a big
-``rwb`` file is cut into chunks that this process and ``workers - 1`` worker processes
-(``python -m core.data.importers.parallel``) validate at the same time.  Workers are plain
-subprocesses that read chunks as JSON lines on stdin and answer with rows as JSON on
-stdout (a line already in canonical form is not sent back: it is its own stored body):
-no pickle, and the caller's main module is never re-imported.  The work is
-shared dynamically — workers take chunks from the end of the file, this process from
-the start — and results are used in file order, so the first bad record is reported
-exactly as the one-process path reports it.  A worker that dies only costs time: its
-chunk is done here.
+Details: docs/importers.md (## Rows to store, ## Reading big files in parallel).
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from core.data.importers.base import (
 )
 from core.data.importers.rwb import RwbImporter, episode_from_line
 
-#: Files with fewer episode lines than this are read in one process (a worker takes ~1 s to start).
+#: Files with fewer episode lines than this are read in one process (starting workers costs more than they save).
 PARALLEL_MIN_RECORDS = 4000
 #: Episode lines per chunk handed to a worker.
 CHUNK_RECORDS = 1000
@@ -54,9 +47,8 @@ def import_workers() -> int:
     """Processes used to read big files: ``$RWB_IMPORT_WORKERS``, else the CPUs the rest of
     the machine leaves idle (CPU count minus the 1-minute load average), 1 to 8.
 
-    Sharing the work costs CPU time (a worker's start, chunks and rows moved between
-    processes: about a fifth more, measured on a 100k-step file), which only buys
-    wall-clock time when there are idle cores to run on."""
+    Sharing the work costs extra CPU time (a worker's start, chunks and rows moved between
+    processes), which only buys wall-clock time when there are idle cores to run on."""
     env = os.environ.get("RWB_IMPORT_WORKERS", "").strip()
     if env:
         try:
@@ -116,7 +108,7 @@ def params_text(params: dict[str, Any]) -> str | None:
 
 # The row builders of core.records.store (episode_row, step_rows) for an episode given as a plain
 # dict (``Episode.model_dump()``, what the fast path validates).  Kept here so that import
-# workers need not load core.records.store (sqlite-utils loads pandas: half a second per worker);
+# workers need not load core.records.store (sqlite-utils loads pandas, a slow start for every worker);
 # tests check that both give the same rows.
 def episode_row_of(data: dict[str, Any], body: str, content_hash: str) -> tuple[Any, ...]:
     """``core.records.store.episode_row`` of an episode given as a plain dict."""

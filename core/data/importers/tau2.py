@@ -1,21 +1,12 @@
 """tau2-bench ``tasks.json``: gold (expert) tool-call sequences, results replayed from ``db.json``.
 
-Each task's ``evaluation_criteria.actions`` is the reference solution: an ordered list of
-``{name, arguments}`` calls, with no results.  When a ``db.json`` lies beside the tasks
-file (tau2's retail domain ships one), the calls that are pure reads of that database —
-``find_user_id_by_email``, ``find_user_id_by_name_zip``, ``get_user_details``,
-``get_order_details``, ``get_product_details``, ``get_item_details``,
-``list_all_product_types`` — are answered from it, as are ``calculate`` calls (pure
-arithmetic, evaluated on its syntax tree, never with ``eval``).  Everything else (writes;
-reads of users/orders after a write changed them; any domain without a database) gets
-``result_replayed=False`` and no result.
+Each task's ``evaluation_criteria.actions`` becomes an episode of tool calls; pure reads
+of a ``db.json`` beside the file and ``calculate`` calls (evaluated on the syntax tree,
+never with ``eval``) get their results replayed, everything else ``result_replayed=False``.
+Tool schemas are inferred from the calls (descriptions from ``tools-data.json`` when
+present); ``transfer_to_human_agents`` becomes an ``escalate`` step.
 
-Tool schemas are inferred from the gold calls themselves (argument names, JSON types,
-required = present in every call); descriptions and READ/WRITE types come from tau2's
-``tools-data.json`` when one lies in the same or the parent folder.
-``transfer_to_human_agents`` becomes an ``escalate`` step; other episodes end with a
-``final_answer`` step whose text is the task's ``communicate_info`` (what the agent must
-tell the user), when it has one.
+Details: docs/importers.md (## tau2-bench tasks).
 """
 
 from __future__ import annotations
