@@ -6,6 +6,7 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.plots import rewards as reward_plots
 from core.rewards import Template, views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 
@@ -135,7 +136,7 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
         with st.container(horizontal=True):
             for m in report.metrics:
                 st.metric(m.label, m.value, help=m.help, width="content")
-        st.plotly_chart(report.pyramid_figure, width="stretch", key="rp_pyramid")
+        st.plotly_chart(reward_plots.pyramid_figure(report), width="stretch", key="rp_pyramid")
         st.caption(report.pyramid_note)
         st.caption(f"Components computed for this dataset and parameters: "
                    f"{', '.join(report.computed) or 'none'}; read from the workspace cache: "
@@ -171,10 +172,10 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
 
 def distributions_section(report: views.PyramidReport) -> None:
     """Each component's contribution, each level's reward and the episode returns."""
-    st.plotly_chart(report.contributions_figure, width="stretch", key="rp_components")
+    st.plotly_chart(reward_plots.contributions_figure(report), width="stretch", key="rp_components")
     left, right = st.columns(2)
-    left.plotly_chart(report.levels_figure, width="stretch", key="rp_levels")
-    right.plotly_chart(report.returns_figure, width="stretch", key="rp_returns")
+    left.plotly_chart(reward_plots.levels_figure(report), width="stretch", key="rp_levels")
+    right.plotly_chart(reward_plots.returns_figure(report), width="stretch", key="rp_returns")
 
 
 def episodes_section(report: views.PyramidReport) -> None:

@@ -6,6 +6,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.plots import states as state_plots
 
 USER_ERRORS = resources.USER_ERRORS
 
@@ -84,7 +85,7 @@ m4.metric(f"kNN agreement (k={fid.k})", "—" if fid.knn_agreement is None else 
 fields = report.color_fields()
 color = st.selectbox("Colour by", fields, key="states_color",
                      format_func=lambda f: f.replace("_", " "))
-st.plotly_chart(report.figure(color), width="stretch", key="states_map_chart")
+st.plotly_chart(state_plots.map_figure(report, color), width="stretch", key="states_map_chart")
 st.caption(f"{len(report.index)} of {report.n_steps} steps · hover a point for its episode, step, "
            "action and rewards.")
 
@@ -99,7 +100,7 @@ e2.metric("Within state clusters (nats)", "—" if ent.conditional is None else 
 e3.metric("Invalid actions left out", f"{ent.n_invalid}")
 tool_tab, cluster_tab = st.tabs(["Per tool", "Per state cluster"])
 with tool_tab:
-    st.plotly_chart(report.entropy_figure("tool"), width="stretch", key="states_entropy_tool")
+    st.plotly_chart(state_plots.entropy_figure(ent, "tool"), width="stretch", key="states_entropy_tool")
 with cluster_tab:
-    st.plotly_chart(report.entropy_figure("cluster"), width="stretch",
+    st.plotly_chart(state_plots.entropy_figure(ent, "cluster"), width="stretch",
                     key="states_entropy_cluster")

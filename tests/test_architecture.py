@@ -65,3 +65,30 @@ def test_every_layer_is_a_package_that_says_what_it_may_import():
         assert init.is_file(), f"core.{layer} is not a package"
         if layer not in ("cli", "policies"):  # the command line and the shipped policies say more
             assert "May import:" in init.read_text(encoding="utf-8"), f"core.{layer} does not say what it may import"
+
+
+#: What only the app installs (the ``app`` extra): ``core`` returns data, the app draws it.
+APP_ONLY_PACKAGES = frozenset({"plotly", "streamlit"})
+
+
+def _imports_of_app_only_packages(package: str) -> dict[str, set[str]]:
+    """Module -> the app-only packages it imports, at any depth (function-local and
+    type-checking imports count)."""
+    import grimp
+
+    graph = grimp.build_graph(package, include_external_packages=True)
+    found: dict[str, set[str]] = {}
+    for module in graph.modules:
+        if module == package or module.startswith(package + "."):
+            hits = {name.split(".")[0] for name in graph.find_modules_directly_imported_by(module)}
+            if hits & APP_ONLY_PACKAGES:
+                found[module] = hits & APP_ONLY_PACKAGES
+    return found
+
+
+def test_core_imports_neither_plotly_nor_streamlit():
+    found = _imports_of_app_only_packages("core")
+    assert not found, f"core modules import app-only packages: {found}"
+    # the same check sees the app's own imports of both, so it does read external imports
+    app = _imports_of_app_only_packages("rwb_app")
+    assert {"plotly", "streamlit"} <= set().union(*app.values())

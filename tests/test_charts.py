@@ -1,5 +1,7 @@
-"""Run curves as figures (app.charts.curve_figure over core.rl.runs.run_curves): whole-number
-step axes, markers on short runs, and every compared run kept, a run of one update included."""
+"""The app's figures drawn from core's data.  Run curves (app.charts.curve_figure over
+core.rl.runs.run_curves): whole-number step axes, markers on short runs, and every compared run
+kept, a run of one update included.  The Reward Pyramid's figures (app.plots.rewards) and the
+State Explorer's (app.plots.states) drawn from their reports."""
 
 from __future__ import annotations
 
@@ -102,3 +104,153 @@ def test_trial_series_skip_missing_values_and_mark_a_single_trial():
     many = charts.trial_series_figure({"trial": list(range(charts.MARKERS_BELOW)),
                                        "objective": [0.1] * charts.MARKERS_BELOW})
     assert many.data[0].mode == "lines"
+
+
+# --------------------------------------------------------------------------- reward pyramid figures
+PYRAMID = """\
+version: 1
+name: drawn
+return: {a: 0.7, b: 0.3, gamma: 0.95}
+gating: {enabled: true}
+levels:
+  L1:
+    gate: 0.5
+    components:
+      tool_validity: {weight: 0.3}
+      validity_again: {component: tool_validity, weight: 0.1}
+  L2:
+    components:
+      param_reasonableness: {weight: 0.0}
+  L4:
+    components:
+      business_impact: {weight: 0.1}
+penalties:
+  latency: {component: latency_penalty, weight: 1.0, params: {per: 0.05, unit_ms: 1000}}
+episode_terms:
+  resolved_bonus: {weight: 2.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def pyramid_report():
+    """The Reward Pyramid page's report of a small scoring (expert and hacker episodes)."""
+    from _rewards_fixtures import FakeEmbedder, make_frame
+    from core.rewards import Pyramid, ScoringContext, parse_template
+    from core.rewards.views import pyramid_report
+
+    result = Pyramid(parse_template(PYRAMID)).score(make_frame(seed=3, n=16),
+                                                    ctx=ScoringContext(embedder=FakeEmbedder()))
+    return pyramid_report(result, result.template)
+
+
+def test_pyramid_figure_draws_each_level_as_a_narrowing_band(pyramid_report):
+    from rwb_app.plots import rewards as reward_plots
+
+    fig = reward_plots.pyramid_figure(pyramid_report)
+    bars = {t.name: t for t in fig.data}
+    assert list(bars) == ["tool_validity", "validity_again", "param_reasonableness", "business_impact"]
+    # L1 spans the full width split 3:1 by weight, L4 (the top) 40 % of it
+    assert bars["tool_validity"].x[0] == pytest.approx(0.75) and bars["tool_validity"].base[0] == pytest.approx(-0.5)
+    assert bars["validity_again"].x[0] == pytest.approx(0.25) and bars["validity_again"].base[0] == pytest.approx(0.25)
+    assert bars["business_impact"].x[0] == pytest.approx(0.4)
+    assert bars["param_reasonableness"].marker.opacity == 0.35          # a zero weight is drawn faded
+    assert bars["tool_validity"].marker.color == reward_plots.LEVEL_COLOURS["L1"]
+    l1 = pyramid_report.pyramid[0]
+    label = bars["tool_validity"].y[0]
+    assert label.startswith("L1 ") and f"passed by {l1.gate_passed:.0%}" in label and "Σw 0.40" in label
+    assert "gate" not in bars["param_reasonableness"].y[0]              # L2 has no gate
+    assert list(fig.layout.yaxis.categoryarray) == [bars[n].y[0] for n in
+                                                    ("tool_validity", "param_reasonableness", "business_impact")]
+    assert fig.layout.title.text.startswith("drawn: gating on · return = 0.7·Σγᵗr + 0.3·R_final")
+
+
+def test_contributions_figure_draws_the_reports_summaries(pyramid_report):
+    from rwb_app.plots import rewards as reward_plots
+
+    fig = reward_plots.contributions_figure(pyramid_report)
+    per_step, per_episode = fig.data
+    assert (per_step.name, per_episode.name) == ("per step", "per episode (R_final terms)")
+    steps = pyramid_report.contributions.query("scope == 'step'")
+    assert list(per_step.x) == steps["component"].tolist()
+    assert list(per_step.q1) == pytest.approx(steps["q1"].tolist())
+    assert list(per_step.upperfence) == pytest.approx(steps["max"].tolist())
+    assert list(per_episode.x) == ["resolved_bonus"]
+
+
+def test_reward_histograms_are_coloured_by_level_and_by_behaviour(pyramid_report):
+    from rwb_app.plots import rewards as reward_plots
+
+    levels = reward_plots.levels_figure(pyramid_report)
+    colours = {t.name: t.marker.color for t in levels.data}
+    assert colours["L1 " + pyramid_report.pyramid[0].title] == reward_plots.LEVEL_COLOURS["L1"]
+    assert colours["penalties"] == reward_plots.LEVEL_COLOURS["penalty"]
+    assert colours["step reward"] == reward_plots.STEP_REWARD_COLOUR
+    n_steps = pyramid_report.result.frame.n_steps
+    assert all(sum(t.y) == n_steps for t in levels.data)
+    returns = reward_plots.returns_figure(pyramid_report)
+    behaviour = pyramid_report.result.frame.behaviour.astype(str)
+    assert {t.name: sum(t.y) for t in returns.data} == {b: int((behaviour == b).sum()) for b in set(behaviour)}
+    assert returns.data[0].width == pytest.approx(pyramid_report.return_histogram["bin_width"].iloc[0])
+
+
+# --------------------------------------------------------------------------- state map figures
+def _state_map_report(n: int = 60):
+    """A map report built by hand: ``n`` points, 30 distinct actions, one hostile episode id."""
+    import numpy as np
+
+    from core.state.statemap import EntropyReport, Fidelity, GroupEntropy, StateMapReport
+
+    groups = [GroupEntropy("lookup", 40.0, 1.2, 2.0, "lookup(a)"), GroupEntropy("transfer", 20.0, 0.3, 1.1)]
+    entropy = EntropyReport(source="logged", n=60.0, overall=1.5, max_overall=3.0, per_tool=groups,
+                            per_cluster=groups[:1], conditional=1.1)
+    fidelity = Fidelity(label="task_type", n_points=n, n_labels=2, silhouette=0.2, silhouette_shuffled=0.0,
+                        knn_agreement=0.9, knn_chance=0.5, k=10)
+    columns = {"episode_id": ["<b>ep0</b>"] + [f"ep{i // 5}" for i in range(1, n)], "t": [i % 5 for i in range(n)],
+               "action": [f"a{i % 30}" for i in range(n)], "task_type": ["buy", "sell"] * (n // 2),
+               "behaviour": [None] * n, "reward_total": [0.1 * i for i in range(n)],
+               "reward:L1": [1.0] * n}
+    coords = np.column_stack([np.arange(n, dtype=float), -np.arange(n, dtype=float)])
+    return StateMapReport(source="fx", space="encoded", n_steps=2 * n, index=np.arange(n) * 2, coords=coords,
+                          columns=columns, fidelity=fidelity, entropy=entropy, timings={}, settings={})
+
+
+def test_map_figure_colours_by_label_or_on_a_scale():
+    from core.base.errors import InputError
+    from rwb_app.plots import states as state_plots
+
+    report = _state_map_report()
+    by_task = state_plots.map_figure(report, "task_type")
+    assert [t.name for t in by_task.data] == ["buy", "sell"]
+    assert list(by_task.data[0].x) == [float(i) for i in range(0, 60, 2)]
+    assert "coloured by task_type" in by_task.layout.title.text and "60 of 120 steps" in by_task.layout.title.text
+    # 30 actions: the 23 most frequent keep their entry, the rest share "(other)"
+    names = [t.name for t in state_plots.map_figure(report, "action").data]
+    assert len(names) == state_plots.MAX_LEGEND and "(other)" in names
+    (scale,) = state_plots.map_figure(report, "reward_total").data
+    assert scale.marker.showscale is True and list(scale.marker.color)[:2] == pytest.approx([0.0, 0.1])
+    with pytest.raises(InputError, match="cannot colour by 'colour'"):
+        state_plots.map_figure(report, "colour")
+
+
+def test_map_hover_text_names_the_step_and_escapes_user_data():
+    from rwb_app.plots import states as state_plots
+
+    hover = state_plots.hover_text(_state_map_report())
+    assert hover[0].startswith("episode &lt;b&gt;ep0&lt;/b&gt; · t=0<br>action a0<br>task buy · –")
+    assert "reward 0.000" in hover[0] and "L1 = 1.000" in hover[0]
+
+
+def test_entropy_figure_draws_each_group_against_its_uniform_maximum():
+    from core.base.errors import InputError
+    from core.state.statemap import LOW_ENTROPY
+    from rwb_app.plots import states as state_plots
+
+    entropy = _state_map_report().entropy
+    fig = state_plots.entropy_figure(entropy, "tool")
+    bars, uniform = fig.data
+    assert list(bars.x) == ["lookup", "transfer"] and list(bars.y) == pytest.approx([1.2, 0.3])
+    assert list(uniform.y) == pytest.approx([2.0, 1.1])
+    assert fig.layout.shapes[0].y0 == LOW_ENTROPY and "overall 1.50 nats" in fig.layout.title.text
+    assert list(state_plots.entropy_figure(entropy, "cluster").data[0].x) == ["lookup"]
+    with pytest.raises(InputError, match="'tool' or 'cluster'"):
+        state_plots.entropy_figure(entropy, "episode")

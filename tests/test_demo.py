@@ -15,6 +15,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from core.cli import main as rwb
@@ -64,7 +65,7 @@ def test_figures_match_the_workspace(demo):
     from core.access.users import list_users
 
     ws, report, _ = demo
-    users = {u["name"]: u["role"] for u in list_users(ws, report_actor(ws, "ada"))}
+    users = {u.name: u.role for u in list_users(ws, report_actor(ws, "ada"))}
     assert users == {"ada": "admin", "ana": "analyst", "rae": "reviewer", "bob": "approver"}
 
     from core.sample.demo import AGENT_BEHAVIOUR, AGENT_DATASET
@@ -78,7 +79,8 @@ def test_figures_match_the_workspace(demo):
 
     fid = _step(report, "state_map")["figures"]
     assert fid["silhouette_by_task_type"] > fid["silhouette_shuffled"]
-    assert Path(fid["map"]).is_file()
+    points = pd.read_csv(fid["map"])                  # the map's points as data: the app draws them
+    assert len(points) == fid["points"] and {"step", "x", "y", "task_type", "reward_total"} <= set(points.columns)
 
     training = _step(report, "training")["figures"]
     run = get_run(ws, training["run"])
@@ -101,7 +103,7 @@ def test_figures_match_the_workspace(demo):
     reg = _step(report, "registry")["figures"]
     version = registry.get_version(ws, reg["policy"], reg["version"])
     gate = registry.promotion_gate(ws, reg["policy"], reg["version"])
-    assert gate["passed"] == reg["gate_passed"] and gate["reason"] == reg["gate"]
+    assert gate.passed == reg["gate_passed"] and gate.reason == reg["gate"]
     policies = Path(report["policies_dir"])
     assert policies == Path(report["workspace"]) / "policies"
     assert not (ROOT / "core" / "policies" / reg["policy"] / reg["version"]).exists()
@@ -120,7 +122,7 @@ def test_figures_match_the_workspace(demo):
 
     served = _step(report, "serving")["figures"]
     assert served["decisions"] >= 1
-    assert served["audit_records_written"] == served["decisions"] == audit.stats(ws)["records"]
+    assert served["audit_records_written"] == served["decisions"] == audit.stats(ws).records
 
 
 def report_actor(ws, name):

@@ -8,6 +8,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from core.cli import main as rwb
@@ -195,35 +196,48 @@ def fx_ws(tmp_path_factory):
 
 def test_states_map_report_and_cache(fx_ws, tmp_path):
     ws, _ = fx_ws
-    out = tmp_path / "map.html"
+    from rwb_app.plots.states import map_figure
+
+    out = tmp_path / "map.csv"
     n_steps = ws.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
     rewards = StepRewards(total=np.linspace(-1, 1, n_steps), components={"validity": np.ones(n_steps)})
     rep = states_map(ws, dataset="fx", out=out, max_points=120, rewards=rewards,
                      curriculum_level=np.zeros(n_steps, dtype=int))
-    html = out.read_text()
-    assert "plotly" in html.lower() and "ep0" in html and len(rep.index) == 120
-    assert rep.coords.shape == (120, 2) and rep.n_steps == n_steps
+    assert len(rep.index) == 120 and rep.coords.shape == (120, 2) and rep.n_steps == n_steps
+    # the map's points as data: step, coordinates and every field, one row per point
+    points = pd.read_csv(out)
+    assert list(points.columns[:3]) == ["step", "x", "y"] and len(points) == 120
+    assert points["step"].tolist() == rep.index.tolist()
+    np.testing.assert_allclose(points[["x", "y"]].to_numpy(), rep.coords)
+    assert points["episode_id"].tolist() == rep.columns["episode_id"] and points["reward:validity"].eq(1.0).all()
     fields = rep.color_fields()
     assert {"task_type", "intent", "behaviour", "reward_total", "reward:validity", "curriculum_level"} <= set(fields)
-    for f in fields:
-        assert len(rep.figure(f).data) >= 1
-    hover = rep.figure("task_type").data[0].text[0]
+    assert set(fields) <= set(points.columns)
+    assert rep.color_is_numeric("reward_total") and rep.color_is_numeric("reward:validity")
+    assert not rep.color_is_numeric("task_type")
+    for f in fields:   # the app draws every colouring the report offers
+        assert len(map_figure(rep, f).data) >= 1
+    hover = map_figure(rep, "task_type").data[0].text[0]
     assert "episode ep" in hover and "action" in hover and "validity" in hover
     assert rep.fidelity.silhouette is not None and rep.fidelity.silhouette_intent_off is not None
     assert rep.entropy.per_cluster and rep.entropy.per_tool
     # the second call reads the workspace artifact: same map, no recomputation
     again = states_map(ws, dataset="fx", max_points=120, rewards=rewards,
-                       curriculum_level=np.zeros(n_steps, dtype=int), color="reward_total")
+                       curriculum_level=np.zeros(n_steps, dtype=int))
     assert again.timings.get("cached") == 1.0
     np.testing.assert_array_equal(again.coords, rep.coords)
     assert again.columns["episode_id"] == rep.columns["episode_id"]
     assert again.fidelity == rep.fidelity
     # a colouring with many values keeps a readable legend
     rep.columns["action"] = [f"a{i % 40}" for i in range(len(rep.index))]
-    names = [trace.name for trace in rep.figure("action").data]
+    names = [trace.name for trace in map_figure(rep, "action").data]
     assert len(names) == 24 and "(other)" in names
     with pytest.raises(InputError, match="cannot colour by 'colour'"):
-        states_map(ws, dataset="fx", max_points=120, color="colour")
+        rep.check_color("colour")
+    # only CSV is written, and a wrong file is refused before any work
+    with pytest.raises(InputError, match="must end in .csv"):
+        states_map(ws, dataset="fx", max_points=120, out=tmp_path / "map.html")
+    assert not (tmp_path / "map.html").exists()
     with pytest.raises(InputError, match="per-step rewards"):
         states_map(ws, dataset="fx", rewards=StepRewards(total=np.zeros(3)))
 
@@ -231,7 +245,7 @@ def test_states_map_report_and_cache(fx_ws, tmp_path):
 def test_states_map_with_a_reward_template(fx_ws):
     ws, _ = fx_ws
     plain = states_map(ws, dataset="fx", max_points=100)
-    rep = states_map(ws, dataset="fx", max_points=100, template="finance_risk", color="reward_level")
+    rep = states_map(ws, dataset="fx", max_points=100, template="finance_risk")
     fields = rep.color_fields()
     assert {"reward_total", "reward_level", "reward:L1", "reward:L4", "reward:penalties"} <= set(fields)
     assert len(set(rep.columns["reward_level"])) == 3
@@ -253,11 +267,11 @@ def test_states_entropy_matches_action_entropy(fx_ws):
 def test_cli_states_map_and_entropy(fx_ws, tmp_path, monkeypatch, capsys):
     _, path = fx_ws
     monkeypatch.setenv("RWB_WORKSPACE", str(path))
-    out = tmp_path / "m.html"
-    assert rwb(["states", "map", "--dataset", "fx", "--out", str(out), "--max-points", "100",
-                "--color", "behaviour", "--json"]) == 0
+    out = tmp_path / "m.csv"
+    assert rwb(["states", "map", "--dataset", "fx", "--out", str(out), "--max-points", "100", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert out.exists() and data["n_points"] == 100
+    assert data["n_points"] == 100 and data["out"] == str(out)
+    assert len(pd.read_csv(out)) == 100 and "behaviour" in data["color_fields"]
     assert set(data["fidelity"]) >= {"silhouette", "silhouette_shuffled", "knn_agreement", "verdict"}
     assert data["entropy"]["overall"] > 0
     assert rwb(["states", "entropy", "--dataset", "fx", "--clusters", "3", "--json"]) == 0
@@ -268,6 +282,9 @@ def test_cli_states_map_and_entropy(fx_ws, tmp_path, monkeypatch, capsys):
     assert rwb(["states", "map", "--dataset", "nope", "--out", str(out)]) == 2
     assert "no dataset named 'nope'" in capsys.readouterr().err
     assert rwb(["states", "map", "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert rwb(["states", "map", "--dataset", "fx", "--out", str(tmp_path / "m.html")]) == 2
+    assert "must end in .csv" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- acceptance
@@ -298,11 +315,11 @@ def test_cli_states_map_from_an_episodes_file(fx_ws, tmp_path, monkeypatch, caps
     _, path = fx_ws
     monkeypatch.setenv("RWB_WORKSPACE", str(path))
     src = write_jsonl(generate("finance", 40, 1), tmp_path / "fin.jsonl")
-    out = tmp_path / "fin.html"
-    assert rwb(["states", "map", "--episodes", str(src), "--out", str(out), "--color", "intent",
-                "--space", "raw", "--json"]) == 0
+    out = tmp_path / "fin.csv"
+    assert rwb(["states", "map", "--episodes", str(src), "--out", str(out), "--space", "raw", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["space"] == "raw" and data["source"] == str(src) and out.exists()
+    assert data["space"] == "raw" and data["source"] == str(src)
+    assert pd.read_csv(out)["intent"].nunique() >= 2
     assert data["fidelity"]["n_labels"] >= 4
     assert {"behaviour", "intent"} <= set(data["color_fields"])
     assert rwb(["states", "map", "--episodes", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2

@@ -1,7 +1,7 @@
 """Ready-to-render views of a reward pyramid: what the Reward Pyramid page shows.
 
 The page reads its inputs, calls one function here and renders the result; the
-data shaping (tables, figures, editor fields) happens here so that it is tested
+data shaping (tables, chart data, editor fields) happens here so that it is tested
 and shared:
 
 - :func:`template_options` — every template version to pick from (shipped seeds and
@@ -11,8 +11,9 @@ and shared:
 - :func:`apply_edits` / :func:`apply_params` — the edited :class:`Template`;
 - :func:`rescore` — a scored result under an edited template *without* computing any
   component (a weight edit is :meth:`ScoreResult.reweight`, a matrix product);
-- :func:`pyramid_report` — metrics, the pyramid figure, distributions, the episode
-  table and the expectation results of one scoring;
+- :func:`pyramid_report` — metrics, the pyramid's levels, distributions, the episode
+  table and the expectation results of one scoring (as data: the app draws the figures,
+  ``rwb_app.plots.rewards``);
 - :func:`explain_episode` — one episode's per-step explanation
   (``reward_components: [{name, value}]`` per step).
 
@@ -46,15 +47,11 @@ from core.rewards.template import ComponentSpec, Template, TemplateError
 from core.rewards.versions import TemplateVersion, get_template, list_versions, parse_spec, template_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    import plotly.graph_objects as go
-
     from core.records.store import Workspace
 
 ParamKind = Literal["number", "integer", "choice", "flag", "text", "yaml"]
 
-#: Colours of the pyramid's rows (levels bottom-up, then penalties and episode terms).
-LEVEL_COLOURS = {"L1": "#4C78A8", "L2": "#72B7B2", "L3": "#54A24B", "L4": "#EECA3B",
-                 "penalty": "#E45756", "episode": "#B279A2"}
+#: Bins of the reward and return histograms.
 HIST_BINS = 40
 
 
@@ -316,12 +313,16 @@ class PyramidReport:
     result: ScoreResult
     check: CheckReport
     metrics: list[Metric]
-    pyramid_figure: go.Figure
+    #: the pyramid's levels, bottom-up, each split among its components
+    pyramid: list[PyramidLevel]
     #: penalties and episode terms with their weights (the parts outside the levels)
     pyramid_note: str
-    contributions_figure: go.Figure
-    levels_figure: go.Figure
-    returns_figure: go.Figure
+    #: each component's contribution: quartiles, extremes and mean (:func:`contribution_stats`)
+    contributions: pd.DataFrame
+    #: each level's gated reward, the penalties and the step reward, binned (:func:`level_histogram`)
+    level_histogram: pd.DataFrame
+    #: episode returns per behaviour label, binned (:func:`return_histogram`)
+    return_histogram: pd.DataFrame
     #: one row per episode: id, labels, outcome, Σγᵗr, R_final, return, rank
     episodes: pd.DataFrame
     #: one row per expectation: result, name, kind, message
@@ -339,48 +340,51 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}"
 
 
-def pyramid_figure(result: ScoreResult) -> go.Figure:
-    """The pyramid: one band per level, L1 (widest) at the bottom.  A band is split among its
-    components in proportion to their weights; its label gives the level's total weight, its
-    gate and how often the gate passes and the level earns."""
-    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+@dataclass(frozen=True)
+class ComponentShare:
+    """One component's part of its level: its weight and its share of the level's total weight."""
 
-    t = result.template
-    fig = go.Figure()
-    n = len(t.levels)
-    labels = []
-    for i, lv in enumerate(t.levels):
-        # bands narrow upwards from the full width to 40 % of it (a pyramid whatever the weights)
-        band = 1.0 - 0.6 * i / max(n - 1, 1)
+    name: str
+    component: str
+    weight: float
+    #: weight / the level's total weight (equal parts when every weight of the level is zero)
+    share: float
+
+
+@dataclass(frozen=True)
+class PyramidLevel:
+    """One level of the pyramid with how often its gate passes and how often it earns."""
+
+    key: str
+    title: str
+    total_weight: float
+    gate: float | None
+    #: share of steps that pass the level's gate (None: the level has no gate)
+    gate_passed: float | None
+    #: share of steps on which the level earns (every gate below passed)
+    earns: float
+    components: tuple[ComponentShare, ...]
+
+
+def pyramid_levels(result: ScoreResult) -> list[PyramidLevel]:
+    """The pyramid's levels bottom-up (L1 first), each split among its components in
+    proportion to their weights, with the gate pass and earn rates over the scored steps
+    (0 when there are no steps)."""
+    steps = result.frame.n_steps
+    levels = []
+    for i, lv in enumerate(result.template.levels):
         total = sum(c.weight for c in lv.components)
-        steps = result.frame.n_steps
-        earn = float(result.earn[:, i].mean()) if steps else 0.0
-        gate = ""
+        n = len(lv.components)
+        shares = [c.weight / total if total > 0 else 1.0 / n for c in lv.components]
+        gate_passed = None
         if lv.gate is not None:
-            gate = f" · gate {lv.gate:g} passed by {float(result.passed[:, i].mean()) if steps else 0.0:.0%}"
-        label = f"{lv.key} {lv.title} · Σw {total:.2f}{gate} · earns on {earn:.0%} of steps"
-        labels.append(label)
-        comps = lv.components
-        shares = ([c.weight / total for c in comps] if total > 0 else [1.0 / len(comps)] * len(comps)) \
-            if comps else []
-        offset = -band / 2
-        for c, share in zip(comps, shares):
-            fig.add_trace(go.Bar(
-                x=[band * share], y=[label], base=[offset], orientation="h", name=c.name,
-                text=[f"{c.name}<br>{c.weight:.2f}"], textposition="inside", textangle=0,
-                insidetextanchor="middle",
-                hovertext=[f"{c.name} ({c.component}): weight {c.weight:g}"], hoverinfo="text",
-                marker={"color": LEVEL_COLOURS.get(lv.key, "#888"), "line": {"color": "white", "width": 2},
-                        "opacity": 1.0 if c.weight > 0 else 0.35},
-                showlegend=False))
-            offset += band * share
-    fig.update_layout(barmode="overlay", height=90 + 70 * max(n, 1), bargap=0.08,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, uniformtext={"minsize": 9, "mode": "hide"},
-                      title=f"{t.name}: gating {'on' if t.gating else 'off'} · return = {t.a:g}·Σγᵗr "
-                            f"+ {t.b:g}·R_final, γ = {t.gamma:g}",
-                      xaxis={"visible": False, "range": [-0.52, 0.52]},
-                      yaxis={"categoryorder": "array", "categoryarray": labels})
-    return fig
+            gate_passed = float(result.passed[:, i].mean()) if steps else 0.0
+        levels.append(PyramidLevel(
+            key=lv.key, title=lv.title, total_weight=total, gate=lv.gate, gate_passed=gate_passed,
+            earns=float(result.earn[:, i].mean()) if steps else 0.0,
+            components=tuple(ComponentShare(c.name, c.component, c.weight, share)
+                             for c, share in zip(lv.components, shares))))
+    return levels
 
 
 def pyramid_note(template: Template) -> str:
@@ -393,103 +397,83 @@ def pyramid_note(template: Template) -> str:
     return " · ".join(parts)
 
 
-def _box_stats(values: np.ndarray) -> dict[str, list[float]]:
+#: The columns of :func:`contribution_stats`.
+STAT_COLUMNS = ("min", "q1", "median", "q3", "max", "mean")
+
+
+def _stats_rows(scope: str, names: Sequence[str], values: np.ndarray) -> list[dict[str, Any]]:
+    """Per column of ``values`` (one per name): its :data:`STAT_COLUMNS` (zeros without rows)."""
     if values.shape[0] == 0:
-        zeros = [0.0] * values.shape[1]
-        return {"q1": zeros, "median": zeros, "q3": zeros, "lowerfence": zeros, "upperfence": zeros,
-                "mean": zeros}
-    q1, med, q3 = np.percentile(values, [25, 50, 75], axis=0)
-    return {"q1": q1.tolist(), "median": med.tolist(), "q3": q3.tolist(),
-            "lowerfence": values.min(axis=0).tolist(), "upperfence": values.max(axis=0).tolist(),
-            "mean": values.mean(axis=0).tolist()}
+        return [{"scope": scope, "component": name, **dict.fromkeys(STAT_COLUMNS, 0.0)} for name in names]
+    stats = np.vstack([values.min(axis=0), *np.percentile(values, [25, 50, 75], axis=0),
+                       values.max(axis=0), values.mean(axis=0)])
+    return [{"scope": scope, "component": name, **dict(zip(STAT_COLUMNS, stats[:, j].tolist()))}
+            for j, name in enumerate(names)]
 
 
-def contributions_figure(result: ScoreResult) -> go.Figure:
-    """Per component, the distribution of its weighted, gated contribution per step (box
-    plots from precomputed quartiles, so the figure stays small on a million steps)."""
-    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
-
+def contribution_stats(result: ScoreResult) -> pd.DataFrame:
+    """Per component, the distribution of its weighted, gated contribution: one row per
+    component with min, quartiles, max and mean.  ``scope`` is ``step`` for the step
+    components (over steps) and ``episode`` for the R_final terms (over episodes, when the
+    template has any).  Summaries, so a box plot of a million steps stays small."""
     t = result.template
-    contrib = result.contributions()
-    names = list(result.matrix.step_names)
-    stats = _box_stats(contrib)
-    fig = go.Figure()
-    if names:
-        fig.add_trace(go.Box(x=names, name="per step", boxmean=True,
-                             marker={"color": "#4C78A8"}, **stats))
+    rows = _stats_rows("step", list(result.matrix.step_names), result.contributions())
     if t.episode_terms and result.frame.n_episodes:
-        we = np.array([c.weight for c in t.episode_terms])
-        ep = result.matrix.episode_values * we
-        fig.add_trace(go.Box(x=result.matrix.episode_names, name="per episode (R_final terms)",
-                             boxmean=True, marker={"color": LEVEL_COLOURS["episode"]}, **_box_stats(ep)))
-    fig.update_layout(title="Each component's reward (weighted, gated): min · quartiles · max, dashed = mean",
-                      height=400, margin={"l": 10, "r": 10, "t": 80, "b": 10}, showlegend=True,
-                      # above the boxes: below, it covered the slanted component names
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
-                      xaxis={"automargin": True})
-    return fig
+        weights = np.array([c.weight for c in t.episode_terms])
+        rows += _stats_rows("episode", list(result.matrix.episode_names), result.matrix.episode_values * weights)
+    return pd.DataFrame(rows, columns=["scope", "component", *STAT_COLUMNS])
 
 
-def _hist_traces(groups: Sequence[tuple[str, np.ndarray]], colours: Sequence[str] | None = None
-                 ) -> list[go.Bar]:
-    """Overlaid histograms of several value sets on common bins (binned here with numpy)."""
-    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
+#: The columns of a binned histogram (:func:`histogram`).
+HISTOGRAM_COLUMNS = ("series", "key", "bin_centre", "bin_width", "count")
 
-    data = [v for _, v in groups if v.size]
+
+def histogram(groups: Sequence[tuple[str, str, np.ndarray]]) -> pd.DataFrame:
+    """Several value sets counted on :data:`HIST_BINS` common bins spanning all of them.
+
+    ``groups`` holds ``(series, key, values)``: the series' name, what it is (a level key,
+    ``penalty``, ``step`` or a behaviour label) and its values.  One row per series and bin,
+    series in the order given; no rows when every set is empty."""
+    data = [values for _, _, values in groups if values.size]
     if not data:
-        return []
+        return pd.DataFrame(columns=list(HISTOGRAM_COLUMNS))
     lo = float(min(v.min() for v in data))
     hi = float(max(v.max() for v in data))
     if hi <= lo:
         hi = lo + 1e-6
     edges = np.linspace(lo, hi, HIST_BINS + 1)
     centres = (edges[:-1] + edges[1:]) / 2
-    traces = []
-    for i, (name, values) in enumerate(groups):
-        counts, _ = np.histogram(values, bins=edges)
-        marker = {"color": colours[i]} if colours else {}
-        traces.append(go.Bar(x=centres, y=counts, width=float(edges[1] - edges[0]), name=name,
-                             opacity=0.6, marker=marker))
-    return traces
+    width = float(edges[1] - edges[0])
+    frames = [pd.DataFrame({"series": name, "key": key, "bin_centre": centres, "bin_width": width,
+                            "count": np.histogram(values, bins=edges)[0]})
+              for name, key, values in groups]
+    return pd.concat(frames, ignore_index=True)
 
 
-def levels_figure(result: ScoreResult) -> go.Figure:
-    """Distribution of each level's gated reward per step, of the penalties and of the step reward."""
-    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
-
+def level_histogram(result: ScoreResult) -> pd.DataFrame:
+    """Each level's gated reward per step (key: the level key), the penalties (``penalty``,
+    when the template has any) and the step reward (``step``), on common bins."""
     t = result.template
-    groups = [(f"{lv.key} {lv.title}", result.level_totals[:, i]) for i, lv in enumerate(t.levels)]
-    colours = [LEVEL_COLOURS.get(lv.key, "#888") for lv in t.levels]
+    groups = [(f"{lv.key} {lv.title}", lv.key, result.level_totals[:, i]) for i, lv in enumerate(t.levels)]
     if t.penalties:
-        groups.append(("penalties", result.penalties))
-        colours.append(LEVEL_COLOURS["penalty"])
-    groups.append(("step reward", result.step_reward))
-    colours.append("#333333")
-    fig = go.Figure(_hist_traces(groups, colours))
-    fig.update_layout(barmode="overlay", title="Per-level reward per step (gated)", height=360,
-                      xaxis_title="reward", yaxis_title="steps",
-                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+        groups.append(("penalties", "penalty", result.penalties))
+    groups.append(("step reward", "step", result.step_reward))
+    return histogram(groups)
 
 
-def returns_figure(result: ScoreResult) -> go.Figure:
-    """Distribution of episode returns, one colour per behaviour label (when the data has them)."""
-    import plotly.graph_objects as go  # the app's extra: serving never loads plotly
-
+def return_histogram(result: ScoreResult) -> pd.DataFrame:
+    """Episode returns on common bins: one series per behaviour label (then ``(no label)``
+    for unlabelled episodes), or ``all episodes`` when the data has no labels."""
     behaviour = result.frame.behaviour.astype(object)
     labels = sorted({str(b) for b in behaviour if b not in (None, "")})
     if labels:
-        groups = [(b, result.returns[behaviour == b]) for b in labels]
+        groups = [(b, b, result.returns[behaviour == b]) for b in labels]
         missing = np.array([b in (None, "") for b in behaviour], dtype=bool)
         if missing.any():
-            groups.append(("(no label)", result.returns[missing]))
+            groups.append(("(no label)", "(no label)", result.returns[missing]))
     else:
-        groups = [("all episodes", result.returns)]
-    fig = go.Figure(_hist_traces(groups))
-    fig.update_layout(barmode="overlay", title="Episode returns", height=360,
-                      xaxis_title="return", yaxis_title="episodes",
-                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+        groups = [("all episodes", "all episodes", result.returns)]
+    return histogram(groups)
 
 
 def episodes_table(result: ScoreResult) -> pd.DataFrame:
@@ -535,10 +519,10 @@ def pyramid_report(base: ScoreResult, template: Template) -> PyramidReport:
                "the template's reward unit tests and hacking probes"),
     ]
     return PyramidReport(
-        result=result, check=check, metrics=metrics, pyramid_figure=pyramid_figure(result),
-        pyramid_note=pyramid_note(result.template),
-        contributions_figure=contributions_figure(result), levels_figure=levels_figure(result),
-        returns_figure=returns_figure(result), episodes=episodes_table(result),
+        result=result, check=check, metrics=metrics, pyramid=pyramid_levels(result),
+        pyramid_note=pyramid_note(result.template), contributions=contribution_stats(result),
+        level_histogram=level_histogram(result), return_histogram=return_histogram(result),
+        episodes=episodes_table(result),
         expectations=expectations_table(check), computed=list(base.matrix.computed),
         cached=list(base.matrix.cached))
 
@@ -614,9 +598,9 @@ def changes_table(changes: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                          "before": [show(c["a"]) for c in changes], "after": [show(c["b"]) for c in changes]})
 
 
-__all__ = ["ComponentEditor", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",
-           "PyramidEdits", "PyramidEditor", "PyramidReport", "TemplateOption", "apply_edits",
-           "apply_params", "apply_yaml", "changes_table", "contributions_figure", "episodes_table",
-           "expectations_table", "explain_episode", "levels_figure", "open_template",
-           "pyramid_editor", "pyramid_figure", "pyramid_note", "pyramid_report", "rescore", "returns_figure",
+__all__ = ["ComponentEditor", "ComponentShare", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",
+           "PyramidEdits", "PyramidEditor", "PyramidLevel", "PyramidReport", "TemplateOption", "apply_edits",
+           "apply_params", "apply_yaml", "changes_table", "contribution_stats", "episodes_table",
+           "expectations_table", "explain_episode", "histogram", "level_histogram", "open_template",
+           "pyramid_editor", "pyramid_levels", "pyramid_note", "pyramid_report", "rescore", "return_histogram",
            "template_options", "versions_table"]

@@ -13,9 +13,9 @@ step needs:
     must beat;
  3. **reward** — scored with the ``finance_risk`` pyramid, its expectations checked
     (the hacks must rank below their honest twins);
- 4. **state map** — the encoded states on a t-SNE map, the fidelity figures
-    (silhouette by task type against shuffled labels, kNN agreement) and the action
-    entropy;
+ 4. **state map** — the encoded states on a t-SNE map (its points written as CSV), the
+    fidelity figures (silhouette by task type against shuffled labels, kNN agreement) and
+    the action entropy;
  5. **training** — a short masked-PPO run on the agent's logs through the curriculum up
     to L3, where high-risk actions go to the review queue;
  6. **review** — the reviewer claims the queued items and decides them (the first is
@@ -45,7 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -347,10 +346,9 @@ def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], N
     from core.state.statemap import states_map
 
     sizes: DemoSizes = ctx["sizes"]
-    # The HTML map is drawn with plotly, which the app extra installs; without it the demo
-    # reports the map's figures and says how to get the picture.
-    has_plotly = importlib.util.find_spec("plotly") is not None
-    out = ws.artifact_dir("demo") / "state_map.html" if has_plotly else None
+    # The map's points as data (x, y and the fields they are coloured by); the State Explorer
+    # page draws the map.
+    out = ws.artifact_dir("demo") / "state_map.csv"
     rep = states_map(ws, dataset=ctx["dataset"], template=DEMO_TEMPLATE, max_points=sizes.map_points,
                      out=out, progress=lambda msg: log(f"      state map: {msg}"))
     fid, ent = rep.fidelity, rep.entropy
@@ -358,7 +356,7 @@ def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], N
                "silhouette_by_task_type": _r(fid.silhouette), "silhouette_shuffled": _r(fid.silhouette_shuffled),
                "knn_agreement": _r(fid.knn_agreement), "knn_chance": _r(fid.knn_chance),
                "action_entropy_nats": _r(ent.overall),
-               "map": str(out) if out else "not drawn: needs plotly (pip install 'reward-workbench[app]')"}
+               "map": str(out)}
     return figures, "State Explorer page", [v for v in (fid.verdict, ent.verdict) if v]
 
 
@@ -430,7 +428,8 @@ def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
                "decided": [f"#{d['id']} {d.get('action_label') or d.get('token_name')} → {d['decision']}"
                            for d in decided],
                "review_mask_rules": len(review.review_mask_rules(ws)),
-               "queue": {k: stats[k] for k in ("pending", "decided", "approved", "rejected") if k in stats}}
+               "queue": {"pending": stats.pending, "decided": stats.decided, "approved": stats.approved,
+                         "rejected": stats.rejected}}
     return figures, "Review Queue page (sign in as rae)", [
         "approve → the step becomes labelled 'reasonable exploration' data for the next run; "
         "reject → a mask rule that training and decide() honour"]
@@ -438,7 +437,7 @@ def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
 
 # --------------------------------------------------------------------------- 7. tuning
 def _step_tuning(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.tuning import studies as tuning
+    from core import tuning
 
     sizes: DemoSizes = ctx["sizes"]
     analyst = _actor(ctx, "ana")
@@ -506,10 +505,10 @@ def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     except PermissionDenied as exc:
         notes.append(f"refused as expected: {exc}")
     gate = registry.promotion_gate(ws, name, ver)
-    figures = {"policy": name, "version": ver, "gate": gate["reason"], "gate_passed": gate["passed"],
+    figures = {"policy": name, "version": ver, "gate": gate.reason, "gate_passed": gate.passed,
                "policies_dir": str(ctx["policies"])}
-    if gate["passed"]:
-        registry.approve(ws, approver, name, ver, f"rwb demo: {gate['reason']}")
+    if gate.passed:
+        registry.approve(ws, approver, name, ver, f"rwb demo: {gate.reason}")
         entry = registry.promote(ws, approver, name, ver, "rwb demo", root=ctx["policies"])
         ctx["policy"] = name
         figures.update(approved_by=approver.name, active=entry.get("active"))
@@ -531,7 +530,7 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
     from core.serve.serving import ServingConfig, load
 
     sizes: DemoSizes = ctx["sizes"]
-    before = audit.stats(ws)["records"]
+    before = audit.stats(ws).records
     # Held-out traffic: the run's held-out episodes (it never trained on them) are the
     # closest thing to production requests the demo has.
     from core.rl.runs import open_run
@@ -556,7 +555,7 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
                 served += 1
         version = engine.policy_version
         engine.flush()
-    after = audit.stats(ws)["records"]
+    after = audit.stats(ws).records
     last = audit.tail(ws, 1)
     figures = {"policy_version": version, "episodes": len(chosen), "decisions": served,
                "by_source": dict(sources), "rl_boost": boosted, "adopted": adopted,

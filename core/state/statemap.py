@@ -18,13 +18,14 @@ Three questions of docs/design.md §8's four-step diagnosis are answered here:
   little).
 
 :func:`states_map` and :func:`states_entropy` are the functions behind
-``rwb states map`` / ``rwb states entropy`` and the State Explorer page.
+``rwb states map`` / ``rwb states entropy`` and the State Explorer page.  They return
+data: :meth:`StateMapReport.points` is the map as a frame (what ``--out`` writes as CSV);
+the page's figures are drawn in the app (``rwb_app.plots.states``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import time
@@ -34,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from core.base.errors import InputError, RwbError
+from core.base.errors import InputError
 from core.state.features import (
     RawStateFeatures,
     StateEncoderConfig,
@@ -742,9 +744,8 @@ def load_state_source(ws: Any, *, dataset: str | None = None, episodes_file: str
 # --------------------------------------------------------------------------- the map report
 #: Colour fields every map offers; reward and curriculum fields appear when given.
 BASE_COLORS = ("task_type", "intent", "behaviour", "action", "tool", "cluster", "final_reward", "resolved")
+#: Colour fields holding a number per point (drawn on a colour scale), besides each ``reward:…``.
 NUMERIC_COLORS = {"final_reward", "reward_total", "t", "curriculum_level"}
-#: Categorical colourings show at most this many legend entries.
-MAX_LEGEND = 24
 _NUMERIC_COLUMNS = ("t", "cluster", "final_reward", "reward_total", "curriculum_level")
 
 
@@ -775,84 +776,23 @@ class StateMapReport:
         if color not in fields:
             raise InputError(f"cannot colour by {color!r}; choose one of: {', '.join(fields)}", field="color")
 
-    def figure(self, color: str = "task_type"):
-        """The plotly scatter of the map, coloured by ``color``; hover shows the step."""
-        self.check_color(color)
-        import plotly.graph_objects as go
+    def color_is_numeric(self, color: str) -> bool:
+        """Whether ``color`` holds a number per point (a colour scale) rather than a label (a legend)."""
+        return color in NUMERIC_COLORS or color.startswith("reward:")
 
-        values = self.columns[color]
-        hover = self._hover_text()
-        fig = go.Figure()
-        numeric = color in NUMERIC_COLORS or color.startswith("reward:")
-        if numeric:
-            arr = np.array([np.nan if v is None else float(v) for v in values])
-            fig.add_trace(go.Scattergl(
-                x=self.coords[:, 0], y=self.coords[:, 1], mode="markers", text=hover,
-                hovertemplate="%{text}<extra></extra>",
-                marker={"size": 4, "color": arr, "colorscale": "Viridis", "showscale": True,
-                        "colorbar": {"title": {"text": color}}}))
-        else:
-            labels = np.array(["(none)" if v is None else str(v) for v in values], dtype=object)
-            kinds, counts = np.unique(labels, return_counts=True)
-            if len(kinds) > MAX_LEGEND:   # a readable legend: the most frequent values, then "(other)"
-                keep = set(kinds[np.argsort(-counts, kind="stable")[:MAX_LEGEND - 1]].tolist())
-                labels = np.array([v if v in keep else "(other)" for v in labels], dtype=object)
-            for value in sorted(set(labels.tolist()), key=str):
-                sel = np.flatnonzero(labels == value)
-                fig.add_trace(go.Scattergl(
-                    x=self.coords[sel, 0], y=self.coords[sel, 1], mode="markers", name=str(value),
-                    text=[hover[i] for i in sel], hovertemplate="%{text}<extra></extra>",
-                    marker={"size": 4}))
-        fig.update_layout(
-            title=f"State map of {self.source} ({len(self.index)} of {self.n_steps} steps, "
-                  f"{self.space} states) coloured by {color}",
-            xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
-            legend={"title": {"text": color}, "itemsizing": "constant"}, height=650,
-            margin={"l": 10, "r": 10, "t": 50, "b": 10})
-        return fig
+    def points(self) -> pd.DataFrame:
+        """One row per step on the map: its flat step index (``step``), its map coordinates
+        (``x``, ``y``) and every per-point field (episode_id, t, action, tool, labels, cluster,
+        and the rewards when the steps were scored)."""
+        return pd.DataFrame({"step": self.index.astype(np.int64), "x": self.coords[:, 0],
+                             "y": self.coords[:, 1], **self.columns})
 
-    def _hover_text(self) -> list[str]:
-        cols = self.columns
-        comp = [c for c in cols if c.startswith("reward:")]
-        out = []
-        for i in range(len(self.index)):
-            parts = [f"episode {cols['episode_id'][i]} · t={cols['t'][i]}", f"action {cols['action'][i]}",
-                     f"task {cols['task_type'][i] or '–'} · {cols['behaviour'][i] or '–'}"]
-            if "reward_total" in cols:
-                parts.append(f"reward {cols['reward_total'][i]:.3f}")
-            parts += [f"  {c[7:]} = {cols[c][i]:.3f}" for c in comp]
-            out.append("<br>".join(_html_escape(p) for p in parts))
-        return out
-
-    def write_html(self, out: str | Path, color: str = "task_type") -> Path:
-        """Write the coloured map as a self-contained HTML file (plotly.js inlined: works offline)."""
-        if importlib.util.find_spec("plotly") is None:
-            raise RwbError("the state map's HTML file is drawn with plotly, which comes with the app: "
-                           "pip install 'reward-workbench[app]'")
-        fig = self.figure(color)
-        out = Path(out)
+    def write_points(self, out: str | Path) -> Path:
+        """Write :meth:`points` as a CSV file (what ``rwb states map --out`` writes)."""
+        out = _points_path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        return write_atomic(out, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
-
-    def entropy_figure(self, by: str = "tool"):
-        """Bar chart of the action entropy per tool or per state cluster (nats)."""
-        import plotly.graph_objects as go
-
-        groups = {"tool": self.entropy.per_tool, "cluster": self.entropy.per_cluster}.get(by)
-        if groups is None:
-            raise InputError(f"entropy is broken down by 'tool' or 'cluster', not {by!r}", field="by")
-        fig = go.Figure()
-        fig.add_trace(go.Bar(x=[g.group for g in groups], y=[g.entropy for g in groups], name="entropy",
-                             customdata=[[g.n, g.top_action] for g in groups],
-                             hovertemplate="%{x}: %{y:.3f} nats<br>%{customdata[0]:.0f} actions, "
-                                           "mostly %{customdata[1]}<extra></extra>"))
-        fig.add_trace(go.Scatter(x=[g.group for g in groups], y=[g.max_entropy for g in groups],
-                                 mode="markers", name="uniform (max)", marker={"symbol": "line-ew-open",
-                                                                               "size": 18}))
-        fig.add_hline(y=LOW_ENTROPY, line_dash="dot", annotation_text="1.0 nats")
-        fig.update_layout(title=f"Action entropy per {by} (overall {self.entropy.overall:.2f} nats)",
-                          yaxis_title="nats", height=360, margin={"l": 10, "r": 10, "t": 50, "b": 10})
-        return fig
+        frame = self.points()
+        return write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
 
     def summary(self) -> dict[str, Any]:
         """The JSON-able figures (what ``--json`` prints)."""
@@ -900,9 +840,13 @@ class StateMapReport:
                    settings=meta["settings"])
 
 
-def _html_escape(text: str) -> str:
-    """Hover text is user data (episode ids, tool names): plotly renders it as HTML."""
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+def _points_path(out: str | Path) -> Path:
+    """The CSV file the map's points go to; any other kind of file is refused."""
+    out = Path(out)
+    if out.suffix.lower() != ".csv":
+        raise InputError(f"the map's points are written as CSV, so the output file must end in .csv "
+                         f"(got {out.name}); the State Explorer page (rwb app) draws the map", field="out")
+    return out
 
 
 def _state_matrix(raw: RawStateFeatures, space: str, encoder_config: StateEncoderConfig,
@@ -918,7 +862,7 @@ def _state_matrix(raw: RawStateFeatures, space: str, encoder_config: StateEncode
 
 
 def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path | None = None,
-               color: str = "task_type", out: str | Path | None = None, space: str = "encoded",
+               out: str | Path | None = None, space: str = "encoded",
                encoder: StateEncoderConfig | None = None, tsne: TsneConfig | None = None,
                max_points: int = 20000, clusters: int = 8, template: str | Path | None = None,
                rewards: StepRewards | None = None, curriculum_level: np.ndarray | None = None,
@@ -932,13 +876,15 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     with that reward pyramid (a shipped name such as ``finance_risk`` or a file), or
     ``rewards`` gives them directly; without either the trace rewards are zero.  The
     result is cached in the workspace (``artifacts/states/maps``), so a big map is
-    computed once; ``out`` writes the HTML.
+    computed once; ``out`` writes the map's points as CSV (:meth:`StateMapReport.write_points`).
     """
     report_progress = progress or (lambda _msg: None)
     encoder = encoder or StateEncoderConfig()
     tsne = tsne or TsneConfig(seed=encoder.seed)
     if max_points < 10:
         raise InputError("max_points must be at least 10", field="max_points")
+    if out is not None:
+        _points_path(out)   # a wrong kind of file is refused before the map is computed
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     report_progress("reading features")
@@ -975,9 +921,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
         report = StateMapReport.load(cache)
         report.timings = {**report.timings, "cached": 1.0}
         if out is not None:
-            report.write_html(out, color)
-        else:
-            report.check_color(color)  # refuse an unknown colour the same way as a fresh map
+            report.write_points(out)
         return report
 
     # --- states: all steps (entropy clusters), the sample for map and fidelity
@@ -1021,10 +965,9 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     report = StateMapReport(source=src.name, space=space, n_steps=raw.n_steps, index=index,
                             coords=fitted.coords, columns=columns, fidelity=fidelity, entropy=entropy,
                             timings=timings, settings=settings)
-    report.check_color(color)  # an unknown colour fails before anything is written
     report.save(cache)
     if out is not None:
-        report.write_html(out, color)
+        report.write_points(out)
     return report
 
 
