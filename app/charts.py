@@ -37,7 +37,7 @@ def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300) ->
 
 def trial_series_figure(series: dict[str, list], *, height: int = 300) -> go.Figure:
     """One line per series of a study's per-trial figures (``{"trial": [...], name: [...]}``,
-    a :class:`core.tuning.studies.StudyReport`'s ``held_out_series``) over the trial number: trials
+    a :class:`core.tuning.report.StudyReport`'s ``held_out_series``) over the trial number: trials
     missing a value are skipped, a series shorter than :data:`MARKERS_BELOW` points gets
     markers (one trial shows a dot), and the trial axis shows whole numbers."""
     trials = list(series.get("trial") or [])

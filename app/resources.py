@@ -35,14 +35,16 @@ def show_flash(key: str) -> None:
         {"error": st.error, "info": st.info}.get(kept[0], st.success)(kept[1])
 
 if TYPE_CHECKING:  # pragma: no cover
+    from core.access.audit import AuditStats
     from core.access.users import Actor, Session
+    from core.guard.review import ReviewQueueStats
     from core.rewards import ScoreResult, StepsFrame, Template
     import numpy as np
 
     from core.rewards.calibration import CalibrationReport
     from core.rewards.views import PyramidReport
     from core.state.statemap import StateMapReport
-    from core.tuning.studies import StudyReport
+    from core.tuning import StudyReport
 
 
 def workspace_path() -> str:
@@ -400,13 +402,13 @@ def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> dic
 
 # --------------------------------------------------------------------------- review queue and audit
 @st.cache_data(show_spinner=False, ttl=5)
-def _review_queue_stats(path: str) -> dict:
+def _review_queue_stats(path: str) -> "ReviewQueueStats":
     from core.guard.review import stats
 
     return stats(_workspace(path))
 
 
-def review_queue_stats() -> dict:
+def review_queue_stats() -> "ReviewQueueStats":
     """Review-queue statistics (core.guard.review.stats), refreshed every few seconds and after
     every claim or decision (:func:`refresh_review_queue`)."""
     return _review_queue_stats(_session_path())
@@ -418,13 +420,13 @@ def refresh_review_queue() -> None:
 
 
 @st.cache_data(show_spinner=False, ttl=5)
-def _audit_summary(path: str) -> dict:
+def _audit_summary(path: str) -> "AuditStats":
     from core.access.audit import stats
 
     return stats(_workspace(path))
 
 
-def audit_summary() -> dict:
+def audit_summary() -> "AuditStats":
     """Counts of the audit trail (core.access.audit.stats), refreshed every few seconds."""
     return _audit_summary(_session_path())
 
@@ -449,29 +451,29 @@ def audit_records(*, episode_id: str | None = None, policy_version: str | None =
 @st.cache_data(show_spinner=False, max_entries=16)
 def _tuning_report(path: str, name: str, fingerprint: tuple) -> "StudyReport":
     # `fingerprint` (trial count, storage) changes whenever a worker writes trials, so a
-    # refresh without new trials reuses the figures (they take seconds on a large study).
-    from core.tuning.studies import study_report
+    # refresh without new trials reuses the report (its parameter importances take seconds on a large study).
+    from core.tuning import study_report
 
     return study_report(_workspace(path), name)
 
 
 def tuning_report(name: str) -> "StudyReport":
     """The Tuning page's report of study ``name`` (recomputed only when trials were added)."""
-    from core.tuning.studies import study_fingerprint
+    from core.tuning import study_fingerprint
 
     ws = workspace()
     return _tuning_report(_session_path(), name, (*study_fingerprint(ws, name), len(_runs_of(ws, name))))
 
 
 def _runs_of(ws: Workspace, name: str) -> list:
-    from core.tuning.studies import study_runs
+    from core.tuning import study_runs
 
     return [(r["id"], r["status"], r["trials_done"]) for r in study_runs(ws, name)]
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _space_rows(path: str, template: str, withhold: bool) -> list[dict]:
-    from core.tuning.studies import space_rows
+    from core.tuning import space_rows
 
     return space_rows(_workspace(path), template, withhold=withhold)
 

@@ -102,7 +102,7 @@ def best_single_feature(frame, labels) -> tuple[str, float]:
 def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
     import numpy as np
 
-    from core.tuning import studies as tuning
+    from core import tuning
     from core.data.importers import import_file
     from core.rewards.api import load_frame, score
     from core.rewards.calibration import calibrate_result, outcome_columns

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 import optuna  # noqa: E402
 
 from core import rewards  # noqa: E402
-from core.tuning import studies as tuning
+from core import tuning
 from core.data.datasets import generate  # noqa: E402
 from core.rewards import ComponentCache, Pyramid, ScoringContext  # noqa: E402
 from core.records.store import Workspace  # noqa: E402

@@ -6,7 +6,8 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
-from core.tuning import studies as tuning
+from rwb_app.plots import tuning as study_plots
+from core import tuning
 from core.base.errors import ConflictError
 
 USER_ERRORS = resources.USER_ERRORS
@@ -198,12 +199,9 @@ with studies_tab:
             st.caption("Objective and held-out AUC per trial (a gap that widens is over-fitting)")
             st.plotly_chart(charts.trial_series_figure(report.held_out_series), width="stretch",
                             key=f"tune_held_out_{name}")
-        if report.figures:
-            for key, title in (("history", "Optimisation history"), ("importances", "Parameter importances"),
-                               ("parallel", "Parallel coordinates")):
-                if key in report.figures:
-                    st.caption(title)
-                    st.plotly_chart(report.figures[key], key=f"tune_fig_{key}_{name}")
+        for key, figure in study_plots.study_figures(report.charts).items():
+            st.caption(study_plots.TITLES[key])
+            st.plotly_chart(figure, key=f"tune_fig_{key}_{name}")
         st.subheader("Expectations as constraints")
         if report.constraints:
             st.dataframe(report.constraints, hide_index=True, width="stretch")

@@ -81,13 +81,13 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
         ws, f"upload-{t}.jsonl", SAMPLE.read_bytes(), dataset=f"up-{t}", actor=a),
     "core.rewards.versions.save_template": lambda f, ws, a, t, d: f(
         ws, a, f"roles_{t}", _finance_risk(), None, "saved by the roles test"),
-    "core.tuning.studies.apply_study": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
-    "core.tuning.studies.add_preference": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset", "e1", "e2"),
+    "core.tuning.apply.apply_study": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
+    "core.tuning.preferences.add_preference": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset", "e1", "e2"),
     "core.tuning.studies.tune": lambda f, ws, a, t, d: f(ws, a, "finance_risk", dataset="no-such-dataset",
                                                  trials=1),
-    "core.tuning.studies.launch_tuning": lambda f, ws, a, t, d: f(ws, a, "finance_risk",
+    "core.tuning.workers.launch_tuning": lambda f, ws, a, t, d: f(ws, a, "finance_risk",
                                                           dataset="no-such-dataset", trials=0),
-    "core.tuning.studies.stop_tuning": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
+    "core.tuning.workers.stop_tuning": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
     "core.rl.runs.create_run": lambda f, ws, a, t, d: f(ws, a, template=_finance_risk(),
                                                      config=_ppo_config(), dataset="imp-seed"),
     "core.rl.runs.train": lambda f, ws, a, t, d: f(ws, a, template="no_such_template",
@@ -222,7 +222,7 @@ def test_the_known_answers_of_the_table():
     allowed = {action: {r for r in ALL_ROLES if r in PERMISSIONS[p]} for action, p in ACTIONS.items()}
     assert allowed["core.data.importers.api.import_file"] == {"analyst", "admin"}
     assert allowed["core.rewards.versions.save_template"] == {"analyst", "admin"}
-    assert allowed["core.tuning.studies.apply_study"] == {"analyst", "admin"}
+    assert allowed["core.tuning.apply.apply_study"] == {"analyst", "admin"}
     assert allowed["core.rl.runs.launch_run"] == {"analyst", "admin"}
     assert allowed["core.guard.review.decide"] == {"reviewer", "admin"}
     assert allowed["core.guard.review.enqueue"] == {"analyst", "admin", SERVICE_ROLE}

@@ -1,4 +1,4 @@
-"""Weight tuning (core.tuning.studies): fast paths against the slow obvious ones, splits and
+"""Weight tuning (core.tuning): fast paths against the slow obvious ones, splits and
 statistics, and the acceptance figures on generated data with known outcomes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import optuna
 import pytest
 from scipy.stats import kendalltau
 
-from core.tuning import studies as tuning
+from core import tuning
 from core.base.errors import ConflictError, InputError
 from core.rewards import COMPONENTS, Pyramid, ScoreResult, evaluate_expectations
 from core.rewards.api import frame_from_episodes, load_frame

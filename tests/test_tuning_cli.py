@@ -8,7 +8,7 @@ import json
 import optuna
 import pytest
 
-from core.tuning import studies as tuning
+from core import tuning
 from core.cli import main
 from core.base.errors import PermissionDenied
 from core.rewards.versions import get_template, list_versions, save_template

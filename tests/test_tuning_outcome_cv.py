@@ -1,4 +1,4 @@
-"""Tuning towards real outcomes (core.tuning.studies, outcome objective): held-out tasks that Optuna
+"""Tuning towards real outcomes (core.tuning, outcome objective): held-out tasks that Optuna
 never sees, task-grouped cross-validation of the others, the held-out AUC of every trial
 recomputed from its weights through the pyramid, the small-data refusal and warning, and
 the --group-key option, on the labelled tau2 runs (Whissle: 50 runs of 50 tasks; Grok: 586
@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from _real_logs import REAL, rwb_import_labelled
-from core.tuning import studies as tuning
+from core import tuning
 from core.cli import main
 from core.base.errors import InputError
 from core.rewards import ScoreResult

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.tuning import studies as tuning
+from core import tuning
 from core.rewards.versions import list_versions, save_template
 from core.access.users import current_user
 from _tuning_fixtures import FIN_FAST, finance_workspace

@@ -9,7 +9,7 @@ import optuna
 import pytest
 import torch
 
-from core.tuning import studies as tuning
+from core import tuning
 from core.access.users import current_user
 from _state_fixtures import HashEmbedder
 from _tuning_fixtures import fin_fast, finance_workspace
@@ -50,6 +50,7 @@ def test_policy_trials_train_report_and_prune(ws):
 
 def _policy_problem(ws, config):
     from core.rl import ppo
+    from core.rl.loading import load_training_data
     from core.rewards.api import load_frame
     from core.rewards.pyramid import Pyramid
 
@@ -60,6 +61,6 @@ def _policy_problem(ws, config):
     problem = tuning.TuningProblem(t, frame, Pyramid(t).compute_matrix(frame),
                                    tuning.SearchSpace.for_template(t), held)
     cfg = ppo.PPOConfig.from_dict({**tuning.POLICY_DEFAULTS, **TINY}).validate()
-    data = ppo.load_training_data(ws, t, dataset="fin", config=cfg)
+    data = load_training_data(ws, t, dataset="fin", config=cfg)
     assert np.array_equal(data.tables.step_reward64.numpy(), problem.trial_state(t.weights(), {}).combined.step_reward)
     return problem, data, cfg

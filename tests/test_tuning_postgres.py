@@ -22,10 +22,9 @@ import optuna
 import pytest
 
 from _tuning_fixtures import fin_fast, finance_workspace, write_template
-from core.tuning import studies as tuning
-from core.tuning.studies import CLI
+from core import tuning
+from core.tuning import CLI, open_rdb
 from core.access.users import current_user
-from core.tuning.storage import open_rdb
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_BIN = Path(os.environ.get("RWB_PG_BIN", "/usr/lib/postgresql/15/bin"))

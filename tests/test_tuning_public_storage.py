@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from _tuning_fixtures import fin_fast, finance_workspace, write_template
-from core.tuning.studies import CLI
+from core.tuning import CLI
 
 ROOT = Path(__file__).resolve().parents[1]
 

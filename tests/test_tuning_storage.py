@@ -10,10 +10,10 @@ import os
 import optuna
 import pytest
 
-from core.tuning import studies as tuning
+from core import tuning
 from core.base.errors import ConflictError, InputError
-from core.tuning.storage import (BatchedTrialWriter, count_trials, describe_url, open_journal, open_rdb,
-                                 open_storage)
+from core.tuning import (BatchedTrialWriter, count_trials, describe_url, open_journal, open_rdb,
+                         open_storage)
 from core.access.users import current_user
 from _tuning_fixtures import fin_fast, finance_workspace
 

@@ -138,11 +138,11 @@ ACTIONS: dict[str, str] = {
     "core.data.importers.api.import_file": "import",
     "core.data.episode_views.import_upload": "import",
     "core.rewards.versions.save_template": "edit_template",
-    "core.tuning.studies.apply_study": "edit_template",
-    "core.tuning.studies.add_preference": "edit_template",
+    "core.tuning.apply.apply_study": "edit_template",
+    "core.tuning.preferences.add_preference": "edit_template",
     "core.tuning.studies.tune": "train",
-    "core.tuning.studies.launch_tuning": "train",
-    "core.tuning.studies.stop_tuning": "train",
+    "core.tuning.workers.launch_tuning": "train",
+    "core.tuning.workers.stop_tuning": "train",
     "core.rl.runs.create_run": "train",
     "core.rl.runs.train": "train",
     "core.rl.runs.launch_run": "train",
@@ -459,11 +459,11 @@ def get_user(ws: "Workspace", name: str) -> User:
     return _row_user(row)
 
 
-def list_users(ws: "Workspace", actor: Actor) -> list[dict[str, Any]]:
+def list_users(ws: "Workspace", actor: Actor) -> list[User]:
     """All users (no password hashes), by name.  Needs ``manage_users``."""
     authorize(ws, actor, "manage_users")
     rows = ws.conn.execute(f"SELECT {_COLUMNS} FROM users ORDER BY name").fetchall()
-    return [_row_user(r).to_dict() for r in rows]
+    return [_row_user(r) for r in rows]
 
 
 def add_user(ws: "Workspace", actor: Actor, name: str, role: str, *, password: str | None = None,

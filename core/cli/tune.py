@@ -1,4 +1,4 @@
-"""``rwb tune``: Optuna studies over a reward pyramid's weights (``core.tuning.studies``).
+"""``rwb tune``: Optuna studies over a reward pyramid's weights (``core.tuning``).
 
 ``rwb tune --template T --dataset D`` runs a study in this process (``--background``
 starts it as a detached worker instead); ``rwb tune apply STUDY`` writes the best
@@ -35,12 +35,12 @@ def _fmt(x: Any) -> str:
 
 
 def _tuning() -> Any:
-    """``core.tuning.studies``, imported when a tuning command runs (optuna and the numpy stacks stay out
+    """``core.tuning``, imported when a tuning command runs (optuna and the numpy stacks stay out
     of ``rwb --help``), with optuna's INFO lines off: one per trial at ~1,000 trials/min would
     drown the output and the worker logs."""
     import optuna
 
-    from core.tuning import studies as tuning
+    from core import tuning
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return tuning
@@ -94,7 +94,7 @@ def tune(
 ) -> None:
     """Run a study: tune the template's weights on the data (see `rwb tune --help`)."""
     if ctx.invoked_subcommand is not None:
-        return  # the subcommand loads core.tuning.studies itself, once its own options have parsed
+        return  # the subcommand loads core.tuning itself, once its own options have parsed
     tuning = _tuning()
     if template is None:
         typer.echo(ctx.get_help())
@@ -258,7 +258,7 @@ def show(
     """A study's trials, best vs template weights and the status of each expectation."""
     tuning = _tuning()
     report = tuning.study_report(open_workspace(), study, storage)
-    body = {k: v for k, v in report.__dict__.items() if k != "figures"}
+    body = {k: v for k, v in report.__dict__.items() if k != "charts"}  # the page's chart data
     if as_json:
         print_json(body)
         return

@@ -1,6 +1,69 @@
-"""Tuning pyramid weights with Optuna: objectives, constraints, studies, preference labels
-and applying the best weights as a template version (:mod:`core.tuning.studies`), kept
-in Optuna's own storage (:mod:`core.tuning.storage`).
+"""Tuning pyramid weights with Optuna, one idea per module:
+
+* :mod:`~core.tuning.config` — what a study varies and its settings (:class:`SearchSpace`,
+  :class:`TuneConfig`);
+* :mod:`~core.tuning.labels` — outcome labels, task groups, the held-out split, and the
+  check that the labelled data is large enough;
+* :mod:`~core.tuning.statistics` — AUC, smooth AUC, Kendall τ, pair agreement;
+* :mod:`~core.tuning.reweighting` — returns as a function of the weights over a fixed
+  component matrix (:class:`ReturnModel`);
+* :mod:`~core.tuning.constraints` — the template's expectations as Optuna constraints;
+* :mod:`~core.tuning.problem` — a study's fixed parts and the per-trial computation
+  (:class:`TuningProblem`);
+* :mod:`~core.tuning.objectives` — the outcome, preferences and policy objectives;
+* :mod:`~core.tuning.preferences` — analysts' preference labels on episode pairs;
+* :mod:`~core.tuning.data` — the template and the episodes a study tunes on;
+* :mod:`~core.tuning.records` — the workspace's records of studies and worker runs;
+* :mod:`~core.tuning.studies` — running a study (:func:`tune`);
+* :mod:`~core.tuning.workers` — studies as background workers (:func:`launch_tuning`,
+  :func:`stop_tuning`);
+* :mod:`~core.tuning.apply` — the best weights as a new template version (:func:`apply_study`);
+* :mod:`~core.tuning.report` — what the Tuning page shows of a study (:func:`study_report`);
+* :mod:`~core.tuning.storage` — Optuna's own storages, opened through its public API.
+
+Callers go through the package, which re-exports every module's public names:
+``from core import tuning`` then ``tuning.tune(...)``, or ``from core.tuning import tune``.
 
 May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
 """
+
+from core.tuning.apply import NoFeasibleTrial, apply_study, list_applications
+from core.tuning.config import (CV_FOLDS, LABELS, METRICS, OBJECTIVES, OUTCOME_COMPONENTS, POLICY_DEFAULTS,
+                                SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig, outcome_readers,
+                                parse_bounds)
+from core.tuning.constraints import ExpectationConstraints, ScoredTrial
+from core.tuning.data import (TemplateRef, default_study_name, load_data, load_episodes_and_frame,
+                              resolve_template_ref, withhold_outcomes)
+from core.tuning.labels import (COMFORTABLE_LABELLED, COMFORTABLE_PER_CLASS, COMFORTABLE_TASKS, MIN_LABELLED,
+                                MIN_PER_CLASS, MIN_TASKS, SMALL_DATA_PENALTY, Labels, OutcomeDataCheck,
+                                check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups)
+from core.tuning.objectives import (OutcomeObjective, PolicyObjective, PreferenceObjective, TuningObjective,
+                                    policy_objective)
+from core.tuning.preferences import add_preference, list_preferences, preference_pairs
+from core.tuning.problem import TuningProblem
+from core.tuning.records import CONFIG_ATTR, get_study, list_studies, load_study, storage_for, study_runs
+from core.tuning.report import StudyCharts, StudyReport, space_rows, study_fingerprint, study_report
+from core.tuning.reweighting import Combined, ReturnModel, matrix_layout
+from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
+from core.tuning.storage import (BatchedTrialWriter, count_trials, default_storage_url, describe_url, driver_url,
+                                 migrate_legacy_db, open_journal, open_rdb, open_storage, study_id)
+from core.tuning.studies import TuneResult, make_sampler, trial_row, tune
+from core.tuning.workers import CLI, launch_tuning, stop_tuning, tuning_log
+
+__all__ = [
+    "BatchedTrialWriter", "count_trials", "default_storage_url", "describe_url", "driver_url", "migrate_legacy_db",
+    "open_journal", "open_rdb", "open_storage", "study_id",
+    "CLI", "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR", "CV_FOLDS",
+    "Combined", "ExpectationConstraints", "LABELS", "Labels", "METRICS", "MIN_LABELLED", "MIN_PER_CLASS",
+    "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS", "OutcomeDataCheck", "OutcomeObjective",
+    "POLICY_DEFAULTS", "ParamRange", "PolicyObjective", "PreferenceObjective", "ReturnModel", "SAMPLERS",
+    "SMALL_DATA_PENALTY", "SPLIT_FIELDS", "ScoredTrial", "SearchSpace", "StudyCharts", "StudyReport",
+    "TemplateRef", "TuneConfig", "TuneResult", "TuningObjective", "TuningProblem", "add_preference",
+    "apply_study", "auc", "check_outcome_data", "default_study_name", "get_study", "kendall_tau",
+    "launch_tuning", "list_applications", "list_preferences", "list_studies", "load_data",
+    "load_episodes_and_frame", "load_study", "make_sampler", "outcome_labels", "outcome_pairs",
+    "outcome_readers", "pair_agreement", "parse_bounds", "policy_objective", "preference_pairs",
+    "resolve_template_ref", "soft_auc", "space_rows", "split_episodes", "split_keys", "stop_tuning",
+    "storage_for", "study_fingerprint", "study_report", "study_runs", "task_groups", "trial_row", "tune",
+    "tuning_log", "withhold_outcomes",
+]

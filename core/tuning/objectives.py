@@ -1,0 +1,331 @@
+"""Optuna objectives over a :class:`~core.tuning.problem.TuningProblem`, one per study
+objective (all maximised):
+
+* :class:`OutcomeObjective` — returns should rank successful episodes above failed ones: the
+  statistic (smooth AUC, AUC or Kendall τ) on task-grouped folds of the design tasks,
+  averaged, less a pull toward the template's weights on small data; reported on the outer
+  held-out tasks, which nothing is chosen by.
+* :class:`PreferenceObjective` — returns should order analyst-labelled episode pairs as the
+  analyst did (share of training pairs, ties half).
+* :class:`PolicyObjective` — a short PPO run per trial (:func:`core.rl.ppo.train`); the
+  success rate of the trained greedy policy, reported to Optuna's pruner after each update.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import optuna
+
+from core.base.errors import InputError
+from core.rewards.outcomes import grouped_folds
+from core.tuning.config import CV_FOLDS, POLICY_DEFAULTS, TuneConfig
+from core.tuning.constraints import ScoredTrial
+from core.tuning.labels import Labels
+from core.tuning.problem import TuningProblem
+from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.records.store import Workspace
+
+
+class TuningObjective(abc.ABC):
+    """An Optuna objective over a :class:`TuningProblem` (maximised).
+
+    Contract: ``__call__(trial)`` draws the trial's weights and parameters from the
+    problem's space, sets one constraint per compiled expectation
+    (``trial.set_constraint``), stores the held-out figure as the user attribute
+    ``held_out`` and returns the training figure.  :meth:`figures` gives the full
+    train/held-out figures of any weights (for the baseline and the best trial)."""
+
+    name: str = ""
+    #: Prune trials that break an expectation before measuring them (worth it when
+    #: measuring is expensive; they can never be the best trial anyway).
+    skip_infeasible: bool = False
+
+    def __init__(self, problem: TuningProblem):
+        self.problem = problem
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        weights, params = self.problem.space.suggest(trial)
+        state = self.problem.trial_state(weights, params)
+        broken = []
+        for key, value in self.problem.constraints.values(state).items():
+            trial.set_constraint(key, value)
+            if value > 0:
+                broken.append(key)
+        if broken and self.skip_infeasible:
+            raise optuna.TrialPruned(f"breaks {', '.join(broken)}: not trained")
+        train, held = self.measure(state, trial)
+        if train is None:
+            raise optuna.TrialPruned("the training split gives no figure for these weights")
+        trial.set_user_attr("held_out", held)
+        return train
+
+    @abc.abstractmethod
+    def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:
+        """(training figure, held-out figure) of one trial."""
+
+    @abc.abstractmethod
+    def figures(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
+        """``{"train": {...}, "held_out": {...}}`` for the given weights."""
+
+
+class OutcomeObjective(TuningObjective):
+    """Returns should rank successful episodes above failed ones: the statistic (soft AUC,
+    AUC or Kendall τ) averaged over task-grouped folds of the design tasks (the problem's
+    training side), less :meth:`penalty`; reported on the outer held-out tasks (see the
+    docstring of :mod:`core.tuning.studies` for why this design and not a choice by held-out figures).
+
+    Each trial records the user attributes ``held_out`` (the statistic on the held-out
+    tasks), ``held_out_auc``, ``cv`` (the mean over folds, before the penalty), ``cv_auc``
+    (the mean fold AUC), ``cv_auc_folds`` and ``penalty``.  Folds whose episodes all share
+    one outcome cannot rank anything and are left out (:attr:`folds` holds the others)."""
+
+    name = "outcome"
+
+    def __init__(self, problem: TuningProblem, labels: Labels, metric: str = "soft_auc", *,
+                 groups: np.ndarray, n_folds: int = CV_FOLDS, seed: int = 0, penalty: float = 0.0):
+        super().__init__(problem)
+        self.labels, self.metric, self.penalty_weight = labels, metric, float(penalty)
+        known = labels.known
+        self.train = problem.train_idx[known[problem.train_idx]]
+        self.held = problem.held_idx[known[problem.held_idx]]
+        for side, idx in (("design (training)", self.train), ("held-out", self.held)):
+            s = labels.success[idx]
+            if idx.size == 0 or s.min() == s.max():
+                raise InputError(f"the {side} split needs episodes with a known outcome of both kinds "
+                                 f"(it has {int((s == 1).sum())} successful and {int((s == 0).sum())} "
+                                 "failed); import outcomes (--reward-key), choose another label, split_by "
+                                 "or held-out fraction", field="split_by")
+        dealt = [self.train[rows] for rows in grouped_folds(groups[self.train], n_folds, seed=seed)]
+        #: the design folds that hold both outcomes (episode indices)
+        self.dealt = dealt
+        self.folds = [f for f in dealt if 0 < labels.success[f].sum() < f.size]
+        if len(self.folds) < 2:
+            raise InputError(f"only {len(self.folds)} of the {len(dealt)} task-grouped folds of the design "
+                             "episodes hold both outcomes; use fewer folds (--folds) or a smaller held-out "
+                             "fraction", field="cv_folds")
+        self.groups = groups
+        # fixed (success, failure) pairs of each fold and of the held-out side (positions within it)
+        self.fold_pairs = [outcome_pairs(labels.success[f]) for f in self.folds]
+        self.held_pairs = outcome_pairs(labels.success[self.held])
+        space = problem.space
+        self.tuned = [k for k, (lo, hi) in space.weights.items() if hi > lo]
+        base = problem.template.weights()
+        self.anchor = np.array([min(max(base[k], space.weights[k][0]), space.weights[k][1]) for k in self.tuned])
+        self.span = np.array([space.weights[k][1] - space.weights[k][0] for k in self.tuned])
+        names = problem.model.step_names + problem.model.episode_names
+        self._position = np.array([names.index(k) for k in self.tuned], dtype=np.int64)
+
+    def penalty(self, state: ScoredTrial) -> float:
+        """:data:`~core.tuning.labels.SMALL_DATA_PENALTY`-style pull: weight × mean over the tuned weights of
+        ((w − w_template) / (high − low))² (0 when the data is comfortable)."""
+        if self.penalty_weight == 0.0 or not self.tuned:
+            return 0.0
+        w = np.concatenate([state.w_step, state.w_episode])[self._position]
+        return float(self.penalty_weight * np.mean(((w - self.anchor) / self.span) ** 2))
+
+    def _stat(self, returns: np.ndarray, idx: np.ndarray, pairs: tuple[np.ndarray, np.ndarray],
+              metric: str) -> float | None:
+        if metric == "soft_auc":
+            return soft_auc(returns[idx], *pairs)
+        if metric == "auc":
+            return auc(returns[idx], self.labels.success[idx])
+        return kendall_tau(returns[idx], self.labels.value[idx])
+
+    def _cv(self, returns: np.ndarray, metric: str) -> tuple[float | None, list[float | None]]:
+        per_fold = [self._stat(returns, f, p, metric) for f, p in zip(self.folds, self.fold_pairs)]
+        values = [v for v in per_fold if v is not None]
+        return (float(np.mean(values)) if values else None), per_fold
+
+    def measure(self, state, trial):
+        r = state.combined.returns
+        cv, _ = self._cv(r, self.metric)
+        held = self._stat(r, self.held, self.held_pairs, self.metric)
+        penalty = self.penalty(state)
+        if trial is not None:
+            cv_auc, folds = self._cv(r, "auc")
+            trial.set_user_attr("cv", cv)
+            trial.set_user_attr("cv_auc", cv_auc)
+            trial.set_user_attr("cv_auc_folds", folds)
+            trial.set_user_attr("held_out_auc", auc(r[self.held], self.labels.success[self.held]))
+            trial.set_user_attr("penalty", penalty)
+        return (None if cv is None else cv - penalty), held
+
+    def figures(self, weights, params):
+        state = self.problem.trial_state(weights, params)
+        r = state.combined.returns
+        y = self.labels.success
+        cv_auc, auc_folds = self._cv(r, "auc")
+        train = {"auc": cv_auc, "soft_auc": self._cv(r, "soft_auc")[0], "kendall_tau": self._cv(r, "kendall")[0],
+                 "auc_folds": auc_folds, "folds": len(self.folds), "penalty": self.penalty(state),
+                 "episodes": int(self.train.size), "successes": int(y[self.train].sum())}
+        held = {"auc": auc(r[self.held], y[self.held]), "soft_auc": soft_auc(r[self.held], *self.held_pairs),
+                "kendall_tau": kendall_tau(r[self.held], self.labels.value[self.held]),
+                "episodes": int(self.held.size), "successes": int(y[self.held].sum())}
+        return {"train": train, "held_out": held}
+
+    def split_summary(self) -> dict[str, Any]:
+        """Which tasks (groups) lie where: the held-out ones and those of each design fold
+        (``unused_folds``: positions of the folds left out for holding one outcome only)."""
+        def names(idx: np.ndarray) -> list[str]:
+            return sorted({str(g) for g in self.groups[idx].tolist()})
+        used = {id(f) for f in self.folds}
+        return {"held_out_groups": names(self.problem.held_idx), "design_folds": [names(f) for f in self.dealt],
+                "folds_used": len(self.folds),
+                "unused_folds": [i for i, f in enumerate(self.dealt) if id(f) not in used],
+                "labelled_design_episodes": int(self.train.size),
+                "labelled_held_out_episodes": int(self.held.size)}
+
+
+class PreferenceObjective(TuningObjective):
+    """Returns should order each analyst-labelled pair as the analyst did."""
+
+    name = "preferences"
+
+    def __init__(self, problem: TuningProblem, better: np.ndarray, worse: np.ndarray):
+        super().__init__(problem)
+        held = problem.held_out[better]  # a pair goes with its preferred episode's group
+        self.train = (better[~held], worse[~held])
+        self.held = (better[held], worse[held])
+        if self.train[0].size == 0:
+            raise InputError("no preference pair falls in the training split; add more pairs or "
+                             "change split_by / the held-out fraction", field="preferences")
+
+    def measure(self, state, trial):
+        r = state.combined.returns
+        return pair_agreement(r, *self.train), pair_agreement(r, *self.held)
+
+    def figures(self, weights, params):
+        r = self.problem.trial_state(weights, params).combined.returns
+        return {side: {"agreement": pair_agreement(r, *pairs), "pairs": int(pairs[0].size)}
+                for side, pairs in (("train", self.train), ("held_out", self.held))}
+
+
+class PolicyObjective(TuningObjective):
+    """A short PPO run per trial: success rate of the trained greedy policy.
+
+    Each update reports the rollout success rate (``trial.report``) so the pruner can stop
+    the run; review requests of the curriculum's L3 are not enqueued from tuning runs."""
+
+    name = "policy"
+    skip_infeasible = True
+
+    def __init__(self, problem: TuningProblem, training_data: Any, cfg: Any):
+        import torch  # PyTorch takes seconds to import: only for policy studies
+
+        super().__init__(problem)
+        tables = training_data.tables
+        if [str(x) for x in problem.frame.episode_ids.tolist()] != list(tables.episode_ids):
+            raise InputError("the simulator lists the episodes in another order than the reward frame; "
+                             "rebuild the dataset's state features", field="dataset")
+        self.base, self.cfg = training_data, cfg
+        self.train = torch.as_tensor(problem.train_idx, dtype=torch.int64)
+        self.held = torch.as_tensor(problem.held_idx, dtype=torch.int64)
+
+    def _tables(self, state: ScoredTrial) -> Any:
+        import torch  # PyTorch takes seconds to import: only for policy studies
+
+        tb = self.base.tables
+        contrib = self.problem.model.contributions(state.combined, state.w_step, state.step_values)
+        tensors = dict(tb.tensors)
+        tensors.update({
+            "step_reward": torch.as_tensor(state.combined.step_reward, dtype=torch.float32),
+            "step_reward64": torch.as_tensor(state.combined.step_reward, dtype=torch.float64),
+            "components": torch.as_tensor(np.ascontiguousarray(contrib.T), dtype=torch.float32),
+            "final": torch.as_tensor(state.combined.final, dtype=torch.float64),
+            "episode_return": torch.as_tensor(state.combined.returns, dtype=torch.float64)})
+        return replace(tb, tensors={k: v.to(tb.device) for k, v in tensors.items()})
+
+    def _train(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[Any, Any]:
+        from core.rl import ppo  # imports PyTorch: only for policy studies
+        from core.rl.sim import logged_returns  # imports PyTorch: only for policy studies
+
+        tables = self._tables(state)
+        data = ppo.TrainingData(tables=tables, train_episodes=self.train, heldout_episodes=self.held,
+                                logged_returns=logged_returns(tables, self.train), approved=self.base.approved,
+                                dataset=self.base.dataset, source=self.base.source)
+        with tempfile.TemporaryDirectory(prefix="rwb-tune-ppo-") as tmp:
+            recorder = ScoredTrialRecorder(trial, Path(tmp))
+            result = ppo.train(self.cfg, data, recorder=recorder)
+        if recorder.pruned:
+            raise optuna.TrialPruned(f"pruned after update {recorder.last_step}")
+        return result.agent, tables
+
+    def _success(self, tables: Any, agent: Any, episodes: Any) -> float | None:
+        from core.rl.rollouts import episode_stats  # imports PyTorch: only for policy studies
+
+        if episodes.numel() == 0:
+            return None
+        stats = episode_stats(tables, agent, episodes, every_episode=True, seed=self.cfg.seed,
+                              device=agent_device(agent))
+        value = stats["success_rate"]
+        return None if value is None or not math.isfinite(value) else float(value)
+
+    def measure(self, state, trial):
+        agent, tables = self._train(state, trial)
+        return self._success(tables, agent, self.train), self._success(tables, agent, self.held)
+
+    def figures(self, weights, params):
+        agent, tables = self._train(self.problem.trial_state(weights, params), None)
+        return {"train": {"success_rate": self._success(tables, agent, self.train)},
+                "held_out": {"success_rate": self._success(tables, agent, self.held)}}
+
+
+def agent_device(agent: Any) -> Any:
+    """The device an agent's parameters live on."""
+    return next(agent.parameters()).device
+
+
+@dataclass
+class ScoredTrialRecorder:
+    """core.rl.ppo's Recorder for one tuning trial: reports, prunes, keeps no checkpoint."""
+
+    trial: optuna.Trial | None
+    folder: Path
+    run_id: str = "tuning"
+    pruned: bool = False
+    last_step: int = 0
+
+    def on_update(self, update_idx: int, env_steps: int, metrics: Mapping[str, Any]) -> bool:
+        self.last_step = update_idx
+        value = metrics.get("success_rate")
+        if self.trial is None or value is None or not math.isfinite(float(value)):
+            return False
+        self.trial.report(float(value), update_idx)
+        if self.trial.should_prune():
+            self.pruned = True
+            return True
+        return False
+
+    def checkpoint_dir(self, update_idx: int) -> Path:
+        return self.folder / f"{update_idx:06d}"
+
+    def on_checkpoint(self, update_idx: int, env_steps: int, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)  # a trial's policy is not kept
+
+    def on_review(self, requests: Sequence[Any]) -> int:
+        return 0
+
+
+def policy_objective(ws: "Workspace", problem: TuningProblem, cfg: TuneConfig, dataset: str | None,
+                     episodes: str | Path | None) -> PolicyObjective:
+    """The policy objective of a study: PPO settings :data:`~core.tuning.config.POLICY_DEFAULTS`
+    under the study's own, on the simulator of ``dataset`` (or the ``episodes`` file)."""
+    from core.rl import ppo  # imports PyTorch: only for policy studies
+    from core.rl.loading import load_training_data  # imports PyTorch: only for policy studies
+
+    settings = {**POLICY_DEFAULTS, **dict(cfg.policy)}
+    ppo_cfg = ppo.PPOConfig.from_dict(settings).validate()
+    data = load_training_data(ws, problem.template, dataset=dataset, episodes_file=episodes, config=ppo_cfg)
+    return PolicyObjective(problem, data, ppo_cfg)

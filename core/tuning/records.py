@@ -1,0 +1,206 @@
+"""The workspace's records of tuning: the studies started from it (``tuning_studies``), the
+worker runs that tuned them (``tuning_runs``: progress, heartbeat, stop requests), and the
+Optuna study each record names (:func:`load_study`, in its recorded storage)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import optuna
+
+from core.base.errors import InputError
+from core.rl.runs import process_alive
+from core.tuning.storage import default_storage_url, describe_url, open_storage, study_id
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.records.store import Workspace
+
+#: Study user attribute holding the configuration every worker and `apply` reads.
+CONFIG_ATTR = "rwb"
+#: Seconds a launched worker may sit without a recorded process and still count as running.
+LAUNCH_GRACE_S = 60
+
+
+def now_iso() -> str:
+    """The time now as the workspace records it (UTC, ISO 8601, whole seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def finite(x: Any) -> Any:
+    """A result made JSON-safe: non-finite floats become None, numpy scalars Python numbers
+    (recursively through dicts, lists and tuples)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if isinstance(x, np.generic):
+        return finite(x.item())
+    return x
+
+
+def stored_url(url: str | None) -> str | None:
+    """What the workspace keeps of a storage URL: nothing for the default, the URL with any
+    password masked otherwise (secrets stay out of the workspace database)."""
+    return None if url is None else describe_url(url)
+
+
+def record_study(ws: "Workspace", name: str, storage: str | None, attrs: Mapping[str, Any], *,
+                 created_by: str) -> None:
+    """Add study ``name`` (its settings ``attrs``, as stored with the Optuna study) to the
+    workspace's list, unless it is there already."""
+    with ws.transaction() as conn:
+        conn.execute(
+            "INSERT OR IGNORE INTO tuning_studies(name, storage, objective, template_name, template_version, "
+            "template_sha256, dataset, episodes_file, config, created_by, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (name, stored_url(storage), attrs["config"]["objective"], attrs["template"]["name"],
+             attrs["template"]["version"], attrs["template"]["sha256"], attrs["data"]["dataset"],
+             attrs["data"]["episodes_file"], json.dumps(attrs["config"], sort_keys=True), created_by, now_iso()))
+
+
+def running_worker(ws: "Workspace", name: str, exclude_run: int | None) -> dict[str, Any] | None:
+    """The worker run (id, pid, host) that tunes study ``name`` on the workspace's storage now:
+    its process alive (or on another host), or launched under :data:`LAUNCH_GRACE_S` ago and its
+    process not recorded yet.  None when there is none."""
+    recent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - LAUNCH_GRACE_S))
+    for row in ws.conn.execute(
+            "SELECT r.id, r.pid, r.host, r.status, r.started_at FROM tuning_runs r JOIN tuning_studies s "
+            "ON s.name = r.study WHERE r.study=? AND r.status IN ('starting','running') AND s.storage IS NULL",
+            (name,)):
+        if row[0] == exclude_run or (row[1] is not None and row[1] == os.getpid()):
+            continue
+        queued = row[1] is None and row[3] == "starting" and (row[4] or "") >= recent
+        if queued or (row[1] is not None and process_alive(row[1], row[2]) is not False):
+            return {"run": row[0], "pid": row[1], "host": row[2]}
+    return None
+
+
+def start_run(ws: "Workspace", study: str, trials: int, run_id: int | None, *, started_by: str) -> int:
+    """Record this process as a worker run of ``study`` (the launched run ``run_id``, or a new
+    one); its id."""
+    with ws.transaction() as conn:
+        if run_id is not None:
+            row = conn.execute("SELECT study, status FROM tuning_runs WHERE id=?", (run_id,)).fetchone()
+            if row is None or row[0] != study:
+                raise InputError(f"no tuning run {run_id} of study {study!r}", field="run_id")
+            conn.execute("UPDATE tuning_runs SET status='running', pid=?, host=?, heartbeat_at=? WHERE id=?",
+                         (os.getpid(), socket.gethostname(), now_iso(), run_id))
+            return run_id
+        cur = conn.execute(
+            "INSERT INTO tuning_runs(study, status, trials_requested, pid, host, started_by, started_at, "
+            "heartbeat_at) VALUES (?, 'running', ?, ?, ?, ?, ?, ?)",
+            (study, trials, os.getpid(), socket.gethostname(), started_by, now_iso(), now_iso()))
+        return int(cur.lastrowid)
+
+
+def heartbeat(ws: "Workspace", run_id: int, done: int, best: float | None) -> bool:
+    """Record progress; True when a stop was requested."""
+    with ws.transaction() as conn:
+        conn.execute("UPDATE tuning_runs SET trials_done=?, best_value=?, heartbeat_at=? WHERE id=?",
+                     (done, best, now_iso(), run_id))
+        row = conn.execute("SELECT stop_requested FROM tuning_runs WHERE id=?", (run_id,)).fetchone()
+    return bool(row and row[0])
+
+
+def end_run(ws: "Workspace", run_id: int, status: str, *, done: int, best: float | None,
+            per_min: float | None = None, error: str | None = None) -> None:
+    """Record how worker run ``run_id`` ended (finished, stopped or failed) and its last figures."""
+    with ws.transaction() as conn:
+        conn.execute("UPDATE tuning_runs SET status=?, trials_done=?, best_value=?, trials_per_min=?, "
+                     "error=?, ended_at=?, heartbeat_at=? WHERE id=?",
+                     (status, done, best, per_min, error, now_iso(), now_iso(), run_id))
+
+
+_RUN_COLUMNS = ("id", "study", "status", "trials_requested", "trials_done", "best_value", "pid", "host",
+                "log_path", "stop_requested", "started_by", "started_at", "heartbeat_at", "ended_at",
+                "trials_per_min", "error")
+
+
+def _run_dict(row: Sequence[Any]) -> dict[str, Any]:
+    d = dict(zip(_RUN_COLUMNS, row))
+    d["stop_requested"] = bool(d["stop_requested"])
+    d["process_alive"] = process_alive(d["pid"], d["host"]) if d["status"] in ("starting", "running") else False
+    return d
+
+
+def list_studies(ws: "Workspace") -> list[dict[str, Any]]:
+    """Studies started from this workspace, newest first, each with its latest run."""
+    out = []
+    rows = ws.conn.execute("SELECT name, storage, objective, template_name, template_version, dataset, "
+                           "episodes_file, created_by, created_at FROM tuning_studies ORDER BY created_at DESC, "
+                           "name").fetchall()
+    for r in rows:
+        d = dict(zip(("name", "storage", "objective", "template_name", "template_version", "dataset",
+                      "episodes_file", "created_by", "created_at"), r))
+        runs = study_runs(ws, d["name"])
+        d["runs"] = len(runs)
+        d["latest_run"] = runs[-1] if runs else None
+        d["status"] = _study_status(runs)
+        out.append(d)
+    return out
+
+
+def study_runs(ws: "Workspace", name: str) -> list[dict[str, Any]]:
+    """Worker processes that ran a study from this workspace, oldest first."""
+    return [_run_dict(r) for r in ws.conn.execute(
+        f"SELECT {', '.join(_RUN_COLUMNS)} FROM tuning_runs WHERE study=? ORDER BY id", (name,))]
+
+
+def _study_status(runs: Sequence[Mapping[str, Any]]) -> str:
+    if any(r["status"] in ("starting", "running") and r["process_alive"] is not False for r in runs):
+        return "running"
+    if not runs:
+        return "new"
+    last = runs[-1]
+    return "interrupted" if last["status"] in ("starting", "running") else last["status"]
+
+
+def get_study(ws: "Workspace", name: str) -> dict[str, Any]:
+    """One study's workspace record (InputError when this workspace never ran it)."""
+    for s in list_studies(ws):
+        if s["name"] == name:
+            return s
+    known = ", ".join(s["name"] for s in list_studies(ws)[:10]) or "none yet"
+    raise InputError(f"no tuning study {name!r} in this workspace; known: {known} (a study on a shared "
+                     "storage that was started elsewhere needs --storage URL)", field="study")
+
+
+def storage_for(ws: "Workspace", name: str, storage: str | None = None) -> str:
+    """The storage URL of a study: ``storage`` when given, else what this workspace recorded."""
+    if storage is not None:
+        return storage
+    row = ws.conn.execute("SELECT storage FROM tuning_studies WHERE name=?", (name,)).fetchone()
+    if row is None:
+        return default_storage_url(ws)
+    if row[0] is None:
+        return default_storage_url(ws)
+    if "***" in row[0]:
+        raise InputError(f"the storage of study {name!r} ({row[0]}) needs a password that the workspace "
+                         "does not keep; give --storage with the full URL", field="storage")
+    return row[0]
+
+
+def load_study(ws: "Workspace", name: str, storage: str | None = None) -> optuna.Study:
+    """The Optuna study ``name`` (from its recorded or the given storage)."""
+    url = storage_for(ws, name, storage)
+    rdb = open_storage(url)
+    if study_id(rdb, name) is None:
+        raise InputError(f"no study {name!r} in {describe_url(url)}", field="study")
+    return optuna.load_study(study_name=name, storage=rdb)
+
+
+def study_attrs(study: optuna.Study) -> dict[str, Any]:
+    """The settings Reward Workbench stored with an Optuna study (InputError for a foreign study)."""
+    attrs = study.user_attrs.get(CONFIG_ATTR)
+    if not isinstance(attrs, dict):
+        raise InputError(f"study {study.study_name!r} was not created by Reward Workbench (no {CONFIG_ATTR!r} "
+                         "attribute)", field="study")
+    return attrs
