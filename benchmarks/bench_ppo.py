@@ -45,6 +45,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 from bench_sim import bench_tables  # noqa: E402
 from core.rl import ppo  # noqa: E402
+from core.rl.rollouts import episode_stats  # noqa: E402
 from core.rl.sim import RecordedEpisodeEnv, SimTables  # noqa: E402
 from core.state.features import INTENT_RULE_DIM, TRACE_LEN, StateEncoder  # noqa: E402
 
@@ -143,7 +144,7 @@ def run_sb3(tables: SimTables, cfg: ppo.PPOConfig, n_envs: int, encoder: StateEn
 
 def greedy_return(tables: SimTables, agent: Any, seed: int = 0) -> dict[str, float]:
     idx = torch.arange(tables.n_episodes)
-    s = ppo.episode_stats(tables, agent, idx, every_episode=True, seed=seed)
+    s = episode_stats(tables, agent, idx, every_episode=True, seed=seed)
     return {k: s[k] for k in ("return_mean", "success_rate", "off_support_rate", "mask_violations")}
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.serve.fast_policy import TOLERANCE, NumpyPolicy, numpy_policy
-from core.rl.ppo import Agent
+from core.rl.agent import Agent
 from core.state.features import CONTEXT_DIM, INTENT_RULE_DIM, PAD_TOKEN, TEXT_DIM, TRACE_LEN, StateEncoderConfig
 
 N_ACTIONS = 17

@@ -370,10 +370,11 @@ def run_tables():
 @pytest.fixture(scope="module")
 def agent(run_tables):
     from core.rl import ppo
+    from core.rl.agent import Agent
 
     tables = run_tables[0]
     cfg = ppo.PPOConfig(hidden=64, n_critics=3, encoder={"dim": 64})
-    return ppo.Agent(tables.n_actions, cfg.encoder_config(), hidden=64, n_critics=3, seed=0)
+    return Agent(tables.n_actions, cfg.encoder_config(), hidden=64, n_critics=3, seed=0)
 
 
 def test_logged_states_are_what_the_simulator_shows_on_the_log(run_tables):

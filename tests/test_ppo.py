@@ -18,7 +18,11 @@ import torch
 
 from _state_fixtures import HashEmbedder
 from core.rl import ppo
+from core.rl.agent import Agent, act
+from core.rl.checkpoints import load_agent
 from core.rl.common import AdaptiveKL, MaskedCategorical
+from core.rl.loading import load_training_data
+from core.rl.rollouts import episode_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "finance" / "sample.jsonl"
@@ -47,7 +51,7 @@ def data(tmp_path_factory):
     subset.write_text("\n".join(lines[:N_EPISODES + 1]) + "\n", encoding="utf-8")
     ws = Workspace.open(root / "ws")
     import_file(ws, subset, dataset="finance")
-    d = ppo.load_training_data(ws, "finance_risk", dataset="finance", config=tiny())
+    d = load_training_data(ws, "finance_risk", dataset="finance", config=tiny())
     yield d
     ws.close()
     mp.undo()
@@ -72,7 +76,7 @@ def test_config_round_trip_and_validation():
 
 
 # --------------------------------------------------------------------------- KL controller in a real update
-def _fixed_batch(agent: ppo.Agent, n: int = 256, seed: int = 0) -> dict:
+def _fixed_batch(agent: Agent, n: int = 256, seed: int = 0) -> dict:
     """A fixed batch on stored states (the frozen-encoder path): masks with a few actions
     each, actions sampled from the agent, its log-probs, random advantages and returns."""
     g = torch.Generator().manual_seed(seed)
@@ -94,7 +98,7 @@ def test_kl_controller_moves_beta_after_a_real_update(lr, expected):
     """lr 0 leaves π unchanged (KL 0 < 0.5·target → β×0.5); a huge step moves it far
     (KL > 1.5·target → β×1.5).  The KL is the one the update measured on the batch."""
     cfg = tiny(lr=lr if lr > 0 else 1e-3, update_epochs=3)
-    agent = ppo.Agent(40, cfg.encoder_config(), hidden=32, n_critics=2)
+    agent = Agent(40, cfg.encoder_config(), hidden=32, n_critics=2)
     opt = torch.optim.Adam(agent.parameters(), lr=lr)
     batch = _fixed_batch(agent)
     ctl = AdaptiveKL(target=cfg.kl_target, beta=1.0)
@@ -114,7 +118,7 @@ def test_kl_penalty_restrains_the_step():
     cfg = tiny(update_epochs=4, n_minibatches=1)
     kls = {}
     for beta in (0.0, 100.0):
-        agent = ppo.Agent(40, cfg.encoder_config(), hidden=32, n_critics=2, seed=1)
+        agent = Agent(40, cfg.encoder_config(), hidden=32, n_critics=2, seed=1)
         opt = torch.optim.SGD(agent.parameters(), lr=0.3)
         kls[beta] = ppo.ppo_update(agent, opt, _fixed_batch(agent, seed=3), cfg, beta)["kl"]
     assert kls[100.0] < kls[0.0]
@@ -150,15 +154,15 @@ def test_policy_never_emits_a_masked_action(data):
     """Sampled, greedy and ε-exploring actions over many states: never outside the mask."""
     tb = data.tables
     cfg = tiny()
-    agent = ppo.Agent(tb.n_actions, cfg.encoder_config(), hidden=64, n_critics=2)
+    agent = Agent(tb.n_actions, cfg.encoder_config(), hidden=64, n_critics=2)
     from core.rl.sim import BatchedSim
 
     sim = BatchedSim(tb, 64, seed=3, episodes=data.train_episodes)
     obs, mask = sim.reset()
     g = torch.Generator().manual_seed(0)
     for _ in range(24):
-        sampled = ppo.act(agent, obs, mask, greedy=False, generator=g)
-        greedy = ppo.act(agent, obs, mask, greedy=True)
+        sampled = act(agent, obs, mask, greedy=False, generator=g)
+        greedy = act(agent, obs, mask, greedy=True)
         for a in (sampled, greedy):
             assert bool(mask.gather(1, a[:, None]).all())
         out = sim.step(sampled)
@@ -223,7 +227,7 @@ def test_warm_start_imitates_the_best_logged_behaviour(data):
     expert_tokens = {int(tb.token[s]) for s in range(tb.n_steps)
                      if tb.behaviours[int(tb.step_episode[s])] == bc["behaviour"]}
     assert labels <= expert_tokens
-    agent = ppo.Agent(tb.n_actions, tiny(encoder={"dim": 64, "gating": "on"}).encoder_config(), hidden=64,
+    agent = Agent(tb.n_actions, tiny(encoder={"dim": 64, "gating": "on"}).encoder_config(), hidden=64,
                       n_critics=2)
     before = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=0, bc_min_steps=0), torch.Generator().manual_seed(0))
     after = ppo.behaviour_cloning(agent, bc, tiny(bc_epochs=25), torch.Generator().manual_seed(0))
@@ -265,7 +269,7 @@ def test_checkpoint_round_trip(data, tmp_path):
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["agent.json", "agent.safetensors", "encoder.json", "encoder.safetensors",
                      "optimizer.json", "optimizer.safetensors", "rng.safetensors", "trainer.json"]
-    loaded = ppo.load_agent(folder)
+    loaded = load_agent(folder)
     for (k, a), (k2, b) in zip(res.agent.state_dict().items(), loaded.state_dict().items()):
         assert k == k2 and torch.equal(a, b)
     # resuming from the last checkpoint of a finished run has nothing left to do
@@ -289,8 +293,8 @@ def test_short_run_beats_random_in_mask_clearly(data):
     held-out return is far above uniform-random-in-mask, with no mask violation."""
     res = ppo.train(tiny(total_steps=6144, bc_epochs=20, train_encoder=False), data)
     held = data.heldout_episodes
-    policy = ppo.episode_stats(data.tables, res.agent, held, every_episode=True, seed=5)
-    random = ppo.episode_stats(data.tables, None, held, every_episode=True, seed=5)
+    policy = episode_stats(data.tables, res.agent, held, every_episode=True, seed=5)
+    random = episode_stats(data.tables, None, held, every_episode=True, seed=5)
     assert policy["mask_violations"] == 0 and random["mask_violations"] == 0
     assert policy["episodes"] == random["episodes"] == int(held.numel())
     assert policy["return_mean"] > random["return_mean"] + 1.0, (policy["return_mean"], random["return_mean"])

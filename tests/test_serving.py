@@ -33,15 +33,8 @@ from core.guard import review
 from core.serve import serving
 from core.govern.bundle import load_bundle
 from core.base.errors import InputError
-from core.serve.serving import (
-    DecisionEngine,
-    ServingConfig,
-    _Boost,
-    alert_rules,
-    result_context,
-    step_context,
-    trace_arrays,
-)
+from core.serve.serving import DecisionEngine, ServingConfig, _Boost, alert_rules
+from core.state.features import result_context, step_context, trace_arrays
 from core.records.store import Workspace
 from core.access.users import LOCAL_ADMIN
 
@@ -166,7 +159,7 @@ def test_invalid_requests_are_refused_at_the_edge(bundle, ws, change, field):
     with pytest.raises(InputError, match="appears twice"):
         engine.decide_batch([_request("same"), _request("same")])
     engine.close()
-    assert audit.stats(ws)["records"] == 0  # nothing was served
+    assert audit.stats(ws).records == 0  # nothing was served
 
 
 def test_request_features_match_extract_features(run, bundle):
@@ -489,7 +482,7 @@ def test_decide_batch_matches_one_by_one(run, bundle, tmp_path):
     assert any(d.rl_boost for d in together)
     one.close()
     batch.close()
-    assert audit.stats(batch.ws)["records"] == len(reqs)
+    assert audit.stats(batch.ws).records == len(reqs)
 
 
 # --------------------------------------------------------------------------- promotion and production
@@ -529,7 +522,7 @@ PRODUCTION = textwrap.dedent("""
     with load("svc", ws=ws, embedder=HashEmbedder()) as engine:
         decisions = [engine.decide(r) for r in requests]
     print(json.dumps({"decisions": [[d.policy_version, d.final_action] for d in decisions],
-                      "records": audit.stats(ws)["records"],
+                      "records": audit.stats(ws).records,
                       "streamlit": "streamlit" in sys.modules}))
 """)
 
@@ -569,7 +562,7 @@ def test_cli_decide_and_metrics(run, tmp_path, capsys):
     assert [d["episode_id"] for d in out["decisions"]] == ["c1", "c2"]
     assert all(d["policy_version"] == "finance_risk@0.1.0" for d in out["decisions"])
     cli_ws = Workspace.open(tmp_path / "cli-ws")
-    assert audit.stats(cli_ws)["records"] == 2
+    assert audit.stats(cli_ws).records == 2
     cli_ws.close()
     assert main([*w, "serve", "decide", "--policy", str(run.bundle), "--request", '{"episode_id": 1}']) == 2
     assert "invalid decision request" in capsys.readouterr().err

@@ -22,7 +22,8 @@ from core.access import audit
 from core.serve import serving
 from core.govern.bundle import load_bundle
 from core.base.errors import InputError
-from core.serve.serving import DecisionEngine, ServingConfig, result_context, step_context
+from core.serve.serving import DecisionEngine, ServingConfig
+from core.state.features import result_context, step_context
 from core.records.store import Workspace
 from test_serving import LATE, STATE, _leaf_rde, _request, _tokens, _with_rde
 
@@ -139,7 +140,7 @@ def test_an_embedder_error_reaches_the_request_that_waits_for_it(bundle, ws):
     with pytest.raises(RuntimeError, match="sentence model is gone"):
         engine.decide(_request("x"))
     engine.close()
-    assert audit.stats(ws)["records"] == 0   # nothing was served
+    assert audit.stats(ws).records == 0   # nothing was served
 
 
 def test_a_background_embedder_error_is_counted_and_named_while_the_baseline_serves(bundle, ws):
@@ -154,7 +155,7 @@ def test_a_background_embedder_error_is_counted_and_named_while_the_baseline_ser
     assert again.intent_pending and again.source == "rde"
     assert "sentence model is gone" in again.explanation
     engine.close()
-    assert audit.stats(ws)["records"] == 2
+    assert audit.stats(ws).records == 2
 
 
 def _wait_embedded(engine, query: str) -> None:

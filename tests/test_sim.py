@@ -17,6 +17,7 @@ from core.base.errors import InputError
 from core.guard.masking import MaskRules
 from core.rewards import Pyramid, ScoringContext, as_template, build_frame
 from core.rl.sim import (
+    OBS_KEYS,
     RANDOM_HIGH,
     BatchedSim,
     RecordedEpisodeEnv,
@@ -560,6 +561,37 @@ def test_reused_observation_buffers_hold_the_same_values(tables):
         assert torch.equal(s1.reward, s2.reward)
     assert o2["context"].data_ptr() == reuse._context.data_ptr()      # one buffer, rewritten
     assert kept.data_ptr() != o1["context"].data_ptr()                 # fresh tensors by default
+
+
+def test_batched_sim_keeps_the_environment_protocol(tables):
+    """BatchedSim is a core.rl.env.BatchedEnv: its spec describes the observations it
+    returns, ``action_masks()`` is the mask of the current states, ``done`` is terminated
+    or truncated, and ``info`` carries every key the trainer reads (reward terms by name)."""
+    from core.rl.env import STEP_INFO_KEYS, BatchedEnv, EnvStep
+
+    sim = BatchedSim(tables, 16, seed=5)
+    assert isinstance(sim, BatchedEnv)
+    assert sim.gamma == tables.gamma and sim.component_names == tables.component_names
+    obs, mask = sim.reset(seed=5)
+    spec = sim.observation_spec()
+    assert set(spec) == set(obs) == set(OBS_KEYS)
+    gen = torch.Generator().manual_seed(5)
+    saw_done = False
+    for _ in range(2 * tables.config.step_cap):
+        for k, s in spec.items():
+            assert obs[k].shape == (16, *s.shape) and obs[k].dtype == s.dtype, k
+        assert torch.equal(sim.action_masks(), mask)
+        out = sim.step(random_masked_actions(mask, gen))
+        assert isinstance(out, EnvStep)
+        assert torch.equal(out.done, out.terminated | out.truncated)
+        assert set(STEP_INFO_KEYS) <= set(out.info)
+        assert out.info["components"].shape == (16, len(sim.component_names))
+        # the episode return is reported exactly where an episode ended
+        assert torch.equal(~torch.isnan(out.info["episode_return"]), out.done)
+        saw_done |= bool(out.done.any())
+        obs, mask = out.obs, sim.action_masks()
+        assert torch.equal(mask, out.mask)
+    assert saw_done
 
 
 def test_random_masked_actions_stay_in_the_mask():

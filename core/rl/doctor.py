@@ -169,7 +169,7 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     Returns ``{"run_id", "steps": [...], "verdict", "plain_verdict", "next_action"}`` where the
     overall verdict is the worst step's and the next action is the first failing (else warning)
     step's; each step names its figure, unit and threshold and says what to do (:func:`_step`)."""
-    from core.rl import ppo
+    from core.rl.rollouts import episode_stats
     from core.rl.runs import open_run, run_metrics
     from core.state.statemap import GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity
 
@@ -178,8 +178,8 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     steps: list[dict[str, Any]] = []
 
     # 1 + 4: a rollout of the policy as it trained (sampled actions) on training episodes
-    rollout = ppo.episode_stats(tables, agent, ctx.data.train_episodes, n_envs=min(256, episodes), seed=seed,
-                                min_episodes=episodes, greedy=False, support_episodes=None)
+    rollout = episode_stats(tables, agent, ctx.data.train_episodes, n_envs=min(256, episodes), seed=seed,
+                            min_episodes=episodes, greedy=False, support_episodes=None)
     probs = rollout["probs"]
     allowed = float(np.mean((probs > 0).sum(axis=1))) if probs is not None and len(probs) else float("nan")
     allowed_exact = _mean_allowed(tables, ctx.data.train_episodes, seed)

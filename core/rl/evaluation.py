@@ -100,7 +100,8 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     the off-policy estimate of the policy's success and return on the logged evaluation
     episodes themselves (:func:`core.rl.ope.off_policy_report`; intervals over tasks, and
     ``reliable: false`` with a note when the logs do not support the policy enough)."""
-    from core.rl import ppo
+    from core.rl.ppo import resolve_device
+    from core.rl.rollouts import episode_stats
     from core.rl.runs import open_run
     from core.rl.sim import logged_returns
 
@@ -111,7 +112,7 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     if import_options not in (None, EpisodeFileOptions()) and episodes is None:
         raise InputError("import options (--format, --messages-key, --reward-key, --id-key, --skip-invalid) "
                          "read an episodes file: give --episodes FILE too", field="import_options")
-    device = ppo.resolve_device(device)
+    device = resolve_device(device)
     ctx = open_run(ws, run_id, device=device)
     agent = ctx.agent
     if episodes is None and dataset is None:
@@ -127,8 +128,8 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     policy, random = [], []
     for r in range(int(repeats)):
         kw = dict(every_episode=True, device=device, seed=seed + 1000 * r, support_episodes="all")
-        policy.append(ppo.episode_stats(tables, agent, held, greedy=True, **kw))
-        random.append(ppo.episode_stats(tables, None, held, **kw))
+        policy.append(episode_stats(tables, agent, held, greedy=True, **kw))
+        random.append(episode_stats(tables, None, held, **kw))
     logged = logged_returns(tables, held)
     best = max(logged, key=lambda b: logged[b]) if logged else None
     pol, rnd = _summarise(policy), _summarise(random)
@@ -216,14 +217,14 @@ def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str
     """Per logged behaviour: the policy's mean return from the start states of that
     behaviour's held-out episodes (greedy, ``repeats`` passes) next to the return the
     behaviour's own logs earned there — the same requests, the same first state."""
-    from core.rl import ppo
+    from core.rl.rollouts import episode_stats
 
     labels = [tables.behaviours[i] or "unknown" for i in held.cpu().tolist()]
     out: dict[str, dict[str, Any]] = {}
     for behaviour in sorted(set(labels)):
         starts = held[torch.tensor([x == behaviour for x in labels], dtype=torch.bool, device=held.device)]
-        passes = [ppo.episode_stats(tables, agent, starts, greedy=True, every_episode=True, device=device,
-                                    seed=seed + 1000 * r, support_episodes="all") for r in range(repeats)]
+        passes = [episode_stats(tables, agent, starts, greedy=True, every_episode=True, device=device,
+                                seed=seed + 1000 * r, support_episodes="all") for r in range(repeats)]
         policy = _summarise(passes)
         out[behaviour] = {"episodes": int(starts.numel()), "logged": logged.get(behaviour),
                           "policy": policy["return_mean"], "policy_success_rate": policy["success_rate"],

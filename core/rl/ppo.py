@@ -1,12 +1,17 @@
 """Masked PPO with an adaptive KL penalty and curriculum exploration (docs/design.md §8, S000 §3.3).
 
 Reads top to bottom like CleanRL's ``ppo.py``: :class:`PPOConfig` (a docstring per
-field), the policy (:class:`Agent`: the state encoder of docs/design.md §6, a 2×256 actor over
-the action catalog whose masked logits are −inf, an ensemble of critic heads), then
-:func:`train` in paper order — rollout over the batched simulator, GAE, the clipped
-objective plus an adaptive KL penalty, gradient clipping, metrics.  The pure helpers
-(GAE, the masked categorical, the KL controller) live in :mod:`core.rl.common`; the
-minibatch optimisation is :func:`ppo_update` so a test can run it on a fixed batch.
+field), the data a run trains on (:class:`TrainingData`), the curriculum and its warm
+start, the minibatch optimisation (:func:`ppo_update`, so a test can run it on a fixed
+batch), then :func:`train` in paper order — setup, and per update: rollout
+(:func:`collect_rollout`), advantages (:func:`compute_advantages`: GAE with the L2 bonus),
+update (:func:`ppo_update`, then the KL controller), metrics (:func:`log_update`).  The
+policy is :class:`core.rl.agent.Agent` (the state encoder of docs/design.md §6, a 2×256
+actor over the action catalog whose masked logits are −inf, an ensemble of critic heads);
+the pure helpers (GAE, the masked categorical, the KL controller) live in
+:mod:`core.rl.common`.  The rollout sees the environments only through
+:class:`core.rl.env.BatchedEnv`; what a run knows beyond them (the action catalog, the
+logged baselines, the episodes behaviour cloning replays) comes from :class:`TrainingData`.
 
 The loss of one minibatch::
 
@@ -43,6 +48,7 @@ Curriculum exploration (levels unlock on measured progress; the level is a metri
 
 Example::
 
+    >>> from core.rl.loading import load_training_data                               # doctest: +SKIP
     >>> data = load_training_data(ws, "finance_risk", dataset="finance", config=cfg)  # doctest: +SKIP
     >>> result = train(PPOConfig(total_steps=100_000), data)                         # doctest: +SKIP
     >>> result.final_metrics["return_mean"]                                          # doctest: +SKIP
@@ -50,13 +56,10 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,15 +68,17 @@ import torch
 from torch import nn
 
 from core.base.errors import InputError
+from core.rl.agent import Agent, layer_names
+from core.rl.checkpoints import (CHECKPOINT_VERSION, load_agent, load_optimizer_state, load_rng_state,
+                                 load_trainer_state, save_checkpoint)
 from core.rl.common import AdaptiveKL, MaskedCategorical, gae
-from core.state.features import StateEncoder, StateEncoderConfig, load_encoder, save_encoder
+from core.rl.env import BatchedEnv
+from core.rl.rollouts import episode_stats, mean_return
+from core.rl.sim import BatchedSim, SimConfig, SimTables, random_masked_actions
+from core.state.features import StateEncoderConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.guard.review import ReviewRequest
-    from core.rl.sim import SimTables
-    from core.records.store import Workspace
-
-CHECKPOINT_VERSION = 1
 
 
 # =========================================================================== config
@@ -224,9 +229,7 @@ class PPOConfig:
     def encoder_config(self) -> StateEncoderConfig:
         return StateEncoderConfig.from_dict({"seed": self.seed, **TRAINING_ENCODER_DEFAULTS, **self.encoder})
 
-    def sim_config(self) -> Any:
-        from core.rl.sim import SimConfig
-
+    def sim_config(self) -> SimConfig:
         known = {f.name for f in fields(SimConfig)}
         unknown = sorted(set(self.sim) - known)
         if unknown:
@@ -243,60 +246,12 @@ def resolve_device(device: str) -> str:
     return str(device)
 
 
-# =========================================================================== policy
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    """Orthogonal weights, constant bias (CleanRL's initialisation)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
-class Agent(nn.Module):
-    """State encoder → actor logits over the catalog and K critic heads.
-
-    ``state(obs)`` is the 512-d encoded state; ``heads(state)`` returns ``(logits [B, A],
-    values [B, K])``.  The caller masks the logits (:class:`MaskedCategorical`)."""
-
-    def __init__(self, n_actions: int, encoder_config: StateEncoderConfig, *, hidden: int = 256,
-                 n_critics: int = 5, seed: int = 0):
-        super().__init__()
-        self.n_actions, self.hidden, self.n_critics = int(n_actions), int(hidden), int(n_critics)
-        self.encoder = StateEncoder(encoder_config, n_actions=n_actions)
-        d = encoder_config.dim
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.actor = nn.Sequential(
-                layer_init(nn.Linear(d, hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, n_actions), std=0.01))
-            self.critic = nn.Sequential(
-                layer_init(nn.Linear(d, hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, hidden)), nn.Tanh())
-            # K heads as one matrix: column k is head k (different random init per head).
-            self.critic_heads = layer_init(nn.Linear(hidden, n_critics), std=1.0)
-
-    def state(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.encoder(obs)
-
-    def heads(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.actor(state), self.critic_heads(self.critic(state))
-
-    def architecture(self) -> dict[str, Any]:
-        return {"n_actions": self.n_actions, "hidden": self.hidden, "n_critics": self.n_critics,
-                "encoder": self.encoder.config_dict()}
-
-
-def layer_names(agent: nn.Module) -> list[str]:
-    """Modules that own parameters directly: the "layers" of the per-layer gradient norms."""
-    return [name for name, m in agent.named_modules() if any(True for _ in m.parameters(recurse=False))]
-
-
 # =========================================================================== data
 @dataclass
 class TrainingData:
     """What a run trains on: simulator tables, the split, baselines and review feedback."""
 
-    tables: "SimTables"
+    tables: SimTables
     train_episodes: torch.Tensor
     heldout_episodes: torch.Tensor
     #: Mean logged template return per behaviour, on the training episodes.
@@ -310,66 +265,14 @@ class TrainingData:
     def best_behaviour(self) -> str:
         return max(self.logged_returns, key=lambda b: self.logged_returns[b])
 
+    def on(self, device: str | torch.device) -> "TrainingData":
+        """This data with the simulator tables on ``device``."""
+        return replace(self, tables=self.tables.to(device))
 
-def masks_for_domain(domain: str | None) -> Path | None:
-    """The committed mask rules of a domain (``datasets/<domain>/masks.yaml``), if any."""
-    from core.data.datasets import datasets_dir
-
-    if not domain:
-        return None
-    path = datasets_dir() / str(domain) / "masks.yaml"
-    return path if path.is_file() else None
-
-
-def domain_masks(ws: "Workspace", dataset: str) -> Path | None:
-    """The committed mask rules of a dataset's domain (``datasets/<domain>/masks.yaml``), if any."""
-    row = ws.conn.execute("SELECT domain FROM datasets WHERE name=?", (dataset,)).fetchone()
-    return masks_for_domain(row[0] if row else None)
-
-
-#: ``masks=DOMAIN_MASKS``: the committed rules of the data's domain (the default).
-DOMAIN_MASKS = "domain"
-
-
-def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = None,
-                       episodes_file: str | Path | None = None, masks: Any = DOMAIN_MASKS,
-                       config: PPOConfig | None = None) -> TrainingData:
-    """Simulator tables of a dataset (or episodes file) under ``template`` and ``masks``
-    (rules, a YAML file or text, None for no rules, or by default the committed rules of the
-    data's domain, ``datasets/<domain>/masks.yaml``), always joined by the workspace's review
-    rules; the train / held-out split; logged returns; approved review examples."""
-    from core.guard.masking import MaskRules
-    from core.guard.review import approved_examples, with_review_rules
-    from core.rl.sim import build_sim_tables, build_sim_tables_from, logged_returns, split_episodes
-
-    cfg = config or PPOConfig()
-    if (dataset is None) == (episodes_file is None):
-        raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file (--episodes FILE)")
-    parsed = None
-    if episodes_file is not None:
-        from core.data.importers import read_file
-
-        parsed = read_file(episodes_file)
-        if not parsed.episodes:
-            raise InputError("the episodes file holds no episodes", file=str(episodes_file))
-    if isinstance(masks, str) and masks == DOMAIN_MASKS:
-        masks = (domain_masks(ws, dataset) if dataset is not None
-                 else masks_for_domain(parsed.episodes[0].domain))  # type: ignore[union-attr]
-    rules = masks if isinstance(masks, MaskRules) or masks is None else MaskRules.from_yaml(masks)
-    if dataset is not None:
-        tables = build_sim_tables(ws, dataset, template, masks=rules, config=cfg.sim_config())
-        source = f"dataset {dataset}"
-    else:
-        from core.base.embed import workspace_embedder
-
-        rules = with_review_rules(rules or MaskRules(), ws, None)
-        tables = build_sim_tables_from(parsed.episodes, parsed.tools, template, masks=rules,
-                                       config=cfg.sim_config(), embedder=workspace_embedder(ws))
-        source = f"file {episodes_file}"
-    train_idx, held_idx = split_episodes(tables, cfg.heldout_fraction, cfg.seed, by=cfg.heldout_by)
-    return TrainingData(tables=tables, train_episodes=train_idx, heldout_episodes=held_idx,
-                        logged_returns=logged_returns(tables, train_idx),
-                        approved=approved_examples(ws, dataset), dataset=dataset, source=source)
+    def training_envs(self, n_envs: int, *, device: str | torch.device, seed: int) -> BatchedEnv:
+        """The batched simulator over the training episodes: the environments PPO rolls out in."""
+        return BatchedSim(self.tables, n_envs, device=device, seed=seed, episodes=self.train_episodes,
+                          reuse_obs_buffers=True)    # the rollout copies what it keeps
 
 
 # =========================================================================== helpers
@@ -379,7 +282,7 @@ def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
     return float("nan") if var_y == 0 else 1.0 - float((y_true - y_pred).var()) / var_y
 
 
-def token_groups(tables: "SimTables") -> tuple[list[str], torch.Tensor]:
+def token_groups(tables: SimTables) -> tuple[list[str], torch.Tensor]:
     """Tool (or special kind) of every catalog token, as group names and a [A] index."""
     names = [t.tool if t.tool else f"({t.kind})" for t in tables.catalog.tokens]
     groups = sorted(set(names))
@@ -392,15 +295,6 @@ def group_entropy(mass: torch.Tensor, group: torch.Tensor, n_groups: int) -> tor
     q = mass / total[group].clamp_min(1e-12)
     plogq = torch.where(q > 0, q * torch.log(q.clamp_min(1e-30)), torch.zeros_like(q))
     return -torch.zeros(n_groups, dtype=mass.dtype, device=mass.device).index_add_(0, group, plogq)
-
-
-def act(agent: Agent, obs: Mapping[str, torch.Tensor], mask: torch.Tensor, *, greedy: bool = True,
-        generator: torch.Generator | None = None) -> torch.Tensor:
-    """Actions of the policy for a batch of states (greedy or sampled), never a masked one."""
-    with torch.no_grad():
-        logits, _ = agent.heads(agent.state(obs))
-        dist = MaskedCategorical(logits, mask)
-        return dist.greedy() if greedy else dist.sample(generator)
 
 
 class Curriculum:
@@ -432,6 +326,7 @@ class Curriculum:
         return {"level": self.level, "streak": self.streak, "updates_at_level": self.updates_at_level}
 
 
+
 # =========================================================================== warm start (L0)
 def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int, gamma: float
                    ) -> dict[str, Any]:
@@ -444,8 +339,6 @@ def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int,
     environment stops collecting there.  Monte-Carlo returns of the followed logs seed the
     critic.  Returns ``obs`` (dict of [N, …]), ``mask`` [N, A], ``action`` [N], ``returns``
     [N], ``n_logged``, ``n_approved``, ``approved_skipped``."""
-    from core.rl.sim import BatchedSim
-
     tb = data.tables
     best = data.best_behaviour
     train = data.train_episodes.cpu().tolist()
@@ -541,6 +434,7 @@ def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, gener
     return {"bc_samples": float(n), "bc_accuracy": acc, "bc_loss": loss}
 
 
+
 # =========================================================================== the update
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: Mapping[str, Any], cfg: PPOConfig,
                beta: float, *, train_policy: bool = True, generator: torch.Generator | None = None,
@@ -627,90 +521,14 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: Mapping[st
             if epoch == cfg.update_epochs - 1:
                 last_kl += kl.detach()
     per_mb = cfg.n_minibatches
-    out = {k: float(v) / n_steps for k, v in stats.items()}
+    out: dict[str, Any] = {k: float(v) / n_steps for k, v in stats.items()}
     out["kl_last_epoch"] = float(last_kl) / per_mb
     # Layers that took part in this update (L0 leaves the encoder and the actor out); a
     # trained layer whose norm is ~0 is what the gradient-flow diagnosis looks for.
-    norms = (grad_sq / n_steps).sqrt().cpu().tolist()
+    layer_norms = (grad_sq / n_steps).sqrt().cpu().tolist()
     took_part = touched.cpu().tolist()
-    out["grad_norms"] = {n: g for n, g, t in zip(names, norms, took_part) if t}
+    out["grad_norms"] = {n: g for n, g, t in zip(names, layer_norms, took_part) if t}
     return out
-
-
-# =========================================================================== checkpoints
-def save_checkpoint(folder: Path, agent: Agent, optimizer: torch.optim.Optimizer, trainer: Mapping[str, Any],
-                    generators: Mapping[str, torch.Generator]) -> Path:
-    """Write a checkpoint folder atomically: ``agent.safetensors`` + ``agent.json`` (actor and
-    critics), ``encoder.safetensors`` + ``encoder.json``, ``optimizer.safetensors`` +
-    ``optimizer.json`` (Adam moments as tensors, the rest as JSON), ``trainer.json``
-    (update, env steps, β, curriculum …) and ``rng.safetensors``.  No pickle."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    policy = {k: v.detach().cpu().contiguous() for k, v in agent.state_dict().items()
-              if not k.startswith("encoder.")}
-    save_file(policy, str(tmp / "agent.safetensors"))
-    (tmp / "agent.json").write_text(json.dumps({"version": CHECKPOINT_VERSION, **agent.architecture()}, indent=2))
-    save_encoder(agent.encoder, tmp, "encoder")
-    opt_state = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for pid, st in opt_state["state"].items():
-        for key, val in st.items():
-            if isinstance(val, torch.Tensor):
-                tensors[f"{pid}.{key}"] = val.detach().cpu().contiguous()
-            else:
-                scalars.setdefault(str(pid), {})[key] = val
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "optimizer.json").write_text(json.dumps({"param_groups": opt_state["param_groups"],
-                                                    "scalars": scalars}, indent=2))
-    save_file({**{k: g.get_state().cpu() for k, g in generators.items()}, "torch_cpu": torch.get_rng_state()},
-              str(tmp / "rng.safetensors"))
-    (tmp / "trainer.json").write_text(json.dumps(dict(trainer), indent=2, default=float))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return folder
-
-
-def load_agent(folder: str | Path, device: str | torch.device = "cpu") -> Agent:
-    """The agent (encoder, actor, critics) of a checkpoint folder."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    meta_path = folder / "agent.json"
-    if not meta_path.is_file():
-        raise InputError(f"no checkpoint in {folder} (agent.json missing)", file=str(folder))
-    meta = json.loads(meta_path.read_text())
-    encoder = load_encoder(folder, "encoder", device="cpu")
-    agent = Agent(int(meta["n_actions"]), encoder.config, hidden=int(meta["hidden"]),
-                  n_critics=int(meta["n_critics"]))
-    agent.encoder.load_state_dict(encoder.state_dict())
-    missing, unexpected = agent.load_state_dict(load_file(str(folder / "agent.safetensors")), strict=False)
-    missing = [k for k in missing if not k.startswith("encoder.")]
-    if missing or unexpected:
-        raise InputError(f"checkpoint {folder} does not fit the policy (missing {missing}, unexpected "
-                         f"{unexpected})", file=str(folder))
-    return agent.to(device)
-
-
-def load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
-    """Restore the optimizer state :func:`save_checkpoint` wrote."""
-    from safetensors.torch import load_file
-
-    meta = json.loads((folder / "optimizer.json").read_text())
-    tensors = load_file(str(folder / "optimizer.safetensors"), device=str(device))
-    state: dict[int, dict[str, Any]] = {}
-    for key, val in tensors.items():
-        pid, name = key.split(".", 1)
-        # Adam keeps `step` on the CPU unless capturable/fused
-        state.setdefault(int(pid), {})[name] = val.cpu() if name == "step" else val
-    for pid, sc in meta["scalars"].items():
-        state.setdefault(int(pid), {}).update(sc)
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
 # =========================================================================== training
@@ -774,378 +592,462 @@ def _review_requests(data: TrainingData, flags: torch.Tensor, actions: torch.Ten
     return out
 
 
-def train(cfg: PPOConfig, data: TrainingData, *, recorder: Recorder | None = None,
-          resume_from: Path | None = None, progress: Callable[[dict[str, Any]], None] | None = None
-          ) -> TrainResult:
-    """Train a masked PPO policy on ``data`` (see the module docstring for the algorithm).
 
-    ``recorder`` receives each update's metrics (and may ask to stop), checkpoints and L3
-    review items; ``resume_from`` continues from a checkpoint folder."""
-    from core.rl.sim import BatchedSim, random_masked_actions
 
-    cfg.validate()
-    t_start = time.time()
-    # ------------------------------------------------------------------ seeding & device
+# --------------------------------------------------------------------------- setup
+def seed_everything(cfg: PPOConfig) -> str:
+    """The device the run trains on, with torch's and numpy's global generators seeded."""
     device = resolve_device(cfg.device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    generator = torch.Generator(device="cpu").manual_seed(cfg.seed)       # minibatches, bootstrap masks
-    tb = data.tables.to(device)
-    data = TrainingData(**{**data.__dict__, "tables": tb})
-    gamma = float(cfg.gamma if cfg.gamma is not None else tb.gamma)
+    return device
 
-    # ------------------------------------------------------------------ environment
-    sim = BatchedSim(tb, cfg.n_envs, device=device, seed=cfg.seed, episodes=data.train_episodes,
-                     reuse_obs_buffers=True)    # the rollout copies what it keeps
-    act_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)   # action sampling, on the device
-    A, B, T = tb.n_actions, cfg.n_envs, cfg.rollout_len
-    high_risk = torch.tensor([t.risk == "high" for t in tb.catalog.tokens], dtype=torch.bool, device=device)
-    groups, group_of = token_groups(tb)
-    group_of = group_of.to(device)
-    batch_size = B * T
-    num_updates = max(1, math.ceil(cfg.total_steps / batch_size))
 
-    # ------------------------------------------------------------------ agent & optimizer
-    agent = Agent(A, cfg.encoder_config(), hidden=cfg.hidden, n_critics=cfg.n_critics, seed=cfg.seed).to(device)
-    layers = layer_names(agent)
+def training_envs(cfg: PPOConfig, data: TrainingData | None, env: BatchedEnv | None, device: str) -> BatchedEnv:
+    """The environments PPO rolls out in: ``env``, else the batched simulator over the
+    data's training episodes.  Without recorded episodes there is no curriculum."""
+    if data is None and (env is None or cfg.curriculum):
+        raise InputError("training needs recorded episodes (TrainingData): the curriculum clones and measures "
+                         "against them; an environment alone trains with curriculum=False", field="curriculum")
+    if env is not None:
+        if env.n_envs != cfg.n_envs:
+            raise InputError(f"the environment batches {env.n_envs} environments, the config's n_envs is "
+                             f"{cfg.n_envs}", field="n_envs")
+        return env
+    if data is None:
+        raise InputError("training needs recorded episodes (TrainingData) or an environment", field="data")
+    return data.training_envs(cfg.n_envs, device=device, seed=cfg.seed)
 
-    # ------------------------------------------------------------------ baselines for progress
-    # Random-in-mask return on the training episodes: progress 0; the best logged behaviour: 1.
-    best_logged = data.logged_returns[data.best_behaviour]
-    random_return = mean_return(tb, None, data.train_episodes, n_envs=min(512, 4 * B), device=device,
-                                seed=cfg.seed + 1, min_episodes=512, support_episodes=None)
+
+@dataclass
+class ActionKinds:
+    """What the trainer knows of the actions beyond their number: the high-risk ones
+    (ε-exploration reaches them only at L3) and the tool of each (per-tool entropy)."""
+
+    high_risk: torch.Tensor
+    """Bool[A]"""
+    groups: list[str]
+    """tool names (a special token's kind in parentheses)"""
+    group_of: torch.Tensor
+    """Long[A]: index into ``groups``"""
+
+
+def action_kinds(data: TrainingData | None, n_actions: int, device: str) -> ActionKinds:
+    """The catalog's risks and tools; an environment without a catalog has one group and no high risk."""
+    if data is None:
+        none = torch.zeros(n_actions, dtype=torch.int64, device=device)
+        return ActionKinds(high_risk=none.bool(), groups=["actions"], group_of=none)
+    tokens = data.tables.catalog.tokens
+    groups, group_of = token_groups(data.tables)
+    return ActionKinds(high_risk=torch.tensor([t.risk == "high" for t in tokens], dtype=torch.bool, device=device),
+                       groups=groups, group_of=group_of.to(device))
+
+
+@dataclass
+class ProgressScale:
+    """The curriculum's progress scale: 0 = random-in-mask, 1 = the best logged behaviour,
+    measured by the greedy policy from a fixed sample of training episodes."""
+
+    random_return: float
+    best_logged: float
+    eval_starts: torch.Tensor
+
+
+def progress_scale(cfg: PPOConfig, data: TrainingData | None, device: str) -> ProgressScale | None:
+    """Both ends of the progress scale on the training episodes (None without recorded episodes)."""
+    if data is None:
+        return None
+    random_return = mean_return(data.tables, None, data.train_episodes, n_envs=min(512, 4 * cfg.n_envs),
+                                device=device, seed=cfg.seed + 1, min_episodes=512, support_episodes=None)
     pick = torch.randperm(int(data.train_episodes.numel()), generator=torch.Generator().manual_seed(cfg.seed))
-    eval_starts = data.train_episodes.cpu()[pick[:cfg.eval_episodes]]
+    return ProgressScale(random_return=random_return, best_logged=data.logged_returns[data.best_behaviour],
+                         eval_starts=data.train_episodes.cpu()[pick[:cfg.eval_episodes]])
 
-    kl_ctl = AdaptiveKL(target=cfg.kl_target, beta=cfg.beta0, adaptive=cfg.adaptive_kl)
-    curriculum = Curriculum(cfg, level=0 if cfg.curriculum else 1)
-    start_update, env_steps, review_count = 0, 0, 0
-    warm: dict[str, Any] = {}
-    history: list[dict[str, Any]] = []
 
-    # ------------------------------------------------------------------ resume, or warm start (L0)
-    if resume_from is not None:
-        loaded = load_agent(resume_from, device)
-        agent.load_state_dict(loaded.state_dict())
-        trainer = json.loads((Path(resume_from) / "trainer.json").read_text())
-        start_update, env_steps = int(trainer["update"]), int(trainer["env_steps"])
-        review_count = int(trainer.get("review_items", 0))
-        kl_ctl.beta = float(trainer["beta"])
-        curriculum = Curriculum(cfg, **trainer["curriculum"])
-        warm = trainer.get("warm_start", {})
-        from safetensors.torch import load_file
+@dataclass
+class TrainerState:
+    """The counters a run carries from update to update, and through a checkpoint."""
 
-        rng = load_file(str(Path(resume_from) / "rng.safetensors"))
-        generator.set_state(rng["generator"])
-        act_gen.set_state(rng["act_generator"].to(act_gen.get_state().device))
-        torch.set_rng_state(rng["torch_cpu"])
-        sim.seed(cfg.seed + 7919 * start_update)
-    elif cfg.curriculum:
-        bc = warm_start_set(data, device=device, seed=cfg.seed, gamma=gamma)
-        warm = {"behaviour": bc["behaviour"], "episodes": bc["episodes"], "bc_logged_steps": bc["n_logged"],
-                "bc_approved_steps": bc["n_approved"], "approved_skipped": bc["approved_skipped"]}
-        warm.update(behaviour_cloning(agent, bc, cfg, generator))
+    curriculum: Curriculum
+    update: int = 0
+    env_steps: int = 0
+    review_items: int = 0
+    warm_start: dict[str, Any] = field(default_factory=dict)
+
+
+def resume(folder: Path, agent: Agent, cfg: PPOConfig, kl_ctl: AdaptiveKL,
+           generators: Mapping[str, torch.Generator], device: str) -> TrainerState:
+    """Load a checkpoint's agent, β, counters and random generators into this run."""
+    agent.load_state_dict(load_agent(folder, device).state_dict())
+    trainer = load_trainer_state(folder)
+    kl_ctl.beta = float(trainer["beta"])
+    rng = load_rng_state(folder)
+    for name, gen in generators.items():
+        gen.set_state(rng[name].to(gen.get_state().device))
+    torch.set_rng_state(rng["torch_cpu"])
+    return TrainerState(curriculum=Curriculum(cfg, **trainer["curriculum"]), update=int(trainer["update"]),
+                        env_steps=int(trainer["env_steps"]), review_items=int(trainer.get("review_items", 0)),
+                        warm_start=trainer.get("warm_start", {}))
+
+
+def start_fresh(agent: Agent, data: TrainingData | None, cfg: PPOConfig, *, device: str, gamma: float,
+                generator: torch.Generator) -> TrainerState:
+    """A fresh run's state; with the curriculum, after L0's behaviour cloning of the best
+    logged behaviour (and the approved steps), whose sizes and fit the state keeps."""
+    state = TrainerState(curriculum=Curriculum(cfg, level=0 if cfg.curriculum else 1))
+    if not cfg.curriculum or data is None:
+        return state
+    bc = warm_start_set(data, device=device, seed=cfg.seed, gamma=gamma)
+    state.warm_start = {"behaviour": bc["behaviour"], "episodes": bc["episodes"], "bc_logged_steps": bc["n_logged"],
+                        "bc_approved_steps": bc["n_approved"], "approved_skipped": bc["approved_skipped"]}
+    state.warm_start.update(behaviour_cloning(agent, bc, cfg, generator))
+    return state
+
+
+def make_optimizer(agent: Agent, cfg: PPOConfig, resume_from: Path | None, device: str) -> torch.optim.Optimizer:
+    """Adam over what PPO trains (the encoder only with ``train_encoder``), with a
+    checkpoint's moments when resuming."""
     if not cfg.train_encoder:
         agent.encoder.requires_grad_(False)
     optimizer = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=cfg.lr, eps=1e-5)
     if resume_from is not None:
         load_optimizer_state(Path(resume_from), optimizer, device)
+    return optimizer
 
-    # ------------------------------------------------------------------ rollout storage
-    next_obs, next_mask = sim.reset()
-    obs_buf = {k: torch.zeros((T, B, *v.shape[1:]), dtype=v.dtype, device=device)
-               for k, v in next_obs.items()} if cfg.train_encoder else {}
-    state_buf = torch.zeros((T, B, agent.encoder.config.dim), device=device)
-    masks = torch.zeros((T, B, A), dtype=torch.bool, device=device)
-    actions = torch.zeros((T, B), dtype=torch.int64, device=device)
-    logprobs = torch.zeros((T, B), device=device)
-    old_logp_all = torch.zeros((T, B, A), device=device)
-    rewards = torch.zeros((T, B), device=device)
-    dones = torch.zeros((T, B), device=device)
-    values = torch.zeros((T, B, cfg.n_critics), device=device)
-    pointers = torch.zeros((T, B), dtype=torch.int64, device=device)
-    flags = torch.zeros((T, B), dtype=torch.bool, device=device)
-    ep_return = torch.full((T, B), float("nan"), device=device)
-    ep_success = torch.full((T, B), float("nan"), device=device)
-    components = torch.zeros((T, B, tb.n_components), device=device)
-    off_support = torch.zeros((T, B), dtype=torch.bool, device=device)
-    violations = torch.zeros((T, B), dtype=torch.bool, device=device)
-    next_done = torch.zeros(B, device=device)
-    last_action = torch.full((B,), -1, dtype=torch.int64, device=device)
-    streak = torch.zeros(B, dtype=torch.int64, device=device)
-    stopped = False
 
-    for update in range(start_update + 1, num_updates + 1):
-        t_update = time.time()
-        level = curriculum.level
-        if cfg.anneal_lr:
-            frac = 1.0 - (update - 1.0) / num_updates
-            optimizer.param_groups[0]["lr"] = frac * cfg.lr
-        eps = cfg.epsilon if (cfg.curriculum and level >= 1) else 0.0
+# --------------------------------------------------------------------------- rollout
+@dataclass
+class Rollout:
+    """One rollout, T steps × B environments (reused from update to update), and where
+    the next one starts: ``next_obs``/``next_mask``/``next_done``, and the L3 watch
+    (``last_action``, ``streak``: the same high-risk action again and again)."""
 
-        # -------------------------------------------------------------- rollout
-        for step in range(T):
-            if cfg.train_encoder:
-                for k in obs_buf:
-                    obs_buf[k][step] = next_obs[k]
-            masks[step] = next_mask
-            dones[step] = next_done
-            pointers[step] = sim.pointer
-            with torch.no_grad():
-                state = agent.state(next_obs)
-                logits, value = agent.heads(state)
-                dist = MaskedCategorical(logits, next_mask)
-            state_buf[step] = state
-            values[step] = value
-            old_logp_all[step] = dist.log_probs_all
-            if cfg.curriculum and level == 0:
-                action = dist.greedy()
-                behaviour_logp = dist.log_prob(action)
-            else:
-                action = dist.sample(act_gen)
-                if eps > 0:
-                    # ε: uniform among the unmasked actions (high-risk ones only at L3)
-                    explore = next_mask & ~high_risk if level < 3 else next_mask
-                    explore = torch.where(explore.any(1, keepdim=True), explore, next_mask)
-                    rand_action = random_masked_actions(explore, act_gen)
-                    use_rand = torch.rand(B, device=device, generator=act_gen) < eps
-                    action = torch.where(use_rand, rand_action, action)
-                    # μ(a) = (1 − ε)·π(a) + ε·[a explorable]/n_explorable: the behaviour's probability
-                    uniform = explore.gather(1, action[:, None]).squeeze(1) / explore.sum(1).clamp_min(1)
-                    behaviour_logp = torch.log((1 - eps) * dist.log_prob(action).exp() + eps * uniform)
-                else:
-                    behaviour_logp = dist.log_prob(action)
-            actions[step] = action
-            logprobs[step] = behaviour_logp
+    obs: dict[str, torch.Tensor]
+    """[T, B, …] observations (kept only when PPO trains the encoder)"""
+    state: torch.Tensor
+    """[T, B, D] encoded states"""
+    masks: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    """log μ(a): the behaviour that acted (π, or its ε-mixture)"""
+    old_logp_all: torch.Tensor
+    """[T, B, A] log π_old, for the KL"""
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    """1 where the observation started a new episode (CleanRL's convention)"""
+    values: torch.Tensor
+    """[T, B, K] the critic heads"""
+    state_steps: torch.Tensor
+    """recorded step of each state (info["state_step"]; kept when the curriculum may queue reviews)"""
+    flags: torch.Tensor
+    """high-risk repeats (L3 review items)"""
+    ep_return: torch.Tensor
+    ep_success: torch.Tensor
+    components: torch.Tensor
+    off_support: torch.Tensor
+    violations: torch.Tensor
+    next_obs: Mapping[str, torch.Tensor]
+    next_mask: torch.Tensor
+    next_done: torch.Tensor
+    last_action: torch.Tensor
+    streak: torch.Tensor
 
-            # L3 watch: the same high-risk action again and again in one episode
-            same = (action == last_action) & high_risk[action]
-            streak = torch.where(same, streak + 1, high_risk[action].long())
-            flags[step] = streak == cfg.high_risk_repeat
 
-            out = sim.step(action)
-            rewards[step] = out.reward
-            done = out.terminated | out.truncated
-            next_obs, next_mask, next_done = out.obs, out.mask, done.float()
-            ep_return[step] = out.info["episode_return"]
-            ep_success[step] = out.info["success"]
-            components[step] = out.info["components"]
-            off_support[step] = out.info["off_support"]
-            violations[step] = out.info["mask_violation"] | ~masks[step].gather(1, action[:, None]).squeeze(1)
-            last_action = torch.where(done, torch.full_like(action, -1), action)
-            streak = torch.where(done, torch.zeros_like(streak), streak)
-        env_steps += batch_size
+def start_rollouts(env: BatchedEnv, cfg: PPOConfig, state_dim: int, device: str, *, seed: int) -> Rollout:
+    """Reset the environments (reseeded) and allocate the rollout storage."""
+    next_obs, next_mask = env.reset(seed=seed)
+    T, B, A, K = cfg.rollout_len, env.n_envs, env.n_actions, cfg.n_critics
+    zeros = lambda *shape, dtype=torch.float32: torch.zeros((T, B, *shape), dtype=dtype, device=device)  # noqa: E731
+    nan = lambda: torch.full((T, B), float("nan"), device=device)  # noqa: E731
+    obs = ({k: zeros(*spec.shape, dtype=spec.dtype) for k, spec in env.observation_spec().items()}
+           if cfg.train_encoder else {})
+    return Rollout(obs=obs, state=zeros(state_dim), masks=zeros(A, dtype=torch.bool),
+                   actions=zeros(dtype=torch.int64), logprobs=zeros(), old_logp_all=zeros(A), rewards=zeros(),
+                   dones=zeros(), values=zeros(K), state_steps=zeros(dtype=torch.int64),
+                   flags=zeros(dtype=torch.bool), ep_return=nan(), ep_success=nan(),
+                   components=zeros(len(env.component_names)), off_support=zeros(dtype=torch.bool),
+                   violations=zeros(dtype=torch.bool), next_obs=next_obs, next_mask=next_mask,
+                   next_done=torch.zeros(B, device=device),
+                   last_action=torch.full((B,), -1, dtype=torch.int64, device=device),
+                   streak=torch.zeros(B, dtype=torch.int64, device=device))
 
-        # -------------------------------------------------------------- advantages (GAE), with the L2 UCB bonus
+
+def behaviour_action(dist: MaskedCategorical, mask: torch.Tensor, *, greedy: bool, epsilon: float,
+                     explorable: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(action, log μ(action))`` of the behaviour that acts: π greedy (L0), π sampled, or the
+    mixture μ = (1 − ε)·π + ε·uniform over the explorable unmasked actions (from L1)."""
+    if greedy:
+        action = dist.greedy()
+        return action, dist.log_prob(action)
+    action = dist.sample(generator)
+    if epsilon <= 0:
+        return action, dist.log_prob(action)
+    explore = mask & explorable
+    explore = torch.where(explore.any(1, keepdim=True), explore, mask)
+    rand_action = random_masked_actions(explore, generator)
+    use_rand = torch.rand(mask.shape[0], device=mask.device, generator=generator) < epsilon
+    action = torch.where(use_rand, rand_action, action)
+    # μ(a) = (1 − ε)·π(a) + ε·[a explorable]/n_explorable: the behaviour's probability
+    uniform = explore.gather(1, action[:, None]).squeeze(1) / explore.sum(1).clamp_min(1)
+    return action, torch.log((1 - epsilon) * dist.log_prob(action).exp() + epsilon * uniform)
+
+
+def collect_rollout(env: BatchedEnv, agent: Agent, ro: Rollout, cfg: PPOConfig, *, level: int, epsilon: float,
+                    high_risk: torch.Tensor, generator: torch.Generator) -> None:
+    """Step the environments ``cfg.rollout_len`` times with the behaviour of ``level``, filling ``ro``."""
+    greedy = cfg.curriculum and level == 0
+    explorable = high_risk.new_ones(high_risk.shape) if level >= 3 else ~high_risk   # high-risk only at L3
+    for step in range(cfg.rollout_len):
+        for k in ro.obs:
+            ro.obs[k][step] = ro.next_obs[k]
+        ro.masks[step] = ro.next_mask
+        ro.dones[step] = ro.next_done
         with torch.no_grad():
-            next_value_heads = agent.heads(agent.state(next_obs))[1]
-        sigma = values.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(rewards)
-        bonus = torch.zeros_like(rewards)
-        if cfg.curriculum and level >= 2 and cfg.ucb_coef > 0:
-            next_sigma = next_value_heads.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(next_done)
-            sigma_next = torch.cat([sigma[1:], next_sigma[None]], dim=0)
-            alive_next = 1.0 - torch.cat([dones[1:], next_done[None]], dim=0)
-            bonus = cfg.ucb_coef * sigma_next * alive_next
-        advantages, returns = gae(rewards + bonus, values.mean(-1), dones, next_value_heads.mean(-1), next_done,
-                                  gamma, cfg.gae_lambda)
+            state = agent.state(ro.next_obs)
+            logits, value = agent.heads(state)
+            dist = MaskedCategorical(logits, ro.next_mask)
+        ro.state[step], ro.values[step], ro.old_logp_all[step] = state, value, dist.log_probs_all
+        action, ro.logprobs[step] = behaviour_action(dist, ro.next_mask, greedy=greedy, epsilon=epsilon,
+                                                     explorable=explorable, generator=generator)
+        ro.actions[step] = action
+        # L3 watch: the same high-risk action again and again in one episode
+        same = (action == ro.last_action) & high_risk[action]
+        ro.streak = torch.where(same, ro.streak + 1, high_risk[action].long())
+        ro.flags[step] = ro.streak == cfg.high_risk_repeat
 
-        # -------------------------------------------------------------- flatten the batch
-        b = {
-            "mask": masks.reshape(batch_size, A), "actions": actions.reshape(-1), "logprobs": logprobs.reshape(-1),
-            "old_logp_all": old_logp_all.reshape(batch_size, A), "advantages": advantages.reshape(-1),
-            "returns": returns.reshape(-1),
-            "boot": (torch.rand((batch_size, cfg.n_critics), generator=generator).to(device)
-                     < cfg.critic_bootstrap).float(),
-        }
-        if cfg.train_encoder:
-            b["obs"] = {k: v.reshape(batch_size, *v.shape[2:]) for k, v in obs_buf.items()}
-        else:
-            b["state"] = state_buf.reshape(batch_size, -1)
-
-        # -------------------------------------------------------------- optimise policy and value
-        train_policy = not (cfg.curriculum and level == 0)
-        beta_used = kl_ctl.beta
-        stats = ppo_update(agent, optimizer, b, cfg, beta_used, train_policy=train_policy, generator=generator,
-                           layers=layers)
-
-        # -------------------------------------------------------------- KL controller: move β
-        if train_policy:
-            kl_ctl.update(stats["kl_last_epoch"])
-
-        # -------------------------------------------------------------- metrics
-        with torch.no_grad():
-            probs = old_logp_all.exp()
-            mass = probs.reshape(batch_size, A).mean(0)
-            per_tool = group_entropy(mass, group_of, len(groups))
-            finished = ~torch.isnan(ep_return)
-            n_finished = int(finished.sum())
-            comp_means = components.reshape(batch_size, -1).mean(0).cpu().tolist()
-            y_pred = values.mean(-1).reshape(-1)
-        ret_mean = float(ep_return[finished].mean()) if n_finished else float("nan")
-        ev = explained_variance(y_pred, returns.reshape(-1))
-        # Progress: the greedy policy on a fixed sample of training episodes, on the scale
-        # 0 = random-in-mask, 1 = the best logged behaviour (rollout returns carry ε-noise).
-        progress_value, greedy = None, None
-        if update == start_update + 1 or update % cfg.eval_every == 0 or update == num_updates:
-            greedy = episode_stats(tb, agent, eval_starts, every_episode=True, device=device,
-                                   seed=cfg.seed + update, support_episodes=data.train_episodes)
-            if best_logged - random_return > 1e-9:
-                progress_value = (greedy["return_mean"] - random_return) / (best_logged - random_return)
-        metrics: dict[str, Any] = {
-            "return_mean": ret_mean,
-            "success_rate": float(ep_success[finished].mean()) if n_finished else float("nan"),
-            "episodes": n_finished,
-            "reward_mean": float(rewards.mean()),
-            "reward_components": dict(zip(tb.component_names, comp_means)),
-            "kl": stats["kl_last_epoch"], "kl_mean": stats["kl"], "beta": beta_used, "beta_next": kl_ctl.beta,
-            "clip_fraction": stats["clipfrac"], "value_loss": stats["v_loss"], "policy_loss": stats["pg_loss"],
-            "entropy": stats["entropy"], "entropy_marginal": float(-(mass * mass.clamp_min(1e-30).log()).sum()),
-            "entropy_per_tool": dict(zip(groups, per_tool.cpu().tolist())),
-            "grad_norm": stats["grad_norm"], "grad_norms": stats["grad_norms"],
-            "explained_variance": ev,
-            "off_support_rate": float(off_support.float().mean()),
-            "mask_violations": int(violations.sum()),
-            "curriculum_level": level if cfg.curriculum else None, "epsilon": eps, "ucb_bonus": float(bonus.mean()),
-            "critic_std": float(sigma.mean()),
-            "eval_return": None if greedy is None else greedy["return_mean"],
-            "eval_success_rate": None if greedy is None else greedy["success_rate"],
-            "eval_off_support_rate": None if greedy is None else greedy["off_support_rate"],
-            "progress": progress_value, "random_return": random_return, "best_logged_return": best_logged,
-            "high_risk_repeats": int(flags.sum()),
-            "lr": optimizer.param_groups[0]["lr"], "policy_trained": train_policy,
-        }
-
-        # -------------------------------------------------------------- curriculum: unlock on measured progress
+        out = env.step(action)
+        info = out.info
+        ro.rewards[step] = out.reward
+        ro.next_obs, ro.next_mask, ro.next_done = out.obs, env.action_masks(), out.done.float()
+        ro.ep_return[step], ro.ep_success[step] = info["episode_return"], info["success"]
+        ro.components[step], ro.off_support[step] = info["components"], info["off_support"]
+        ro.violations[step] = info["mask_violation"] | ~ro.masks[step].gather(1, action[:, None]).squeeze(1)
         if cfg.curriculum:
-            reason = curriculum.observe(ev, progress_value)
-            if reason:
-                metrics["level_unlocked"] = f"L{curriculum.level}: {reason}"
+            ro.state_steps[step] = info["state_step"]
+        ro.last_action = torch.where(out.done, torch.full_like(action, -1), action)
+        ro.streak = torch.where(out.done, torch.zeros_like(ro.streak), ro.streak)
 
-        # -------------------------------------------------------------- L3: high-risk repeats → review queue
-        new_items = 0
-        if cfg.curriculum and level >= 3 and bool(flags.any()) and review_count < cfg.max_review_items:
-            reqs = _review_requests(data, flags, actions, pointers, probs.gather(2, actions[..., None]).squeeze(2),
-                                    components, getattr(recorder, "run_id", None), update,
-                                    cfg.max_review_items - review_count, cfg.high_risk_repeat)
-            new_items = recorder.on_review(reqs) if recorder is not None else len(reqs)
-            review_count += len(reqs)
-        metrics["review_items"] = new_items
-        metrics["review_items_total"] = review_count
-        seconds = time.time() - t_update
-        metrics["seconds"] = seconds
-        metrics["env_steps_per_s"] = batch_size / seconds if seconds > 0 else float("nan")
-        if update == 1 and warm:
-            metrics["warm_start"] = warm
-        history.append({**metrics, "update": update, "env_steps": env_steps})
 
-        # -------------------------------------------------------------- record, checkpoint, stop
-        stop = recorder.on_update(update, env_steps, metrics) if recorder is not None else False
-        if progress is not None:
-            progress({**metrics, "update": update, "env_steps": env_steps, "total_updates": num_updates})
-        last = update == num_updates
-        if recorder is not None and (stop or last or update % cfg.checkpoint_every == 0):
-            trainer_state = {"update": update, "env_steps": env_steps, "beta": kl_ctl.beta,
-                             "curriculum": curriculum.state_dict(), "review_items": review_count,
-                             "warm_start": warm, "num_updates": num_updates, "version": CHECKPOINT_VERSION}
-            path = save_checkpoint(recorder.checkpoint_dir(update), agent, optimizer, trainer_state,
-                                   {"generator": generator, "act_generator": act_gen})
-            recorder.on_checkpoint(update, env_steps, path)
-        if stop:
-            stopped = True
-            break
+# --------------------------------------------------------------------------- advantages
+@dataclass
+class Advantages:
+    """GAE of one rollout ([T, B] each) and the L2 optimism bonus that went into its rewards."""
 
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    ucb_bonus: torch.Tensor
+    critic_std: torch.Tensor
+    """std of the critic heads at each state"""
+
+
+def compute_advantages(agent: Agent, ro: Rollout, cfg: PPOConfig, *, level: int, gamma: float) -> Advantages:
+    """GAE(γ, λ) on the rollout's rewards, plus ``ucb_coef · std_k V_k(s')`` at L2 and L3."""
+    with torch.no_grad():
+        next_value_heads = agent.heads(agent.state(ro.next_obs))[1]
+    sigma = ro.values.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(ro.rewards)
+    bonus = torch.zeros_like(ro.rewards)
+    if cfg.curriculum and level >= 2 and cfg.ucb_coef > 0:
+        next_sigma = next_value_heads.std(dim=-1) if cfg.n_critics > 1 else torch.zeros_like(ro.next_done)
+        sigma_next = torch.cat([sigma[1:], next_sigma[None]], dim=0)
+        alive_next = 1.0 - torch.cat([ro.dones[1:], ro.next_done[None]], dim=0)
+        bonus = cfg.ucb_coef * sigma_next * alive_next
+    advantages, returns = gae(ro.rewards + bonus, ro.values.mean(-1), ro.dones, next_value_heads.mean(-1),
+                              ro.next_done, gamma, cfg.gae_lambda)
+    return Advantages(advantages=advantages, returns=returns, ucb_bonus=bonus, critic_std=sigma)
+
+
+def flatten_batch(ro: Rollout, adv: Advantages, cfg: PPOConfig, generator: torch.Generator) -> dict[str, Any]:
+    """The rollout as one batch of T·B samples (what :func:`ppo_update` reads), with fresh
+    bootstrap masks of the critic heads."""
+    n, A = ro.actions.numel(), ro.masks.shape[-1]
+    batch: dict[str, Any] = {
+        "mask": ro.masks.reshape(n, A), "actions": ro.actions.reshape(-1), "logprobs": ro.logprobs.reshape(-1),
+        "old_logp_all": ro.old_logp_all.reshape(n, A), "advantages": adv.advantages.reshape(-1),
+        "returns": adv.returns.reshape(-1),
+        "boot": (torch.rand((n, cfg.n_critics), generator=generator).to(ro.actions.device)
+                 < cfg.critic_bootstrap).float(),
+    }
+    if cfg.train_encoder:
+        batch["obs"] = {k: v.reshape(n, *v.shape[2:]) for k, v in ro.obs.items()}
+    else:
+        batch["state"] = ro.state.reshape(n, -1)
+    return batch
+
+
+# --------------------------------------------------------------------------- metrics
+def measure_progress(agent: Agent, data: TrainingData | None, scale: ProgressScale | None, *, seed: int,
+                     device: str) -> tuple[dict[str, Any] | None, float | None]:
+    """The greedy policy's rollouts from the fixed training starts, and where their return
+    lies on the progress scale (rollout returns carry ε-noise; these do not)."""
+    if data is None or scale is None:
+        return None, None
+    greedy = episode_stats(data.tables, agent, scale.eval_starts, every_episode=True, device=device, seed=seed,
+                           support_episodes=data.train_episodes)
+    if scale.best_logged - scale.random_return <= 1e-9:
+        return greedy, None
+    return greedy, (greedy["return_mean"] - scale.random_return) / (scale.best_logged - scale.random_return)
+
+
+def log_update(ro: Rollout, adv: Advantages, stats: Mapping[str, Any], *, env: BatchedEnv, kinds: ActionKinds,
+               cfg: PPOConfig, level: int, epsilon: float, beta: float, beta_next: float,
+               greedy: Mapping[str, Any] | None, progress: float | None, scale: ProgressScale | None,
+               lr: float, policy_trained: bool) -> dict[str, Any]:
+    """The metrics of one update: the rollout's returns and reward terms, the update's
+    losses, KL and gradient norms, entropies, the critic's fit and the curriculum's state."""
+    n, A = ro.actions.numel(), ro.masks.shape[-1]
+    with torch.no_grad():
+        mass = ro.old_logp_all.exp().reshape(n, A).mean(0)
+        per_tool = group_entropy(mass, kinds.group_of, len(kinds.groups))
+        finished = ~torch.isnan(ro.ep_return)
+        n_finished = int(finished.sum())
+        comp_means = ro.components.reshape(n, -1).mean(0).cpu().tolist()
+        y_pred = ro.values.mean(-1).reshape(-1)
+    return {
+        "return_mean": float(ro.ep_return[finished].mean()) if n_finished else float("nan"),
+        "success_rate": float(ro.ep_success[finished].mean()) if n_finished else float("nan"),
+        "episodes": n_finished,
+        "reward_mean": float(ro.rewards.mean()),
+        "reward_components": dict(zip(env.component_names, comp_means)),
+        "kl": stats["kl_last_epoch"], "kl_mean": stats["kl"], "beta": beta, "beta_next": beta_next,
+        "clip_fraction": stats["clipfrac"], "value_loss": stats["v_loss"], "policy_loss": stats["pg_loss"],
+        "entropy": stats["entropy"], "entropy_marginal": float(-(mass * mass.clamp_min(1e-30).log()).sum()),
+        "entropy_per_tool": dict(zip(kinds.groups, per_tool.cpu().tolist())),
+        "grad_norm": stats["grad_norm"], "grad_norms": stats["grad_norms"],
+        "explained_variance": explained_variance(y_pred, adv.returns.reshape(-1)),
+        "off_support_rate": float(ro.off_support.float().mean()),
+        "mask_violations": int(ro.violations.sum()),
+        "curriculum_level": level if cfg.curriculum else None, "epsilon": epsilon,
+        "ucb_bonus": float(adv.ucb_bonus.mean()), "critic_std": float(adv.critic_std.mean()),
+        "eval_return": None if greedy is None else greedy["return_mean"],
+        "eval_success_rate": None if greedy is None else greedy["success_rate"],
+        "eval_off_support_rate": None if greedy is None else greedy["off_support_rate"],
+        "progress": progress, "random_return": None if scale is None else scale.random_return,
+        "best_logged_return": None if scale is None else scale.best_logged,
+        "high_risk_repeats": int(ro.flags.sum()),
+        "lr": lr, "policy_trained": policy_trained,
+    }
+
+
+def queue_reviews(data: TrainingData | None, ro: Rollout, state: TrainerState, cfg: PPOConfig, *, level: int,
+                  update: int, recorder: Recorder | None) -> int:
+    """L3: the rollout's high-risk repeats go to the review queue (at most
+    ``max_review_items`` a run); returns how many items the queue took."""
+    if not (data is not None and cfg.curriculum and level >= 3 and bool(ro.flags.any())
+            and state.review_items < cfg.max_review_items):
+        return 0
+    chosen = ro.old_logp_all.exp().gather(2, ro.actions[..., None]).squeeze(2)
+    reqs = _review_requests(data, ro.flags, ro.actions, ro.state_steps, chosen, ro.components,
+                            getattr(recorder, "run_id", None), update, cfg.max_review_items - state.review_items,
+                            cfg.high_risk_repeat)
+    state.review_items += len(reqs)
+    return recorder.on_review(reqs) if recorder is not None else len(reqs)
+
+
+def write_checkpoint(recorder: Recorder, agent: Agent, optimizer: torch.optim.Optimizer, state: TrainerState,
+                     beta: float, num_updates: int, generators: Mapping[str, torch.Generator]) -> None:
+    """Checkpoint the run after ``state.update`` and tell the recorder where it lies."""
+    trainer = {"update": state.update, "env_steps": state.env_steps, "beta": beta,
+               "curriculum": state.curriculum.state_dict(), "review_items": state.review_items,
+               "warm_start": state.warm_start, "num_updates": num_updates, "version": CHECKPOINT_VERSION}
+    path = save_checkpoint(recorder.checkpoint_dir(state.update), agent, optimizer, trainer, generators)
+    recorder.on_checkpoint(state.update, state.env_steps, path)
+
+
+def final_metrics(history: Sequence[Mapping[str, Any]], warm: dict[str, Any]) -> dict[str, Any]:
+    """The last update's metrics, the warm start, and the spread of the policy updates' KL."""
     final = dict(history[-1]) if history else {}
     final["warm_start"] = warm
     kls = [h["kl"] for h in history if h.get("policy_trained")]
     final["kl_std"] = float(np.std(kls)) if len(kls) > 1 else None
-    return TrainResult(agent=agent, final_metrics=final, history=history, stopped=stopped, device=device,
-                       seconds=time.time() - t_start)
+    return final
 
 
-# =========================================================================== rollouts for evaluation
-def mean_return(tables: "SimTables", agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,
-                device: str | torch.device = "cpu", seed: int = 0, min_episodes: int = 256,
-                greedy: bool = True, max_steps: int | None = None, support_episodes: Any = "all") -> float:
-    """Mean template return of episodes started from ``episodes``: by ``agent`` (greedy or
-    sampled) or, with ``agent=None``, uniformly at random among the unmasked actions."""
-    stats = episode_stats(tables, agent, episodes, n_envs=n_envs, device=device, seed=seed,
-                          min_episodes=min_episodes, greedy=greedy, max_steps=max_steps,
-                          support_episodes=support_episodes)
-    return stats["return_mean"]
+# --------------------------------------------------------------------------- train
+def train(cfg: PPOConfig, data: TrainingData | None = None, *, env: BatchedEnv | None = None,
+          recorder: Recorder | None = None, resume_from: Path | None = None,
+          progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train a masked PPO policy (see the module docstring for the algorithm).
 
+    ``data``: the recorded episodes; the rollouts run in their batched simulator unless
+    ``env`` (any :class:`core.rl.env.BatchedEnv`) is given.  Without ``data`` there is no
+    curriculum (``curriculum=False``) and no progress measurement.  ``recorder`` receives
+    each update's metrics (and may ask to stop), checkpoints and L3 review items;
+    ``resume_from`` continues from a checkpoint folder."""
+    cfg.validate()
+    t_start = time.time()
+    # ------------------------------------------------------------------ setup
+    device = seed_everything(cfg)
+    generator = torch.Generator(device="cpu").manual_seed(cfg.seed)       # minibatches, bootstrap masks
+    data = None if data is None else data.on(device)
+    env = training_envs(cfg, data, env, device)
+    act_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)   # action sampling, on the device
+    generators = {"generator": generator, "act_generator": act_gen}
+    gamma = float(cfg.gamma if cfg.gamma is not None else env.gamma)
+    kinds = action_kinds(data, env.n_actions, device)
+    batch_size = env.n_envs * cfg.rollout_len
+    num_updates = max(1, math.ceil(cfg.total_steps / batch_size))
+    agent = Agent(env.n_actions, cfg.encoder_config(), hidden=cfg.hidden, n_critics=cfg.n_critics,
+                  seed=cfg.seed).to(device)
+    layers = layer_names(agent)
+    scale = progress_scale(cfg, data, device)
+    kl_ctl = AdaptiveKL(target=cfg.kl_target, beta=cfg.beta0, adaptive=cfg.adaptive_kl)
+    state = (resume(Path(resume_from), agent, cfg, kl_ctl, generators, device) if resume_from is not None
+             else start_fresh(agent, data, cfg, device=device, gamma=gamma, generator=generator))
+    optimizer = make_optimizer(agent, cfg, resume_from, device)
+    ro = start_rollouts(env, cfg, agent.encoder.config.dim, device, seed=cfg.seed + 7919 * state.update)
+    history: list[dict[str, Any]] = []
+    stopped = False
 
-def episode_stats(tables: "SimTables", agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,
-                  device: str | torch.device = "cpu", seed: int = 0, min_episodes: int = 256,
-                  greedy: bool = True, max_steps: int | None = None, every_episode: bool = False,
-                  support_episodes: Any = "all") -> dict[str, Any]:
-    """Run a policy (or random-in-mask) in the simulator and summarise finished episodes:
-    ``return_mean``, ``success_rate``, ``off_support_rate``, ``mask_violations``,
-    ``episodes``, ``steps``, the step ``rewards`` (numpy) and ``probs`` of the visited states.
-
-    ``support_episodes``: where counterfactual outcomes are drawn from — by default every
-    recorded step of the tables (the simulator's whole world: a held-out evaluation holds
-    out the *tasks* it starts from, not the recorded outcomes); the episodes to start from
-    (``None``) or other indices as in :class:`core.rl.sim.BatchedSim`.
-
-    ``every_episode=True`` starts one environment on each of ``episodes`` and counts each
-    one's first episode exactly once (a full pass over a held-out set)."""
-    from core.rl.sim import BatchedSim, random_masked_actions
-
-    episodes = torch.as_tensor(episodes, dtype=torch.int64).reshape(-1)
-    if every_episode:
-        n_envs = int(episodes.numel())
-    sim = BatchedSim(tables, n_envs, device=device, seed=seed, episodes=episodes, support_episodes=support_episodes)
-    obs, mask = sim.reset(start_episodes=episodes.tolist() if every_episode else None)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    dev = sim.device
-    cap = int(tables.config.step_cap)
-    max_steps = max_steps or (cap + 1 if every_episode else max(cap + 1, math.ceil(min_episodes / n_envs) * cap * 2))
-    returns, successes, rewards_all, probs_all = [], [], [], []
-    off, viol, steps = 0, 0, 0
-    first = torch.ones(n_envs, dtype=torch.bool, device=dev)
-    n_done = 0
-    for _ in range(max_steps):
-        if agent is None:
-            action = random_masked_actions(mask, sim.generator)
-        else:
-            with torch.no_grad():
-                logits, _ = agent.heads(agent.state(obs))
-                dist = MaskedCategorical(logits, mask)
-                action = dist.greedy() if greedy else dist.sample(gen if dev.type == "cpu" else None)
-                probs_all.append(dist.probs[first] if every_episode else dist.probs)
-        live = first if every_episode else torch.ones_like(first)
-        out = sim.step(action)
-        done = out.terminated | out.truncated
-        fin = done & live
-        returns.append(out.info["episode_return"][fin])
-        successes.append(out.info["success"][fin])
-        rewards_all.append(out.reward[live])
-        off += int(out.info["off_support"][live].sum())
-        viol += int((out.info["mask_violation"] | ~mask.gather(1, action[:, None]).squeeze(1))[live].sum())
-        steps += int(live.sum())
-        n_done += int(fin.sum())
-        if every_episode:
-            first = first & ~done
-            if not bool(first.any()):
-                break
-        elif n_done >= min_episodes:
+    first_update = state.update + 1
+    for update in range(first_update, num_updates + 1):
+        t_update = time.time()
+        level = state.curriculum.level
+        if cfg.anneal_lr:
+            optimizer.param_groups[0]["lr"] = (1.0 - (update - 1.0) / num_updates) * cfg.lr
+        eps = cfg.epsilon if (cfg.curriculum and level >= 1) else 0.0
+        # -------------------------------------------------------------- rollout
+        collect_rollout(env, agent, ro, cfg, level=level, epsilon=eps, high_risk=kinds.high_risk,
+                        generator=act_gen)
+        state.update, state.env_steps = update, state.env_steps + batch_size
+        # -------------------------------------------------------------- advantages (GAE), with the L2 UCB bonus
+        adv = compute_advantages(agent, ro, cfg, level=level, gamma=gamma)
+        # -------------------------------------------------------------- update: policy and value, then β
+        train_policy, beta = not (cfg.curriculum and level == 0), kl_ctl.beta
+        stats = ppo_update(agent, optimizer, flatten_batch(ro, adv, cfg, generator), cfg, beta,
+                           train_policy=train_policy, generator=generator, layers=layers)
+        if train_policy:
+            kl_ctl.update(stats["kl_last_epoch"])
+        # -------------------------------------------------------------- log: metrics, curriculum, L3 review
+        measured = update in (first_update, num_updates) or update % cfg.eval_every == 0
+        greedy, progress_value = (measure_progress(agent, data, scale, seed=cfg.seed + update, device=device)
+                                  if measured else (None, None))
+        metrics = log_update(ro, adv, stats, env=env, kinds=kinds, cfg=cfg, level=level, epsilon=eps, beta=beta,
+                             beta_next=kl_ctl.beta, greedy=greedy, progress=progress_value, scale=scale,
+                             lr=optimizer.param_groups[0]["lr"], policy_trained=train_policy)
+        if cfg.curriculum and (reason := state.curriculum.observe(metrics["explained_variance"], progress_value)):
+            metrics["level_unlocked"] = f"L{state.curriculum.level}: {reason}"
+        metrics["review_items"] = queue_reviews(data, ro, state, cfg, level=level, update=update, recorder=recorder)
+        metrics["review_items_total"] = state.review_items
+        metrics["seconds"] = seconds = time.time() - t_update
+        metrics["env_steps_per_s"] = batch_size / seconds if seconds > 0 else float("nan")
+        if update == 1 and state.warm_start:
+            metrics["warm_start"] = state.warm_start
+        history.append({**metrics, "update": update, "env_steps": state.env_steps})
+        # -------------------------------------------------------------- record, checkpoint, stop
+        stopped = bool(recorder.on_update(update, state.env_steps, metrics)) if recorder is not None else False
+        if progress is not None:
+            progress({**metrics, "update": update, "env_steps": state.env_steps, "total_updates": num_updates})
+        if recorder is not None and (stopped or update == num_updates or update % cfg.checkpoint_every == 0):
+            write_checkpoint(recorder, agent, optimizer, state, kl_ctl.beta, num_updates, generators)
+        if stopped:
             break
-        obs, mask = out.obs, out.mask
-    r = torch.cat(returns).double().cpu() if returns else torch.zeros(0)
-    s = torch.cat(successes).double().cpu() if successes else torch.zeros(0)
-    return {
-        "return_mean": float(r.mean()) if r.numel() else float("nan"),
-        "return_std": float(r.std()) if r.numel() > 1 else float("nan"),
-        "success_rate": float(s.mean()) if s.numel() else float("nan"),
-        "off_support_rate": off / steps if steps else float("nan"),
-        "mask_violations": viol, "episodes": int(r.numel()), "steps": steps,
-        "rewards": torch.cat(rewards_all).cpu().numpy() if rewards_all else np.zeros(0),
-        "probs": torch.cat(probs_all).cpu().numpy() if probs_all else None,
-    }
+    return TrainResult(agent=agent, final_metrics=final_metrics(history, state.warm_start), history=history,
+                       stopped=stopped, device=device, seconds=time.time() - t_start)
 
 
-__all__ = ["Agent", "Curriculum", "PPOConfig", "TrainResult", "TrainingData", "act", "behaviour_cloning",
-           "episode_stats", "load_agent", "load_training_data", "mean_return", "ppo_update", "resolve_device",
-           "save_checkpoint", "train", "warm_start_set"]
+__all__ = ["ActionKinds", "Advantages", "Curriculum", "PPOConfig", "ProgressScale", "Recorder", "Rollout",
+           "TrainResult", "TrainerState", "TrainingData", "behaviour_action", "behaviour_cloning",
+           "collect_rollout", "compute_advantages", "flatten_batch", "log_update", "ppo_update", "resolve_device",
+           "train", "warm_start_set"]

@@ -15,7 +15,7 @@ components, KL, β, clip fraction, value loss, entropy overall and per tool, per
 gradient norms, off-support rate, mask violations, curriculum level, env-steps/s …).
 
 **Checkpoints** are folders under ``artifacts/runs/<id>/checkpoints/<update>/``
-written by :func:`core.rl.ppo.save_checkpoint` (safetensors + JSON, never pickle) and
+written by :func:`core.rl.checkpoints.save_checkpoint` (safetensors + JSON, never pickle) and
 recorded in ``run_checkpoints`` once complete.  A run whose process died — even by
 ``kill -9`` — still says ``running`` with a dead pid (:func:`get_run` reports
 ``process_alive: false``); ``rwb train --resume RUN`` continues it from its last
@@ -208,14 +208,14 @@ def new_run_id() -> str:
 
 def _default_masks(ws: "Workspace", dataset: str | None, episodes_file: str | Path | None) -> Path | None:
     """The committed mask rules of the data's domain (what a run trains under by default)."""
-    from core.rl import ppo
+    from core.rl.loading import domain_masks, masks_for_domain
 
     if dataset is not None:
-        return ppo.domain_masks(ws, dataset)
+        return domain_masks(ws, dataset)
     from core.data.importers import read_file
 
     parsed = read_file(episodes_file)  # type: ignore[arg-type]
-    return ppo.masks_for_domain(parsed.episodes[0].domain if parsed.episodes else None)
+    return masks_for_domain(parsed.episodes[0].domain if parsed.episodes else None)
 
 
 def resolve_run_template(ws: "Workspace", template: "Template | str | Path") -> tuple["Template", str]:
@@ -524,10 +524,12 @@ def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: 
     """Rebuild what a run trained on (simulator tables, split, baselines — as its trainer
     built them) and load its latest checkpoint's policy (None without one, unless
     ``need_policy`` makes that an error)."""
-    from core.rl import ppo
+    from core.rl.checkpoints import load_agent
+    from core.rl.loading import load_training_data
+    from core.rl.ppo import PPOConfig
 
     run = get_run(ws, run_id)
-    cfg = ppo.PPOConfig.from_dict(run["config"])
+    cfg = PPOConfig.from_dict(run["config"])
     template = run_template(ws, run_id)
     ckpt = latest_checkpoint(ws, run_id)
     if ckpt is None and need_policy:
@@ -539,11 +541,11 @@ def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: 
         episodes_file = info["path"]
         if not Path(episodes_file).is_file():
             raise InputError(f"the episodes file of run {run_id} is gone: {episodes_file}", file=episodes_file)
-    data = ppo.load_training_data(ws, template, dataset=run["dataset"], episodes_file=episodes_file,
-                                  masks=run_masks(ws, run_id), config=cfg)
+    data = load_training_data(ws, template, dataset=run["dataset"], episodes_file=episodes_file,
+                              masks=run_masks(ws, run_id), config=cfg)
     agent = None
     if ckpt is not None:
-        agent = ppo.load_agent(Path(ckpt["path"]), device).eval()
+        agent = load_agent(Path(ckpt["path"]), device).eval()
         if agent.n_actions != data.tables.n_actions:
             raise ConflictError(f"the data of run {run_id} now has {data.tables.n_actions} action tokens, the "
                                 f"trained policy {agent.n_actions}: the dataset or its tools changed since training")
@@ -612,6 +614,7 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     request ends it with status ``stopped``; an exception marks it ``failed`` (and is
     re-raised).  Needs ``train``."""
     from core.rl import ppo
+    from core.rl.loading import load_training_data
 
     authorize(ws, actor, "train")
     if resume is not None:
@@ -657,8 +660,8 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
         previous = None
     try:
         mark_started(ws, run_id, device=ppo.resolve_device(cfg.device))
-        data = ppo.load_training_data(ws, tmpl, dataset=dataset, episodes_file=episodes_file,
-                                      masks=run_masks(ws, run_id), config=cfg)
+        data = load_training_data(ws, tmpl, dataset=dataset, episodes_file=episodes_file,
+                                  masks=run_masks(ws, run_id), config=cfg)
         ckpt = latest_checkpoint(ws, run_id) if resume is not None else None
         if resume is not None:
             truncate_metrics(ws, run_id, ckpt["update_idx"] if ckpt else 0)

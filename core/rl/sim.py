@@ -68,6 +68,7 @@ from core.records.catalog import Catalog, build_catalog
 from core.records.episodes import Episode, ToolSchema
 from core.base.errors import InputError
 from core.guard.masking import CompiledMasks, MaskRules, state_features
+from core.rl.env import TensorSpec
 from core.state.features import PAD_TOKEN, TRACE_LEN, RawStateFeatures, extract_features
 
 #: Keys of an observation batch (the input of :class:`core.state.features.StateEncoder`).
@@ -501,7 +502,10 @@ class SimStep:
     * ``episode_length`` Long[B] (0 unless done); ``success`` Float[B] (NaN unless done);
     * ``mask_violation`` Bool[B] — the action was outside the mask given with the state;
     * ``mask_fallback`` Bool[B] — the new state's rules blocked everything (F0/E0 kept);
-    * ``start_episode`` Long[B] — episode index the finished/current episode started from.
+    * ``start_episode`` Long[B] — episode index the finished/current episode started from;
+    * ``state_step`` Long[B] — the recorded step whose state the action was taken in.
+
+    It is a :class:`core.rl.env.EnvStep`: ``done`` is ``terminated | truncated``.
     """
 
     obs: dict[str, torch.Tensor]
@@ -510,6 +514,11 @@ class SimStep:
     terminated: torch.Tensor
     truncated: torch.Tensor
     info: dict[str, torch.Tensor]
+
+    @property
+    def done(self) -> torch.Tensor:
+        """Bool[B]: the episode ended here (terminated or truncated)."""
+        return self.terminated | self.truncated
 
 
 def _merge_rules(base: MaskRules, extra: MaskRules | Sequence[Mapping[str, Any]] | str | Path | None) -> MaskRules:
@@ -558,7 +567,7 @@ def _episode_keep(tables: SimTables, episodes: torch.Tensor) -> torch.Tensor:
 
 
 class BatchedSim:
-    """B recorded-episode environments as tensors on one device.
+    """B recorded-episode environments as tensors on one device (a :class:`core.rl.env.BatchedEnv`).
 
     ``reset``/``step`` are gathers over :class:`SimTables` and ``where``s over the batch — no
     Python loop per environment or step, and on an accelerator no host synchronisation but
@@ -585,6 +594,9 @@ class BatchedSim:
         self.n_envs = B = int(n_envs)
         self.n_actions = tables.n_actions
         self.config = tables.config
+        #: γ of the reward template: the discounted sum of a step's rewards is the template's return.
+        self.gamma = float(tables.gamma)
+        self.component_names = list(tables.component_names)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
 
@@ -735,6 +747,22 @@ class BatchedSim:
         return res.mask, res.fallback
 
     # ------------------------------------------------------------------ public API
+    def observation_spec(self) -> dict[str, TensorSpec]:
+        """Shape of one environment's row and dtype of each observation tensor (:data:`OBS_KEYS`)."""
+        tb = self.tables
+        return {
+            "intent_emb": TensorSpec((int(tb.intent_emb.shape[1]),), torch.float32),
+            "intent_rules": TensorSpec((int(tb.intent_rules.shape[1]),), torch.float32),
+            "context": TensorSpec((int(tb.context.shape[1]),), tb.context.dtype),
+            "trace_action": TensorSpec((TRACE_LEN,), torch.int64),
+            "trace_reward": TensorSpec((TRACE_LEN,), torch.float32),
+            "trace_dt": TensorSpec((TRACE_LEN,), torch.float32),
+        }
+
+    def action_masks(self) -> torch.Tensor:
+        """Bool[B, A]: the actions allowed in each environment's current state."""
+        return self.mask
+
     def reset(self, seed: int | None = None, start_episodes: torch.Tensor | Sequence[int] | None = None
               ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Start a new episode in every environment: ``(obs, mask)``.
@@ -904,6 +932,7 @@ class BatchedSim:
             "step_reward": r32, "components": comps, "final": final.float(),
             "episode_return": episode_return, "episode_length": length, "success": success,
             "mask_violation": mask_violation, "mask_fallback": fallback, "start_episode": start_episode,
+            "state_step": ptr,
         }
         return SimStep(self._observe(), self.mask, reward, terminated, truncated, info)
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from scipy.special import erf
 
-from core.state.features import _O_FLAGS, PAD_TOKEN, TRACE_LEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
+from core.state.features import O_FLAGS, PAD_TOKEN, TRACE_LEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
 
 #: Agreement with the torch module required on the smoke states (float32 sums in another order).
 TOLERANCE = 1e-4
@@ -152,7 +152,7 @@ class NumpyPolicy:
         urgency = rules[:, URGENCY_INDEX] if self.intent_on else np.zeros(n, np.float32)
         feats = np.empty((n, 5), dtype=np.float32)
         feats[:, 0], feats[:, 1] = urgency, high
-        feats[:, 2:4] = context[:, _O_FLAGS:_O_FLAGS + 2]
+        feats[:, 2:4] = context[:, O_FLAGS:O_FLAGS + 2]
         feats[:, 4] = np.add.reduce(trace_action != PAD_TOKEN, axis=1) / trace_action.shape[1]
         (wp, bp), (ws, bs) = self.gate_prior, self.gate_state
         logits = feats @ wp + bp + np.concatenate([e_intent, e_context, e_trace], axis=1) @ ws + bs
@@ -198,7 +198,7 @@ def numpy_policy(agent: Any, smoke: Mapping[str, Any]) -> NumpyPolicy | None:
     :data:`TOLERANCE`; None otherwise."""
     import torch
 
-    from core.rl.ppo import Agent
+    from core.rl.agent import Agent
 
     if type(agent) is not Agent:
         return None

@@ -26,6 +26,8 @@ One JSON object per decision::
          "result": {"price": 1712.3, ...},     #   the tool's JSON (or a JSON string)
          "error": null,                        #   error text when the call failed
          "latency_ms": 85.0},                  #   optional
+                                               #   (neither result nor error: no result, as
+                                               #   for a logged step)
      "messages": [...],                        # optional chat messages (kept for export)
      "domain": "finance"}                      # optional
 
@@ -115,10 +117,13 @@ runs only on RL-Boost, in numpy (:mod:`core.serve.fast_policy`: the intent branc
 the query's embedding, off the request's path, the next context once per request, the
 branches' first layers folded, checked against the module at load; else
 a TorchScript trace, :func:`_compile_policy`), on a context row whose tool-result part is
-built once per result.  The sentence embedding is never on a request's path: a query
-is embedded in the background after the first request that has it (``prefetch_intent``)
-or whose RL-Boost needed it — by the model in a child process (``model_process``), so
-that it does not hold this interpreter's lock; until it is ready an RL-Boost on it is
+built once per result.  The policy's inputs (intent, context and trace) are built by the
+one-step functions of :mod:`core.state.features` with which ``extract_features`` builds
+every logged step's for training and evaluation: one featurization for all three.  The
+sentence embedding is never on a request's path: a query is embedded in the background
+after the first request that has it (``prefetch_intent``) or whose RL-Boost needed it —
+by the model in a child process (``model_process``), so that it does not hold this
+interpreter's lock; until it is ready an RL-Boost on it is
 deferred and the baseline decides alone (``intent_pending``; with ``wait_for_intent``
 the request waits for it instead, as one whose tree has no allowed action always
 does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
@@ -132,7 +137,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import gc
 import itertools
 import math
@@ -441,126 +445,6 @@ def alert_rules() -> str:
     return ALERT_RULES_FILE.read_text(encoding="utf-8")
 
 
-# =========================================================================== request features
-#: Feature keys up to this length have their hash slot remembered (longer ones are free
-#: text that rarely comes back; the bound keeps the memo's memory small).
-SLOT_MEMO_KEY_CHARS = 160
-
-
-def _slot(key: str, buckets: int) -> tuple[int, float]:
-    """Hash bucket and ±1 sign of a feature key (:func:`core.state.features.hash_slots`): a served
-    step hashes the same few field names again and again, so short keys are remembered."""
-    return _memo_slot(key, buckets) if len(key) <= SLOT_MEMO_KEY_CHARS else _hash_slot(key, buckets)
-
-
-def _hash_slot(key: str, buckets: int) -> tuple[int, float]:
-    from core.state.features import hash_slots
-
-    bucket, sign = hash_slots([key], buckets)
-    return int(bucket[0]), float(sign[0])
-
-
-_memo_slot = functools.lru_cache(maxsize=16384)(_hash_slot)
-
-
-def _scatter_row(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: int, num_buckets: int,
-                 cat_offset: int, cat_buckets: int, numeric: Mapping[str, Sequence[float]]) -> None:
-    """Write one step's ``(key, value)`` features into ``row`` as ``core.state.features``'s
-    scatter does for a batch (``_Scatter.write``): a number becomes its robust z (clipped
-    to ±Z_CLIP; skipped when the training statistics never saw the key) added at its
-    key's signed hashed slot; any other value adds ±1 at the slot of ``key=value``.
-    Every number is written a second time on a log scale (``core.state.features.LOG_SUFFIX``),
-    after all the plain ones, as the batch does.  For one row of a dozen values plain
-    Python is several times faster than the batched array code, with the same float32
-    additions in the same order (tested equal to extract_features)."""
-    from core.state.features import LOG_SUFFIX, Z_CLIP, signed_log
-
-    def add_number(key: str, value: float) -> None:
-        ref = numeric.get(key)
-        if ref is None:
-            return
-        bucket, sign = _slot(key, num_buckets)
-        z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
-        row[num_offset + bucket] += np.float32(sign * z)
-
-    numbers = []
-    for key, value in items:
-        if isinstance(value, float):
-            add_number(key, value)
-            numbers.append((key, value))
-        else:
-            bucket, sign = _slot(f"{key}={value}", cat_buckets)
-            row[cat_offset + bucket] += np.float32(sign)
-    for key, value in numbers:
-        add_number(key + LOG_SUFFIX, signed_log(value))
-
-
-def result_context(tool: str, result: Any, error: str | None, stats: Any, *, replayed: bool = True) -> np.ndarray:
-    """``[CONTEXT_DIM]`` the tool-context row of one tool result, exactly as
-    :func:`core.state.features.extract_features` builds it for a logged step: the tool's key
-    result fields (numbers normalised by the training statistics, other values hashed),
-    the tool's name slot and the error / not-replayed flags."""
-    from core.state.features import O_CAT, O_FLAGS, O_NUM, O_TOOL, CONTEXT_DIM, CTX_CAT, CTX_NUM, CTX_TOOL, \
-        flatten_result, parse_result
-
-    # The layout and the result parser live in core.state.features, so that a served step and a
-    # logged one are featurised alike (tested against extract_features).
-    row = np.zeros(CONTEXT_DIM, dtype=np.float32)
-    leaves: list[tuple[str, Any]] = []
-    if result is not None:
-        flatten_result(parse_result(result), "", leaves)
-    keep = frozenset(stats.key_fields.get(tool, ()))
-    _scatter_row(row, [(f"{tool}:{path}", value) for path, value in leaves if path in keep],
-                 O_NUM, CTX_NUM, O_CAT, CTX_CAT, stats.numeric)
-    row[O_TOOL + _slot(f"tool:{tool}", CTX_TOOL)[0]] = 1.0
-    row[O_FLAGS + 1] = float(error is not None)
-    row[O_FLAGS + 2] = float(not replayed)
-    return row
-
-
-def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: Mapping[str, Any] | None,
-                 stats: Any) -> np.ndarray:
-    """``[CONTEXT_DIM]`` the encoder's context input at step ``step_t``: the latest result's
-    row (``since`` steps ago; None = no result yet), the step flags and the observation's
-    scalar state — as :func:`core.state.features.extract_features` computes it."""
-    from core.state.features import O_FLAGS, O_OBS_CAT, O_OBS_NUM, CONTEXT_DIM, OBS_CAT, OBS_NUM
-
-    if result_row is not None:
-        ctx = result_row.copy()
-        ctx[O_FLAGS + 0] = 1.0
-    else:
-        ctx = np.zeros(CONTEXT_DIM, dtype=np.float32)
-    ctx[O_FLAGS + 3] = math.log1p(since if result_row is not None else 0) / math.log1p(12)
-    ctx[O_FLAGS + 4] = math.log1p(step_t) / math.log1p(12)
-    items = []
-    for k, v in (state or {}).items():
-        if isinstance(v, (bool, str)):
-            items.append((f"state:{k}", str(v).lower()))
-        elif isinstance(v, (int, float)):
-            items.append((f"state:{k}", float(v)))
-    _scatter_row(ctx, items, O_OBS_NUM, OBS_NUM, O_OBS_CAT, OBS_CAT, stats.numeric)
-    return ctx
-
-
-def trace_arrays(tokens: Sequence[int], times: Sequence[float], rewards: Sequence[float], now: float
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(trace_action int64, trace_reward float32, trace_dt float32)`` of length TRACE_LEN,
-    newest first, from the served steps (oldest first) and the current time: PAD_TOKEN
-    and zeros where there is no step, Δt as log1p of the seconds since the step."""
-    from core.state.features import PAD_TOKEN, TRACE_LEN
-
-    action = np.full(TRACE_LEN, PAD_TOKEN, dtype=np.int64)
-    reward = np.zeros(TRACE_LEN, dtype=np.float32)
-    dt = np.zeros(TRACE_LEN, dtype=np.float32)
-    n = min(len(tokens), TRACE_LEN)
-    for k in range(n):  # at most three steps
-        i = len(tokens) - 1 - k
-        action[k] = tokens[i]
-        reward[k] = rewards[i]
-        dt[k] = math.log1p(max(now - times[i], 0.0))
-    return action, reward, dt
-
-
 # =========================================================================== the policy's forward
 _COMPILED: "weakref.WeakKeyDictionary[Any, tuple[Callable[[Mapping[str, Any]], tuple[Any, Any]], bool]]" = \
     weakref.WeakKeyDictionary()
@@ -804,7 +688,7 @@ class EpisodeState:
     #: The latest tool result (tool, result, error) and the step whose action produced it.
     result: tuple[str, Any, str | None] | None = None
     result_step: int = -1
-    #: The latest result's context row (:func:`result_context`), kept once RL-Boost built
+    #: The latest result's context row (:func:`core.state.features.result_context`), kept once RL-Boost built
     #: it: the row only changes when a new result arrives.
     result_row: np.ndarray | None = None
     #: ``(query, sentence embedding, rule vector)`` kept once RL-Boost needed them: the
@@ -835,6 +719,8 @@ class _Row:
     ood_notes: list[str]
     #: The decision time (the trace's Δt is measured to it).
     now: float
+    #: The request brought a new tool result (the episode keeps it at commit).
+    new_result: bool = False
     #: The result's context row and the query's ``(embedding, rule vector)`` when known:
     #: taken from the episode, or built by RL-Boost (the episode keeps them at commit).
     result_row: np.ndarray | None = None
@@ -847,7 +733,10 @@ class _Row:
 
     def context(self, stats: Any) -> np.ndarray:
         """The encoder's context input (only the policy needs it: computed on RL-Boost;
-        the result's part once per result)."""
+        the result's part once per result), by the functions extract_features builds a
+        logged step's with."""
+        from core.state.features import result_context, step_context
+
         if self.result is not None and self.result_row is None:
             self.result_row = result_context(*self.result, stats)
         return step_context(self.result_row, self.since, self.step_t, self.state, stats)
@@ -857,6 +746,8 @@ class _Row:
         lock the episode's trace lists are only replaced, never changed in place (only
         report_outcome does that, under the same lock), so this reads them as they were
         when the request came."""
+        from core.state.features import trace_arrays
+
         ep = self.episode
         return trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, self.now)
 
@@ -1166,6 +1057,7 @@ class DecisionEngine:
         ep, new = self._episode(req.episode_id, now)
         rt = ep.runtime
         result, result_step = ep.result, ep.result_step
+        new_result = False
         if req.last_result is not None:
             lr = req.last_result
             prev = ep.prev_token
@@ -1173,13 +1065,15 @@ class DecisionEngine:
             if tool is None:
                 raise InputError(f"request {index}: last_result needs its tool (the episode has no served "
                                  "action it could belong to)", field="last_result.tool", record=index)
-            result, result_step = (tool, lr.result, lr.error), ep.step_t - 1
+            if lr.result is not None or lr.error is not None:
+                # a call that returned nothing is no result, as for a logged step (extract_features)
+                result, result_step, new_result = (tool, lr.result, lr.error), ep.step_t - 1, True
         state = dict(req.state)
         notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
         same = ep.intent is not None and ep.intent[0] == req.query
         return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
                     step_t=ep.step_t, since=ep.step_t - result_step if result else 0, ood_notes=notes,
-                    now=now, result_row=ep.result_row if req.last_result is None else None,
+                    now=now, new_result=new_result, result_row=None if new_result else ep.result_row,
                     intent=ep.intent[1:] if same else None, intent_state=ep.intent_state if same else None)
 
     def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
@@ -1310,7 +1204,7 @@ class DecisionEngine:
         from core.state.features import TRACE_LEN
 
         ep = r.episode
-        if r.request.last_result is not None:
+        if r.new_result:
             ep.result, ep.result_step, ep.result_row = r.result, r.step_t - 1, r.result_row
         elif r.result_row is not None:
             ep.result_row = r.result_row
@@ -1397,13 +1291,14 @@ class DecisionEngine:
                         del self._intent_jobs[q]
 
     def _embed(self, queries: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Sentence embedding and rule vector of each query, kept in the cache and returned."""
-        from core.state.features import extract_intent, intent_rule_vector
+        """Sentence embedding and rule vector of each query (:func:`core.state.features.intent_features`,
+        as extract_features computes a logged request's), kept in the cache and returned."""
+        from core.state.features import intent_features
 
-        emb = np.asarray(self.embedder.encode(queries), dtype=np.float32)
-        out = {q: (e, intent_rule_vector(extract_intent(q), q)) for q, e in zip(queries, emb)}
+        emb, rules = intent_features(queries, self.embedder)
+        out = {q: (e, r) for q, e, r in zip(queries, emb, rules)}
         rt = self.runtime  # the version new episodes start on: its policy's intent branch now, not on a request
-        branches = None if rt.fast is None else rt.fast.intent(emb, np.stack([r for _, r in out.values()]))
+        branches = None if rt.fast is None else rt.fast.intent(emb, rules)
         with self._intent_lock:
             for q, value in out.items():
                 self._intents[q] = value
@@ -1467,7 +1362,7 @@ class DecisionEngine:
     def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
         """The policy's top-k allowed actions and the critic's reward estimates: of each
         candidate (and of the baseline's action), the critic's value of the state after it."""
-        from core.state.features import O_FLAGS
+        from core.state.features import set_progress, trace_after
 
         k = min(self.config.top_k, rt.n_actions)
         B = len(rows)
@@ -1477,19 +1372,14 @@ class DecisionEngine:
         t_act, t_rew, t_dt = (np.stack(parts) for parts in zip(*(r.trace() for r in rows)))
         # The state one step later, whatever the action: a result exists → it is one step older.
         nxt_ctx = context.copy()
-        has = nxt_ctx[:, O_FLAGS + 0] > 0
-        since = np.array([r.since for r in rows])
-        step = np.array([r.step_t for r in rows])
-        nxt_ctx[:, O_FLAGS + 3] = np.where(has, np.log1p(since + 1), 0.0) / math.log1p(12)
-        nxt_ctx[:, O_FLAGS + 4] = np.log1p(step + 1) / math.log1p(12)
+        for row, r in zip(nxt_ctx, rows):
+            set_progress(row, r.since + 1 if r.result is not None else None, r.step_t + 1)
 
         def shifted(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-            """Row of each (request, action) pair and its trace after the action."""
+            """Row of each (request, action) pair and its trace after the action (a missing
+            candidate, token -1, is valued as token 0 and its estimate dropped)."""
             idx = np.repeat(np.arange(B), acts.shape[1])
-            a = np.maximum(acts.reshape(-1), 0)[:, None]
-            zeros = np.zeros((len(idx), 1), np.float32)
-            return (idx, np.concatenate([a, t_act[idx, :-1]], axis=1),
-                    np.concatenate([zeros, t_rew[idx, :-1]], axis=1), np.concatenate([zeros, t_dt[idx, :-1]], axis=1))
+            return (idx, *trace_after(np.maximum(acts.reshape(-1), 0), t_act[idx], t_rew[idx], t_dt[idx]))
 
         fast = rt.fast
         if fast is not None:  # numpy, sharing the intent (per episode) and the next context
@@ -1707,5 +1597,4 @@ def serve_requests(ws: "Workspace", policy: str | Path, requests: Sequence[Mappi
 
 __all__ = ["ALERT_RULES_FILE", "Candidate", "Decision", "DecisionEngine", "DecisionRequest", "EpisodeState",
            "LastResult", "PolicyRuntime", "ServingConfig", "ServingMetrics", "Verdict", "alert_rules", "arbitrate",
-           "load", "parse_request", "read_requests", "result_context", "serve_requests", "step_context",
-           "trace_arrays"]
+           "load", "parse_request", "read_requests", "serve_requests"]

@@ -16,7 +16,11 @@ Two layers keep this fast and trainable:
 
 1. :func:`extract_features` turns episodes into :class:`RawStateFeatures`: fixed-size
    numeric arrays, computed once per dataset and cached as a workspace artifact
-   (safetensors + JSON, no pickle) by :func:`raw_features_for_dataset`.
+   (safetensors + JSON, no pickle) by :func:`raw_features_for_dataset`.  It builds
+   each step with the one-step functions (:func:`result_context`, :func:`step_context`,
+   :func:`trace_arrays`, :func:`intent_features`) that the decision engine
+   (:mod:`core.serve.serving`) calls for a served request: the trainer, the evaluator
+   and serving share one featurization.
 2. :class:`StateEncoder` is the learned part, a ``torch.nn.Module`` that the PPO
    trainer trains together with the policy and saves in bundles (safetensors via
    :func:`save_encoder`).  It fuses the three branch embeddings with gates:
@@ -39,13 +43,14 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -443,66 +448,206 @@ def _key_fields_from_data(tool_leaves: dict[str, list[list[tuple[str, Any]]]],
     return out
 
 
-def _hash_slots(keys: list[str], buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket and ±1 sign of each key (signed feature hashing keeps collisions unbiased)."""
-    h = np.array([_stable_hash(k) for k in keys], dtype=np.uint64)
-    return (h % np.uint64(buckets)).astype(np.int64), np.where((h >> np.uint64(40)) & np.uint64(1), 1.0, -1.0)
+# --------------------------------------------------------------------------- one step's features
+# extract_features featurises every logged step with the functions below, and
+# core.serve.serving every served step with the same functions: training, evaluation and
+# serving read the same numbers for the same step.  They work on one step at a time
+# because serving builds one row per request, where plain Python over a dozen values is
+# several times faster than array code, and a batch spends most of its time parsing the
+# results anyway.
 
+#: Progress flags count steps as ``log1p(steps) / log1p(PROGRESS_STEPS)`` (1 at that many steps).
+PROGRESS_STEPS = 12
+_LOG_PROGRESS = math.log1p(PROGRESS_STEPS)
+#: Feature keys up to this length have their hash slot remembered: a stream of steps
+#: hashes the same few field names again and again; longer keys are free text that
+#: rarely comes back, and the bound keeps the memo small.
+SLOT_MEMO_KEY_CHARS = 160
 
-# Public names of the context-row layout and helpers: core.serve.serving builds a served step's
-# context row with them, exactly as extract_features builds a logged step's.
+# Public names of the context-row layout (core.serve.fast_policy reads the flags).
 O_NUM, O_CAT, O_TOOL, O_OBS_NUM, O_OBS_CAT, O_FLAGS = _O_NUM, _O_CAT, _O_TOOL, _O_OBS_NUM, _O_OBS_CAT, _O_FLAGS
-flatten_result, parse_result, hash_slots = _flatten_result, _parse_result, _hash_slots
 
 
-class _Scatter:
-    """Collects ``(row, key, value)`` triples during parsing, then writes them vectorised."""
+def _hash_slot(key: str, buckets: int) -> tuple[int, float]:
+    """Bucket and ±1 sign of a feature key (signed feature hashing keeps collisions unbiased)."""
+    h = _stable_hash(key)
+    return h % buckets, 1.0 if (h >> 40) & 1 else -1.0
 
-    def __init__(self) -> None:
-        self.rows: list[int] = []
-        self.keys: list[str] = []
-        self.values: list[Any] = []
 
-    def add(self, row: int, key: str, value: Any) -> None:
-        self.rows.append(row)
-        self.keys.append(key)
-        self.values.append(value)
+_memo_slot = functools.lru_cache(maxsize=16384)(_hash_slot)
 
-    def write(self, out: np.ndarray, num_offset: int, num_buckets: int, cat_offset: int,
-              cat_buckets: int, stats: dict[str, list[float]], learn: bool) -> None:
-        """Numbers → robust z in signed hashed slots; other values → ±1 in hashed slots."""
-        if not self.rows:
+
+def feature_slot(key: str, buckets: int) -> tuple[int, float]:
+    """:func:`_hash_slot`, remembered for keys up to :data:`SLOT_MEMO_KEY_CHARS` long."""
+    return _memo_slot(key, buckets) if len(key) <= SLOT_MEMO_KEY_CHARS else _hash_slot(key, buckets)
+
+
+def _hash_slots(keys: Sequence[str], buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`feature_slot` of many keys as arrays: buckets (int64) and signs (float64)."""
+    slots = [feature_slot(k, buckets) for k in keys]
+    return (np.array([b for b, _ in slots], dtype=np.int64).reshape(-1),
+            np.array([s for _, s in slots], dtype=np.float64).reshape(-1))
+
+
+def scatter_features(row: np.ndarray, items: Sequence[tuple[str, Any]], num_offset: int, num_buckets: int,
+                     cat_offset: int, cat_buckets: int, numeric: Mapping[str, Sequence[float]]) -> None:
+    """Add one step's ``(key, value)`` features to its float32 ``row``.
+
+    A number adds its robust z under ``numeric`` (the key's learned centre and scale;
+    clipped to ±Z_CLIP) at its key's signed hashed slot, and then, after every plain
+    number, its :func:`signed_log` under ``key + LOG_SUFFIX``; a key the statistics never
+    saw carries no reference and is skipped.  Any other value adds ±1 at the slot of
+    ``key=value``."""
+
+    def add_number(key: str, value: float) -> None:
+        ref = numeric.get(key)
+        if ref is None:
             return
-        rows = np.asarray(self.rows, dtype=np.int64)
-        is_num = np.array([isinstance(v, float) for v in self.values], dtype=bool)
-        # numeric fields: one robust centre/scale per key, learned over the dataset
-        num_keys = [k for k, n in zip(self.keys, is_num) if n]
-        if num_keys:
-            vals = np.array([v for v, n in zip(self.values, is_num) if n], dtype=np.float64)
-            # each number twice: as it is, then on a log scale (LOG_SUFFIX)
-            num_rows = np.concatenate([rows[is_num], rows[is_num]])
-            num_keys = num_keys + [k + LOG_SUFFIX for k in num_keys]
-            vals = np.concatenate([vals, signed_log(vals)])
-            uniq, inv = np.unique(np.asarray(num_keys, dtype=object), return_inverse=True)
-            if learn:
-                order = np.argsort(inv, kind="stable")
-                bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
-                for j, key in enumerate(uniq):
-                    stats[key] = list(_robust_centre_scale(vals[order[bounds[j]:bounds[j + 1]]]))
-            known = np.array([k in stats for k in uniq], dtype=bool)
-            centre = np.array([stats[k][0] if k in stats else 0.0 for k in uniq])
-            scale = np.array([stats[k][1] if k in stats else 1.0 for k in uniq])
-            # a field never seen when the stats were learned carries no reference: skip it
-            keep = known[inv]
-            z = np.clip((vals - centre[inv]) / scale[inv], -Z_CLIP, Z_CLIP)
-            bucket, sign = _hash_slots(list(uniq), num_buckets)
-            np.add.at(out, (num_rows[keep], num_offset + bucket[inv][keep]),
-                      (sign[inv] * z)[keep].astype(np.float32))
-        cat_pairs = [f"{k}={v}" for k, v, n in zip(self.keys, self.values, is_num) if not n]
-        if cat_pairs:
-            uniq, inv = np.unique(np.asarray(cat_pairs, dtype=object), return_inverse=True)
-            bucket, sign = _hash_slots(list(uniq), cat_buckets)
-            np.add.at(out, (rows[~is_num], cat_offset + bucket[inv]), sign[inv].astype(np.float32))
+        bucket, sign = feature_slot(key, num_buckets)
+        z = min(max((value - ref[0]) / ref[1], -Z_CLIP), Z_CLIP)
+        row[num_offset + bucket] += np.float32(sign * z)
+
+    numbers = []
+    for key, value in items:
+        if isinstance(value, float):
+            add_number(key, value)
+            numbers.append((key, value))
+        else:
+            bucket, sign = feature_slot(f"{key}={value}", cat_buckets)
+            row[cat_offset + bucket] += np.float32(sign)
+    for key, value in numbers:
+        add_number(key + LOG_SUFFIX, signed_log(float(value)))
+
+
+def state_items(state: Any) -> list[tuple[str, Any]]:
+    """The features of an observation's scalar state (``observation["state"]``, a served
+    request's ``state``): ``("state:<name>", number)``, or the lower-cased text of a
+    string or a flag; other values (None, lists) and a state that is not a mapping carry none."""
+    if not isinstance(state, Mapping):
+        return []
+    items: list[tuple[str, Any]] = []
+    for k, v in state.items():
+        if isinstance(v, (bool, str)):
+            items.append((f"state:{k}", str(v).lower()))
+        elif isinstance(v, (int, float)):
+            items.append((f"state:{k}", float(v)))
+    return items
+
+
+def result_leaves(result: Any) -> list[tuple[str, Any]]:
+    """The scalar leaves of a tool result (:func:`_flatten_result`; a JSON string is parsed
+    first); none for a missing result."""
+    leaves: list[tuple[str, Any]] = []
+    if result is not None:
+        _flatten_result(_parse_result(result), "", leaves)
+    return leaves
+
+
+def _result_row(tool: str, leaves: Sequence[tuple[str, Any]], failed: bool, replayed: bool,
+                stats: FeatureStats) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the tool-context part of one result from its flattened ``leaves``."""
+    row = np.zeros(CONTEXT_DIM, dtype=np.float32)
+    keep = frozenset(stats.key_fields.get(tool, ()))
+    scatter_features(row, [(f"{tool}:{path}", value) for path, value in leaves if path in keep],
+                     _O_NUM, CTX_NUM, _O_CAT, CTX_CAT, stats.numeric)
+    row[_O_TOOL + feature_slot(f"tool:{tool}", CTX_TOOL)[0]] = 1.0
+    row[_O_FLAGS + 1] = float(failed)
+    row[_O_FLAGS + 2] = float(not replayed)
+    return row
+
+
+def result_context(tool: str, result: Any, error: str | None, stats: FeatureStats, *,
+                   replayed: bool = True) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the tool-context row of one tool result: the tool's key result
+    fields (numbers normalised by ``stats``, other values hashed), the tool's name slot
+    and the error / not-replayed flags.  A tool ``stats`` has no key fields for (one the
+    training data never called) contributes its name slot and flags only."""
+    return _result_row(tool, result_leaves(result), error is not None, replayed, stats)
+
+
+def set_progress(row: np.ndarray, since: int | None, step_t: int) -> None:
+    """Write the progress flags of a context row: steps since the latest result (``since``;
+    None: there is none) and the step index, each as log1p over :data:`PROGRESS_STEPS`."""
+    row[_O_FLAGS + 3] = (0.0 if since is None else math.log1p(since)) / _LOG_PROGRESS
+    row[_O_FLAGS + 4] = math.log1p(step_t) / _LOG_PROGRESS
+
+
+def step_context(result_row: np.ndarray | None, since: int, step_t: int, state: Any, stats: FeatureStats, *,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """``[CONTEXT_DIM]`` the encoder's context input at step ``step_t``: the latest result's
+    row (:func:`result_context`, ``since`` steps ago; None: no result yet), the progress
+    flags and the observation's scalar state (:func:`state_items`).  Written into ``out``
+    when given (a row of a batch), else into a new row."""
+    ctx = np.empty(CONTEXT_DIM, dtype=np.float32) if out is None else out
+    if result_row is not None:
+        ctx[:] = result_row
+        ctx[_O_FLAGS + 0] = 1.0
+    else:
+        ctx[:] = 0.0
+    set_progress(ctx, since if result_row is not None else None, step_t)
+    scatter_features(ctx, state_items(state), _O_OBS_NUM, OBS_NUM, _O_OBS_CAT, OBS_CAT, stats.numeric)
+    return ctx
+
+
+def trace_arrays(tokens: Sequence[int] | np.ndarray, times: Sequence[float] | np.ndarray,
+                 rewards: Sequence[float] | np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(trace_action int64, trace_reward float32, trace_dt float32)`` of length TRACE_LEN,
+    newest first, from the earlier steps' tokens, times (seconds) and rewards (oldest first)
+    and the current step's time: PAD_TOKEN and zeros where there is no step, Δt as log1p
+    of the seconds since the step (never negative)."""
+    action = np.full(TRACE_LEN, PAD_TOKEN, dtype=np.int64)
+    reward = np.zeros(TRACE_LEN, dtype=np.float32)
+    dt = np.zeros(TRACE_LEN, dtype=np.float32)
+    for k in range(min(len(tokens), TRACE_LEN)):
+        i = len(tokens) - 1 - k
+        action[k] = tokens[i]
+        reward[k] = rewards[i]
+        dt[k] = math.log1p(max(float(now) - float(times[i]), 0.0))
+    return action, reward, dt
+
+
+def trace_after(actions: np.ndarray, trace_action: np.ndarray, trace_reward: np.ndarray, trace_dt: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The trace right after taking ``actions`` (``[N]``) in states whose traces are the
+    ``[N, TRACE_LEN]`` arrays: the action enters as the newest step with reward 0 (not
+    known yet) and Δt 0, and the oldest step leaves."""
+    first = np.zeros((len(actions), 1), dtype=np.float32)
+    return (np.concatenate([np.asarray(actions, dtype=np.int64)[:, None], trace_action[:, :-1]], axis=1),
+            np.concatenate([first, trace_reward[:, :-1]], axis=1),
+            np.concatenate([first, trace_dt[:, :-1]], axis=1))
+
+
+def request_rules(query: str) -> np.ndarray:
+    """``[INTENT_RULE_DIM]`` the rule part of a request's intent (:func:`extract_intent`)."""
+    return intent_rule_vector(extract_intent(query), query)
+
+
+def intent_features(queries: Sequence[str], embedder: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(intent_emb [E, 384] float32, intent_rules [E, INTENT_RULE_DIM] float32)`` of
+    requests: their sentence embeddings by ``embedder`` and their rule vectors."""
+    if not queries:
+        return np.zeros((0, TEXT_DIM), dtype=np.float32), np.zeros((0, INTENT_RULE_DIM), dtype=np.float32)
+    emb = np.asarray(embedder.encode(list(queries)), dtype=np.float32)
+    rules: dict[str, np.ndarray] = {}
+    for q in queries:
+        if q not in rules:
+            rules[q] = request_rules(q)
+    return emb, np.stack([rules[q] for q in queries]).astype(np.float32, copy=False)
+
+
+def _learn_numeric(items: Sequence[tuple[str, Any]]) -> dict[str, list[float]]:
+    """Robust centre and scale of every numeric feature key in ``items`` (the key and its
+    ``LOG_SUFFIX`` twin, as :func:`scatter_features` reads them)."""
+    values: dict[str, list[float]] = {}
+    for key, value in items:
+        if isinstance(value, float):
+            values.setdefault(key, []).append(value)
+    stats: dict[str, list[float]] = {}
+    for key, vals in values.items():
+        arr = np.asarray(vals, dtype=np.float64)
+        stats[key] = list(_robust_centre_scale(arr))
+        stats[key + LOG_SUFFIX] = list(_robust_centre_scale(signed_log(arr)))
+    return stats
 
 
 # --------------------------------------------------------------------------- raw features
@@ -683,8 +828,9 @@ def extract_features(episodes: Sequence[Episode], catalog: Any, embedder: Any, *
     reuses its key fields and normalisation (new steps at serving time); without it
     they are learned from these episodes.
 
-    Parsing tool results walks JSON, once per result; everything after that (key-field
-    selection, robust normalisation, hashing, the trace) is array code over all steps."""
+    Parsing tool results walks JSON, once per result; each result's row, each step's
+    context and each step's trace are then built by the one-step functions serving uses
+    (:func:`result_context`'s kernel, :func:`step_context`, :func:`trace_arrays`)."""
     n_eps = len(episodes)
     lengths = np.array([ep.n_steps for ep in episodes], dtype=np.int64)
     n = int(lengths.sum())
@@ -701,27 +847,15 @@ def extract_features(episodes: Sequence[Episode], catalog: Any, embedder: Any, *
     n_actions = len(catalog.tokens)
 
     # --- intent: one embedding and one rule vector per episode
-    queries = [ep.task.query or "" for ep in episodes]
-    intent_emb = (embedder.encode(queries).astype(np.float32) if n_eps
-                  else np.zeros((0, TEXT_DIM), dtype=np.float32))
-    rule_cache: dict[str, np.ndarray] = {}
-    for q in queries:
-        if q not in rule_cache:
-            rule_cache[q] = intent_rule_vector(extract_intent(q), q)
-    intent_rules = (np.stack([rule_cache[q] for q in queries]) if n_eps
-                    else np.zeros((0, INTENT_RULE_DIM), dtype=np.float32))
+    intent_emb, intent_rules = intent_features([ep.task.query or "" for ep in episodes], embedder)
 
-    # --- tool results: parse once, pick key fields, fill per-result rows
+    # --- tool results and scalar states: parse once; learn key fields and normalisation
     schemas: dict[str, ToolSchema] = dict(getattr(catalog, "tools", {}) or {})
-    has_result = np.array([s.tool_result is not None or s.tool_error is not None for s in steps], dtype=bool)
-    res_rows = np.flatnonzero(has_result)
+    has_result = [s.tool_result is not None or s.tool_error is not None for s in steps]
+    res_rows = [i for i in range(n) if has_result[i]]
     res_tool = [steps[i].action.tool or steps[i].action.kind for i in res_rows]
-    leaves: list[list[tuple[str, Any]]] = []
-    for i in res_rows:
-        out: list[tuple[str, Any]] = []
-        if steps[i].tool_result is not None:
-            _flatten_result(_parse_result(steps[i].tool_result), "", out)
-        leaves.append(out)
+    leaves = [result_leaves(steps[i].tool_result) for i in res_rows]
+    states = [s.observation.get("state") if isinstance(s.observation, dict) else None for s in steps]
     learn = stats is None
     stats = FeatureStats() if stats is None else FeatureStats(dict(stats.key_fields), dict(stats.numeric))
     if learn:
@@ -729,59 +863,36 @@ def extract_features(episodes: Sequence[Episode], catalog: Any, embedder: Any, *
         for tool, lv in zip(res_tool, leaves):
             by_tool.setdefault(tool, []).append(lv)
         stats.key_fields = _key_fields_from_data(by_tool, schemas)
-    result_ctx = np.zeros((len(res_rows), CONTEXT_DIM), dtype=np.float32)
-    scatter = _Scatter()
-    key_sets = {t: frozenset(f) for t, f in stats.key_fields.items()}
-    for r, (tool, lv) in enumerate(zip(res_tool, leaves)):
-        keep = key_sets.get(tool, frozenset())
-        for path, value in lv:
-            if path in keep:
-                scatter.add(r, f"{tool}:{path}", value)
-    scatter.write(result_ctx, _O_NUM, CTX_NUM, _O_CAT, CTX_CAT, stats.numeric, learn)
-    if len(res_rows):
-        tb, _ = _hash_slots([f"tool:{t}" for t in res_tool], CTX_TOOL)
-        result_ctx[np.arange(len(res_rows)), _O_TOOL + tb] = 1.0
-        result_ctx[:, _O_FLAGS + 1] = [steps[i].tool_error is not None for i in res_rows]
-        result_ctx[:, _O_FLAGS + 2] = [not steps[i].result_replayed for i in res_rows]
+        key_sets = {t: frozenset(f) for t, f in stats.key_fields.items()}
+        result_items = [(f"{tool}:{path}", value) for tool, lv in zip(res_tool, leaves)
+                        for path, value in lv if path in key_sets[tool]]
+        stats.numeric = {**dict(sorted(_learn_numeric(result_items).items())),
+                         **dict(sorted(_learn_numeric([item for st in states for item in state_items(st)]).items()))}
+    result_rows = [_result_row(tool, lv, steps[i].tool_error is not None, steps[i].result_replayed, stats)
+                   for i, tool, lv in zip(res_rows, res_tool, leaves)]
 
-    # --- the latest result strictly before each step (same episode), vectorised
+    # --- each step's context (the latest result strictly before it in its episode) and trace
     context = np.zeros((n, CONTEXT_DIM), dtype=np.float32)
-    if n:
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[res_rows] = np.arange(len(res_rows))
-        last_row = np.where(has_result, np.arange(n), -1)
-        prev = np.concatenate([[-1], np.maximum.accumulate(last_row)[:-1]])
-        prev = np.where(prev >= starts[step_episode], prev, -1)   # never cross an episode start
-        got = prev >= 0
-        context[got] = result_ctx[pos[prev[got]]]
-        context[got, _O_FLAGS + 0] = 1.0
-        since = np.where(got, np.arange(n) - prev, 0)
-        context[:, _O_FLAGS + 3] = np.log1p(since) / math.log1p(12)
-        context[:, _O_FLAGS + 4] = np.log1p(step_t) / math.log1p(12)
-
-    # --- the observation's scalar state at each step
-    obs_scatter = _Scatter()
-    for i, s in enumerate(steps):
-        obs = s.observation
-        state = obs.get("state") if isinstance(obs, dict) else None
-        if isinstance(state, dict):
-            for k, v in state.items():
-                if isinstance(v, bool) or isinstance(v, str):
-                    obs_scatter.add(i, f"state:{k}", str(v).lower())
-                elif isinstance(v, (int, float)):
-                    obs_scatter.add(i, f"state:{k}", float(v))
-    obs_scatter.write(context, _O_OBS_NUM, OBS_NUM, _O_OBS_CAT, OBS_CAT, stats.numeric, learn)
-
-    # --- trace: the last TRACE_LEN steps of the same episode
+    trace_action = np.full((n, TRACE_LEN), PAD_TOKEN, dtype=np.int64)
+    trace_dt = np.zeros((n, TRACE_LEN), dtype=np.float32)
+    clock = _step_clock(episodes, step_episode, starts) if n else np.zeros(0)
+    no_rewards = np.zeros(n, dtype=np.float32)   # trace rewards are gathered at batch time (trace_step)
+    results = iter(result_rows)
+    for e in range(n_eps):
+        first = int(starts[e])
+        latest: np.ndarray | None = None
+        latest_t = 0
+        for i in range(first, first + int(lengths[e])):
+            t = i - first
+            step_context(latest, t - latest_t, t, states[i], stats, out=context[i])
+            lo = max(i - TRACE_LEN, first)
+            trace_action[i], _, trace_dt[i] = trace_arrays(token[lo:i], clock[lo:i], no_rewards[lo:i], clock[i])
+            if has_result[i]:
+                latest, latest_t = next(results), t
     k = np.arange(1, TRACE_LEN + 1, dtype=np.int64)
     trace_step = np.arange(n, dtype=np.int64)[:, None] - k[None, :]
     trace_step = np.where(trace_step >= starts[step_episode][:, None], trace_step, -1) if n else \
         np.zeros((0, TRACE_LEN), np.int64)
-    valid = trace_step >= 0
-    trace_action = np.where(valid, token[np.maximum(trace_step, 0)] if n else trace_step, PAD_TOKEN)
-    clock = _step_clock(episodes, step_episode, starts) if n else np.zeros(0)
-    dt = clock[:, None] - clock[np.maximum(trace_step, 0)] if n else np.zeros((0, TRACE_LEN))
-    trace_dt = np.where(valid, np.log1p(np.maximum(dt, 0.0)), 0.0).astype(np.float32)
 
     return RawStateFeatures(
         episode_ids=[ep.episode_id for ep in episodes], step_episode=step_episode, step_t=step_t,
