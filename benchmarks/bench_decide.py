@@ -781,7 +781,7 @@ def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) ->
         engine.close()
     for process in processes:
         process.close()
-    records = audit.stats(fast.ws)["records"]
+    records = audit.stats(fast.ws).records
     for engine in made:
         engine.ws.close()
     return {"policy": bundle.policy_version, "policy_size": size, "episodes": len(episodes),

@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 from core.data.datasets import datasets_dir, generate  # noqa: E402
 from core.rl.sim import (BatchedSim, RecordedEpisodeEnv, SimTables, build_sim_tables_from,  # noqa: E402
-                      random_masked_actions)
+                         random_masked_actions)
 
 
 def bench_tables(episodes: int = 300, seed: int = 20240917, device: str = "cpu", embedder: Any = None) -> SimTables:

@@ -21,7 +21,7 @@ st.caption("One append-only record per decision the engine served: the input's h
 ws = resources.workspace()
 actor = resources.acting_user()
 summary = resources.audit_summary()
-if summary["records"] == 0:
+if summary.records == 0:
     st.info("No decisions recorded yet. They appear here once a promoted policy serves requests: "
             "promote one on the **Policies** page, then let production decide requests with it "
             "(in-process, or through the HTTP decision service).")
@@ -29,14 +29,14 @@ if summary["records"] == 0:
     st.stop()
 
 c1, c2, c3 = st.columns([1, 1, 2])
-c1.metric("Records", f"{summary['records']:,}")
-c2.metric("Episodes", f"{summary['episodes']:,}")
+c1.metric("Records", f"{summary.records:,}")
+c2.metric("Episodes", f"{summary.episodes:,}")
 # times as text, which wraps: a metric's large figure cuts a timestamp in a quarter of the page
-c3.markdown(f"**First decision** {(summary['first'] or '—')[:19].replace('T', ' ')} UTC  \n"
-            f"**Last decision** {(summary['last'] or '—')[:19].replace('T', ' ')} UTC")
+c3.markdown(f"**First decision** {(summary.first or '—')[:19].replace('T', ' ')} UTC  \n"
+            f"**Last decision** {(summary.last or '—')[:19].replace('T', ' ')} UTC")
 
 # --------------------------------------------------------------------------- filters
-versions = ["any"] + sorted(summary["per_policy_version"])
+versions = ["any"] + sorted(summary.per_policy_version)
 with st.form("audit_filter"):
     f1, f2, f3 = st.columns(3)
     version = f1.selectbox("Policy version", versions, key="audit_version")

@@ -8,6 +8,7 @@ import streamlit as st
 
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
+from core.base.results import to_jsonable
 from core.govern import registry
 from core.govern.bundle import export_bundle, exported_bundle_bytes, list_bundles
 from core.policies import policies_root, read_index
@@ -114,8 +115,8 @@ with registry_tab:
                 except USER_ERRORS as exc:
                     st.error(user_message(exc))
                 else:
-                    (st.success if gate["passed"] else st.warning)(gate["reason"])
-                    st.json(gate, expanded=False)
+                    (st.success if gate.passed else st.warning)(gate.reason)
+                    st.json(to_jsonable(gate), expanded=False)
 
 # --------------------------------------------------------------------------- runs and bundles
 with runs_tab:

@@ -63,12 +63,12 @@ resources.show_flash(FLASH)
 # --------------------------------------------------------------------------- statistics
 stats = resources.review_queue_stats()
 c1, c2, c3, c4, c5 = st.columns(5)
-c1.metric("Pending", stats["pending"])
-c2.metric("Claimed", stats["claimed"], help=f"{stats['expired_claims']} claim(s) expired (claimable again)")
-c3.metric("Decided", stats["decided"], help=f"{stats['approved']} approved, {stats['rejected']} rejected")
-c4.metric("Approve rate", "—" if stats["approve_rate"] is None else f"{stats['approve_rate']:.0%}")
-c5.metric("Oldest open", "—" if stats["oldest_pending_age_s"] is None
-          else f"{stats['oldest_pending_age_s'] / 60:.0f} min")
+c1.metric("Pending", stats.pending)
+c2.metric("Claimed", stats.claimed, help=f"{stats.expired_claims} claim(s) expired (claimable again)")
+c3.metric("Decided", stats.decided, help=f"{stats.approved} approved, {stats.rejected} rejected")
+c4.metric("Approve rate", "—" if stats.approve_rate is None else f"{stats.approve_rate:.0%}")
+c5.metric("Oldest open", "—" if stats.oldest_pending_age_s is None
+          else f"{stats.oldest_pending_age_s / 60:.0f} min")
 
 # --------------------------------------------------------------------------- the item under review
 if can_review:

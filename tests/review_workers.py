@@ -26,8 +26,7 @@ def reviewer_process(root: str, name: str, seed: int, start: Any, results: Any) 
     while True:
         item = review.claim(ws, me, lease_seconds=0.5)
         if item is None:
-            s = review.stats(ws)
-            if s["pending"] + s["claimed"] + s["expired_claims"] == 0:
+            if review.stats(ws).open == 0:
                 break
             time.sleep(0.02)
             continue

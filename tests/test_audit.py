@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from core.access import audit
 from core.records.catalog import build_catalog
 from core.cli import root
-from core.records.episodes import Episode, ToolSchema
+from core.records.episodes import Action, Episode, ToolSchema
 from core.base.errors import ConflictError, InputError, PermissionDenied
 from core.records.store import DB_NAME, Workspace
 from core.access.users import LOCAL_ADMIN, Actor
@@ -253,7 +253,7 @@ def test_tail_list_and_stats(ws):
     with pytest.raises(InputError, match="time zone"):
         audit.list_records(ws, since="2025-01-01T00:00:00")
     s = audit.stats(ws)
-    assert (s["records"], s["episodes"], s["per_policy_version"]) == (6, 3, {"p@1": 4, "p@2": 2})
+    assert (s.records, s.episodes, s.per_policy_version) == (6, 3, {"p@1": 4, "p@2": 2})
 
 
 # --------------------------------------------------------------------------- export
@@ -315,8 +315,7 @@ def test_export_as_episodes_decodes_tokens_with_the_catalog(ws, tmp_path):
         "required": ["period"]})
     catalog = build_catalog([tool])
     q3 = catalog.normalize(
-        __import__("core.records.episodes").episodes.Action(kind="tool_call", tool="get_stock_data",
-                                                    params={"period": "q3"})).token_id
+        Action(kind="tool_call", tool="get_stock_data", params={"period": "q3"})).token_id
     audit.write_record(ws, ENGINE, {"input_hash": "a", "final_action": q3, "episode_id": "x"})
     audit.write_record(ws, ENGINE, {"input_hash": "b", "final_action": "F0", "episode_id": "x"})
     with pytest.raises(InputError, match="catalog"):

@@ -76,7 +76,7 @@ def build_workspace(base: Path) -> dict:
     from core.data.importers import import_file
     from core.rl.runs import train
     from core.records.store import Workspace
-    from core.tuning.studies import tune
+    from core.tuning import tune
     from core.access.users import LOCAL_ADMIN, Actor, add_user
 
     ws = Workspace.open(base / "ws")

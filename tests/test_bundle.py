@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
-from _bundle_fixtures import PASSWORDS, members, module_hash_embedder, reseal, trained, write_zip  # noqa: F401
+from _bundle_fixtures import PASSWORDS, members, module_hash_embedder, reseal, write_zip  # noqa: F401
 from core.govern.bundle import (
     BUNDLE_FILES,
     MANIFEST,
@@ -35,8 +35,8 @@ from core.govern.bundle import (
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return trained(tmp_path_factory)
+def run(tiny_run):
+    return tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +129,9 @@ def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_pat
 def test_verify_accepts_the_exported_bundle(run):
     report = verify_bundle(run.bundle)
     assert report.ok, report.reason
-    assert [c["check"] for c in report.checks] == ["paths", "archive", "pickle", "manifest", "signature", "files",
+    assert [c.check for c in report.checks] == ["paths", "archive", "pickle", "manifest", "signature", "files",
                                                    "hashes", "formats", "contents", "smoke"]
-    assert all(c["ok"] for c in report.checks)
+    assert all(c.ok for c in report.checks)
 
 
 def test_loaded_bundle_serves_only_unmasked_actions(loaded, run):
@@ -261,7 +261,7 @@ def test_a_pickle_in_place_of_a_file_is_refused_even_with_matching_hashes(run, t
     payload = pickle.dumps(_Payload(sentinel), protocol=2)
     path = reseal(run.bundle, tmp_path / "resealed.zip", files={target: payload})
     report = verify_bundle(path)
-    assert [c["check"] for c in report.checks if not c["ok"]] == ["pickle"]
+    assert [c.check for c in report.checks if not c.ok] == ["pickle"]
     assert_refused(path, f"{target!r} is a pickle")
     assert not sentinel.exists()
 
@@ -297,7 +297,7 @@ def test_a_policy_with_non_finite_logits_fails_the_smoke_run(run, tmp_path):
     weights["actor.4.weight"] = torch.sign(weights["actor.4.weight"]) * 3e38
     path = reseal(run.bundle, tmp_path / "overflow.zip", files={"policy.safetensors": save(weights)})
     report = verify_bundle(path)
-    assert [c["check"] for c in report.checks if not c["ok"]] == ["smoke"]
+    assert [c.check for c in report.checks if not c.ok] == ["smoke"]
     assert_refused(path, "non-finite logits")
 
 

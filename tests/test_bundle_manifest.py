@@ -17,15 +17,15 @@ import pytest
 import torch
 
 # module_hash_embedder is autouse: every test here embeds with the hash embedder
-from _bundle_fixtures import members, module_hash_embedder, trained, workspace_key  # noqa: F401
+from _bundle_fixtures import members, module_hash_embedder, workspace_key  # noqa: F401
 from core.govern import bundle as B
 from core.govern.bundle import MANIFEST, Manifest, environment_checks, verify_bundle, write_bundle
 from core.access.keys import trust_store
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return trained(tmp_path_factory)
+def run(tiny_run):
+    return tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, tra
 from _tuning_fixtures import FIN_FAST, finance_workspace
 from core.govern import registry
 from core.rl import runs
-from core.tuning import studies as tuning
+from core import tuning
 from core.govern.bundle import load_bundle
 from core.policies import read_index
 from core.rewards.versions import save_template

@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from _tuning_fixtures import FIN_FAST, finance_workspace
 from core.rl import runs
-from core.tuning import studies as tuning
+from core import tuning
 from core.base.errors import ConflictError
 from core.rewards.versions import save_template
 from core.access.users import LOCAL_ADMIN, current_user

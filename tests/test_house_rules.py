@@ -8,6 +8,7 @@
 - No "TODO"/"FIXME"/"stub" in product code.
 - Every ``rwb`` command and option has help text.
 - ``.ci/run`` runs exactly the README's test command.
+- A module docstring under ``core/`` is at most ``MAX_MODULE_DOCSTRING_LINES`` lines; detail lives in docs/.
 """
 
 from __future__ import annotations
@@ -261,3 +262,70 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install -q torch==2.13.0" in (ROOT / ".ci" / "install").read_text(encoding="utf-8")
     # pytest's "no tests collected" (exit 5) must fail CI.
     assert '"$status" -eq 5' in ci_run
+
+
+# --------------------------------------------------------------------------- short module docstrings
+#: Longest module docstring under core/, in source lines: a summary line, a paragraph on what the
+#: module owns and its entry points, and a pointer into docs/ where the rules, formats and worked
+#: examples live (docs/style.md: "A module's docstring says what it owns in a paragraph").
+MAX_MODULE_DOCSTRING_LINES = 20
+#: Modules whose docstring is still longer than that, waiting for their detail to move to docs/.
+#: The list only shrinks: a module that comes under the limit must leave it, and no module joins it.
+LONG_MODULE_DOCSTRINGS = frozenset({
+    "core/access/audit.py",
+    "core/access/keys.py",
+    "core/access/users.py",
+    "core/data/datasets.py",
+    "core/govern/bundle.py",
+    "core/govern/registry.py",
+    "core/guard/review.py",
+    "core/rewards/expectations.py",
+    "core/rewards/pyramid.py",
+    "core/rewards/views.py",
+    "core/rl/doctor.py",
+    "core/rl/evaluation.py",
+    "core/rl/ppo.py",
+    "core/rl/runs.py",
+    "core/rl/sim.py",
+    "core/sample/demo.py",
+    "core/serve/fast_policy.py",
+    "core/serve/serve_http.py",
+    "core/serve/serving.py",
+    "core/state/features.py",
+    "core/state/statemap.py",
+    "core/tuning/__init__.py",
+    "core/tuning/storage.py",
+    "core/tuning/studies.py",
+})
+
+
+def module_docstring_lines(tree: ast.Module) -> int:
+    """Source lines the module docstring spans (0 without one)."""
+    first = tree.body[0] if tree.body else None
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return first.end_lineno - first.lineno + 1
+    return 0
+
+
+def test_module_docstring_line_counter():
+    assert module_docstring_lines(ast.parse('"""One line."""\nx = 1\n')) == 1
+    assert module_docstring_lines(ast.parse('"""Summary.\n\nMore.\n"""\n')) == 4
+    assert module_docstring_lines(ast.parse('x = 1\n"""not a docstring"""\n')) == 0
+    assert module_docstring_lines(ast.parse("")) == 0
+
+
+def test_module_docstrings_stay_short():
+    lengths = {str(p.relative_to(ROOT)): module_docstring_lines(_parse(p)) for p in _py_files("core")}
+    assert set(LONG_MODULE_DOCSTRINGS) <= set(lengths), (
+        f"allow-listed modules that do not exist: {sorted(set(LONG_MODULE_DOCSTRINGS) - set(lengths))}")
+    too_long = {path: n for path, n in lengths.items()
+                if n > MAX_MODULE_DOCSTRING_LINES and path not in LONG_MODULE_DOCSTRINGS}
+    assert too_long == {}, (
+        f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines: {too_long}; keep a summary, what the "
+        "module owns and a 'Details: docs/<file>.md' pointer, and move rules, formats and examples to docs/")
+    now_short = {path: lengths[path] for path in LONG_MODULE_DOCSTRINGS
+                 if lengths[path] <= MAX_MODULE_DOCSTRING_LINES}
+    assert now_short == {}, (
+        f"these modules' docstrings are within {MAX_MODULE_DOCSTRING_LINES} lines now: {now_short}; "
+        "remove them from LONG_MODULE_DOCSTRINGS")

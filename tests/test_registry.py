@@ -26,7 +26,6 @@ from _bundle_fixtures import (  # noqa: F401
     module_hash_embedder,
     registry_figures,
     reseal,
-    trained,
     workspace_key,
 )
 from core.govern import registry
@@ -38,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return trained(tmp_path_factory)
+def run(tiny_run):
+    return tiny_run
 
 
 @pytest.fixture()
@@ -224,9 +223,9 @@ def test_gate_first_version_must_beat_the_logged_expert(ws, run, tmp_path):
     gate = registry.promotion_gate(ws, "gate-real", "0.1.0")
     ev = load_bundle(run.bundle).manifest.evaluation
     real = ev["paired"][ev["best_logged"]["behaviour"]]["policy"]      # from the expert's start states
-    assert gate["baseline"] == "logged expert behaviour" and gate["baseline_return"] == expert
-    assert gate["candidate_return"] == real and gate["passed"] == (real > expert)
-    if not gate["passed"]:
+    assert gate.baseline == "logged expert behaviour" and gate.baseline_return == expert
+    assert gate.candidate_return == real and gate.passed == (real > expert)
+    if not gate.passed:
         with pytest.raises(registry.GateFailed, match="does not beat logged expert behaviour"):
             registry.approve(ws, bob, "gate-real", "0.1.0", "ship it")
     _registered(ws, run, tmp_path, "gate1", "0.1.0", expert - 0.01)
@@ -247,8 +246,8 @@ def test_gate_later_versions_must_beat_production(ws, run, tmp_path, policies):
     registry.promote(ws, bob, "gate2", "0.1.0")
     _registered(ws, run, tmp_path, "gate2", "0.2.0", expert + 0.5)   # beats the expert, not production
     gate = registry.promotion_gate(ws, "gate2", "0.2.0")
-    assert gate["baseline"] == "production gate2@0.1.0" and not gate["passed"]
-    assert "same held-out episodes" in gate["baseline_source"]
+    assert gate.baseline == "production gate2@0.1.0" and not gate.passed
+    assert "same held-out episodes" in gate.baseline_source
     with pytest.raises(registry.GateFailed, match="does not beat production gate2@0.1.0"):
         registry.approve(ws, bob, "gate2", "0.2.0", "newer is better")
     _registered(ws, run, tmp_path, "gate2", "0.3.0", expert + 2.0)
@@ -267,9 +266,9 @@ def test_gate_reruns_production_on_the_candidates_heldout_episodes(ws, run, tmp_
     _registered(ws, run, tmp_path, "gate3", "0.2.0", real + 0.25)
     gate = registry.promotion_gate(ws, "gate3", "0.2.0")
     # the production policy is the run's own agent: re-run, it scores what the run's evaluation says
-    assert gate["baseline_source"].startswith("the production policy re-run")
-    assert gate["baseline_return"] == pytest.approx(real, abs=1e-5)
-    assert gate["passed"]
+    assert gate.baseline_source.startswith("the production policy re-run")
+    assert gate.baseline_return == pytest.approx(real, abs=1e-5)
+    assert gate.passed
 
 
 # --------------------------------------------------------------------------- promote and roll back
@@ -283,7 +282,7 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     entry = registry.promote(ws, cy, "prod", "0.1.0", "first release")
     index = json.loads((policies / "index.json").read_text())
     assert index["policies"]["prod"]["active"] == "0.1.0" and index["policies"]["prod"]["previous"] == []
-    assert entry["versions"]["0.1.0"]["promoted_by"] == "cy" and entry["versions"]["0.1.0"]["approved_by"] == ["bob"]
+    assert entry.versions["0.1.0"]["promoted_by"] == "cy" and entry.versions["0.1.0"]["approved_by"] == ["bob"]
     installed = policies / "prod" / "0.1.0"
     assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", "signature.json", *__import__(
         "core.govern.bundle", fromlist=["BUNDLE_FILES"]).BUNDLE_FILES])
@@ -300,8 +299,8 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     assert registry.aliases(ws, "prod") == {"production": "0.2.0", "approved": "0.1.0", "candidate": None}
 
     entry = registry.rollback(ws, bob, "prod", "0.2.0 misbehaves in production")
-    assert (entry["active"], entry["previous"]) == ("0.1.0", [])
-    assert entry["rolled_back"][-1]["version"] == "0.2.0"
+    assert (entry.active, entry.previous) == ("0.1.0", [])
+    assert entry.rolled_back[-1]["version"] == "0.2.0"
     assert load_bundle_for("prod").version == "0.1.0"
     stages = {v["version"]: v["stage"] for v in registry.list_versions(ws, "prod")}
     assert stages == {"0.1.0": "production", "0.2.0": "rolled_back"}
@@ -331,7 +330,7 @@ def test_rollback_reinstalls_a_damaged_previous_version_and_load_refuses_tamperi
     # the previous copy is damaged too: rollback restores it from the registry's copy
     (policies / "heal" / "0.1.0" / "rde.json").unlink()
     entry = registry.rollback(ws, bob, "heal", "bad release")
-    assert entry["active"] == "0.1.0" and registry.history(ws, "heal")[-1]["detail"]["reinstalled"]
+    assert entry.active == "0.1.0" and registry.history(ws, "heal")[-1]["detail"]["reinstalled"]
     assert load_bundle_for("heal").version == "0.1.0"
 
 

@@ -60,7 +60,7 @@ def test_enqueue_is_idempotent_per_source_step(ws):
     ids = review.enqueue_many(ws, LOCAL_ADMIN, [_req(**training), _req(**training),
                                                 _req(**{**training, "step_t": 6})])
     assert ids[0] == ids[1] != ids[2]
-    assert review.stats(ws)["pending"] == 2
+    assert review.stats(ws).pending == 2
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -76,7 +76,7 @@ def test_enqueue_refuses_bad_requests(ws, bad, field):
     with pytest.raises(InputError) as err:
         review.enqueue(ws, ENGINE, _req(**bad))
     assert err.value.field == field
-    assert review.stats(ws)["pending"] == 0
+    assert review.stats(ws).pending == 0
 
 
 # --------------------------------------------------------------------------- claim / decide
@@ -90,7 +90,7 @@ def test_claim_is_exclusive_and_oldest_first(ws):
     renewed = review.claim(ws, RITA, a, lease_seconds=600)  # own claim: renewed
     assert renewed["claimed_by"] == "rita"
     s = review.stats(ws)
-    assert (s["pending"], s["claimed"], s["decided"]) == (0, 2, 0)
+    assert (s.pending, s.claimed, s.decided) == (0, 2, 0)
 
 
 def test_decide_exactly_once_and_only_by_the_holder(ws):
@@ -136,7 +136,7 @@ def test_claim_expires_and_another_reviewer_decides(ws):
     review.claim(ws, RITA, b, lease_seconds=0.2)
     time.sleep(0.3)
     s = review.stats(ws)
-    assert (s["claimed"], s["expired_claims"]) == (0, 2)
+    assert (s.claimed, s.expired_claims) == (0, 2)
     assert [i["id"] for i in review.list_items(ws, status="open")] == [a, b]
     # rita's own expired claim: she must claim again
     with pytest.raises(ConflictError, match="expired.*claim it again"):
@@ -161,14 +161,13 @@ def test_stats_and_list(ws):
         review.decide(ws, RITA, item["id"], decision, "because")
     review.claim(ws, ROB)
     s = review.stats(ws)
-    assert (s["pending"], s["claimed"], s["decided"], s["approved"], s["rejected"]) == (1, 1, 3, 2,
-                                                                                       1)
-    assert s["approve_rate"] == pytest.approx(2 / 3)
-    assert s["oldest_pending_age_s"] >= 0.05
+    assert (s.pending, s.claimed, s.decided, s.approved, s.rejected) == (1, 1, 3, 2, 1)
+    assert s.approve_rate == pytest.approx(2 / 3) and s.open == 2
+    assert s.oldest_pending_age_s is not None and s.oldest_pending_age_s >= 0.05
     assert [i["id"] for i in review.list_items(ws, status="decided")] == ids[:3]
     assert [i["id"] for i in review.list_items(ws, decision="reject")] == [ids[2]]
     assert [i["id"] for i in review.list_items(ws, status="claimed", claimed_by="rob")] == [ids[3]]
-    assert review.stats(ws, "other-dataset")["pending"] == 0
+    assert review.stats(ws, "other-dataset").pending == 0
     with pytest.raises(InputError):
         review.list_items(ws, status="lost")
 
@@ -285,7 +284,7 @@ def test_exactly_once_with_four_processes(ws):
     assert sum(r["refused"] for r in results) > 0  # and some decides were refused
     who = {i: r["name"] for r in results for i in r["decided"]}
     s = review.stats(ws)
-    assert (s["pending"], s["claimed"], s["expired_claims"], s["decided"]) == (0, 0, 0, 200)
+    assert (s.pending, s.claimed, s.expired_claims, s.decided) == (0, 0, 0, 200)
     rows = ws.conn.execute("SELECT id, decision, decided_by FROM review_items").fetchall()
     assert all(by == who[i] for i, _, by in rows)
     decided_events = ws.conn.execute(

@@ -314,7 +314,7 @@ def test_the_service_stops_cleanly_and_commits_its_audit_records(server):
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(timeout=60) == 0
     ws = Workspace.open(server.workspace)
-    assert audit.stats(ws)["records"] == answered
+    assert audit.stats(ws).records == answered
     ws.close()
 
 
@@ -340,7 +340,7 @@ def test_in_process_app_without_token_and_the_batch_limit(run, app_ws):
         assert r.status_code == 422 and r.json()["field"] == "requests" and "at most 2" in r.json()["message"]
         assert client.post("/v1/decide/batch", json={"requests": []}).status_code == 422
     ws = Workspace.open(app_ws)
-    assert audit.stats(ws)["records"] == 1   # committed when the app shut down
+    assert audit.stats(ws).records == 1   # committed when the app shut down
     ws.close()
 
 

@@ -24,7 +24,6 @@ from _bundle_fixtures import (  # noqa: F401
     module_hash_embedder,
     registry_figures,
     reseal,
-    trained,
     workspace_key,
     write_zip,
 )
@@ -39,8 +38,8 @@ from _state_fixtures import HashEmbedder
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return trained(tmp_path_factory)
+def run(tiny_run):
+    return tiny_run
 
 
 @pytest.fixture()
@@ -91,7 +90,7 @@ def test_a_resealed_bundle_is_refused_by_verify_register_and_serving(run, ws, tm
     # the hashes and the digest agree with the files: only the signature gives it away
     report = verify_bundle(path, trust=trust)
     assert not report.ok and report.signer is None
-    assert "signature" in [c["check"] for c in report.checks if not c["ok"]]
+    assert "signature" in [c.check for c in report.checks if not c.ok]
     assert "changed after signing" in report.reason
     with pytest.raises(BundleError, match="changed after signing"):
         registry.register(ws, run.actor("ana"), path)
@@ -184,8 +183,8 @@ def test_a_forged_manifest_cannot_pass_the_gate_or_four_eyes(run, ws, tmp_path):
 
     gate = registry.promotion_gate(ws, "forged", "0.1.0")
     best = real["best_logged"]["behaviour"]
-    assert gate["candidate_return"] == real["paired"][best]["policy"] != 9.99
-    assert gate["passed"] == (gate["candidate_return"] > gate["baseline_return"])
+    assert gate.candidate_return == real["paired"][best]["policy"] != 9.99
+    assert gate.passed == (gate.candidate_return > gate.baseline_return)
     # four-eyes: ada registered it (whatever the manifest says), ana trained the run
     with pytest.raises(PermissionDenied, match="four-eyes rule: ada"):
         registry.approve(ws, ada, "forged", "0.1.0", "cy exported it, I may approve")
@@ -194,7 +193,7 @@ def test_a_forged_manifest_cannot_pass_the_gate_or_four_eyes(run, ws, tmp_path):
 
     with pytest.raises(PermissionDenied, match="four-eyes rule: ana"):
         registry.approve(ws, Actor("ana", "approver"), "forged", "0.1.0", "cy exported it")
-    if not gate["passed"]:  # the tiny run does not beat the expert: the brag does not help
+    if not gate.passed:  # the tiny run does not beat the expert: the brag does not help
         with pytest.raises(registry.GateFailed, match="does not beat"):
             registry.approve(ws, run.actor("bob"), "forged", "0.1.0", "9.99 is great")
 

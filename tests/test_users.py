@@ -195,7 +195,7 @@ def test_multi_user_mode_reads_the_users_table_again(ws, team):
     users.disable_user(ws, team, "rex")
     with pytest.raises(PermissionDenied, match="disabled"):
         review.claim(ws, rex)
-    assert review.stats(ws)["claimed"] == 0
+    assert review.stats(ws).claimed == 0
 
 
 def test_four_eyes():

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.records.episodes import Action, Episode, Outcome, Source, Step, Task
+from core.records.episodes import Action, ActionKind, Episode, Outcome, Source, Step, Task
 from core.base.errors import ConflictError, InputError, RwbError
 from core.access.users import Actor, authorize
 
@@ -597,15 +597,28 @@ def tail(ws: "Workspace", n: int = 20, *, episode_id: str | None = None,
                                       limit=n)))
 
 
-def stats(ws: "Workspace") -> dict[str, Any]:
+@dataclass(frozen=True)
+class AuditStats:
+    """The audit trail in numbers (:func:`stats`)."""
+
+    records: int
+    #: Distinct episodes the records belong to
+    episodes: int
+    #: Timestamp (ISO 8601, UTC) of the first and the last record; None while the trail is empty
+    first: str | None
+    last: str | None
+    #: Records per policy version, most first ("none" for records without one)
+    per_policy_version: dict[str, int]
+
+
+def stats(ws: "Workspace") -> AuditStats:
     """Counts for a dashboard: records, episodes, first/last time, records per policy version."""
     n, n_eps, first, last = ws.conn.execute(
         "SELECT COUNT(*), COUNT(DISTINCT episode_id), MIN(timestamp), MAX(timestamp) "
         "FROM audit").fetchone()
     per_policy = {(v if v is not None else "none"): c for v, c in ws.conn.execute(
         "SELECT policy_version, COUNT(*) FROM audit GROUP BY policy_version ORDER BY 2 DESC")}
-    return {"records": n, "episodes": n_eps, "first": first, "last": last,
-            "per_policy_version": per_policy}
+    return AuditStats(records=int(n), episodes=int(n_eps), first=first, last=last, per_policy_version=per_policy)
 
 
 # --------------------------------------------------------------------------- export
@@ -635,7 +648,7 @@ def token_action(catalog: Any, token: int | str) -> Action:
     if found is None or (isinstance(token, int) and found.id != token):
         raise InputError(f"action token {token!r} is not in the catalog "
                          f"(version {getattr(catalog, 'version', '?')})", field="final_action")
-    kind = "final_answer" if found.kind == "terminate" else found.kind
+    kind: ActionKind = "final_answer" if found.kind == "terminate" else found.kind
     if kind != "tool_call":
         return Action(kind=kind)
     pinned = {d.param for d in catalog.dims(found.tool) if d.kind == "values"}
@@ -670,7 +683,8 @@ def _episode(key: str, rows: list[tuple[str, str | None, str | None]], catalog: 
         steps.append(Step(t=t, observation=_observation(request), action=action,
                           timestamp=record["timestamp"]))
         served.append(record)
-    state = first_request.get("state") if isinstance(first_request.get("state"), Mapping) else {}
+    raw_state = first_request.get("state")
+    state: Mapping[str, Any] = raw_state if isinstance(raw_state, Mapping) else {}
     task_type = first_request.get("task_type") or state.get("task_type")
     versions = sorted({r["policy_version"] for r in served if r["policy_version"] is not None})
     return Episode(

@@ -134,12 +134,12 @@ def signing_key(ws: "Workspace") -> Ed25519PrivateKey:
         raise ConflictError(f"the signing key {path} is readable by others (mode {mode:o}); "
                             f"`chmod 600 {path}` and rotate it (`rwb keys rotate`)")
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        stored = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (ValueError, TypeError) as exc:
         raise InputError(f"the signing key is unreadable: {exc}", file=str(path)) from None
-    if not isinstance(key, Ed25519PrivateKey):
+    if not isinstance(stored, Ed25519PrivateKey):
         raise InputError("the signing key is not an Ed25519 key", file=str(path))
-    return key
+    return stored
 
 
 def trust_store(ws: "Workspace") -> dict[str, bytes]:

@@ -14,7 +14,6 @@ under ``--json``) and an exit code: 2 for a usage error, ``RwbError.exit_code`` 
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -80,8 +79,12 @@ def open_workspace(*, create: bool = True):
 
 
 def print_json(obj: Any) -> None:
-    """Print one JSON object on stdout (the ``--json`` contract)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    """Print one JSON object on stdout (the ``--json`` contract), written by
+    :func:`core.base.results.dumps`: dataclass results, paths, numpy values and the like
+    become JSON the same way in every command."""
+    from core.base.results import dumps
+
+    sys.stdout.write(dumps(obj) + "\n")
 
 
 def progress_printer(title: str, unit: str, position: Callable[[dict[str, Any]], tuple[int, int | None]],
@@ -178,7 +181,9 @@ def _fail(exc: BaseException, message: str, exit_code: int, as_json: bool, *,
         error = {"type": kind or type(exc).__name__, "message": message,
                  "file": getattr(exc, "file", None), "line": getattr(exc, "line", None),
                  "record": getattr(exc, "record", None), "field": getattr(exc, "field", None) or field}
-        sys.stderr.write(json.dumps({"error": error}, ensure_ascii=False, default=str) + "\n")
+        from core.base.results import dumps
+
+        sys.stderr.write(dumps({"error": error}) + "\n")
     else:
         sys.stderr.write(f"Error: {message}\n")
     sys.stderr.flush()

@@ -6,7 +6,6 @@ for ``rwb`` import, relabelling and training (S001's continuous-training loop).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -34,8 +33,10 @@ def tail(
     if as_json:
         print_json({"records": records})
         return
+    from core.base.results import dumps
+
     for r in records:
-        typer.echo(json.dumps(r, ensure_ascii=False))
+        typer.echo(dumps(r))
 
 
 def _load_catalog(path: Path):
@@ -89,9 +90,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
     if as_json:
         print_json(s)
         return
-    typer.echo(f"{s['records']} records, {s['episodes']} episodes, {s['first'] or '-'} .. "
-               f"{s['last'] or '-'}")
-    for version, count in s["per_policy_version"].items():
+    typer.echo(f"{s.records} records, {s.episodes} episodes, {s.first or '-'} .. {s.last or '-'}")
+    for version, count in s.per_policy_version.items():
         typer.echo(f"  {version:<32} {count}")
 
 

@@ -65,16 +65,16 @@ def verify(
         print_json(report.to_dict())
     else:
         for c in report.checks:
-            typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']:<9} {c['detail']}")
+            typer.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.check:<9} {c.detail}")
         for w in report.warnings:
             typer.echo(f"warning: {w} (accepted for inspection only: --allow-unsigned)", err=True)
-        for c in report.environment:
-            if c["level"] == "warning":
-                typer.echo(f"WARNING: {c['message']}", err=True)
-            elif c["level"] == "note":
-                typer.echo(f"note: {c['message']}")
+        for e in report.environment:
+            if e.level == "warning":
+                typer.echo(f"WARNING: {e.message}", err=True)
+            elif e.level == "note":
+                typer.echo(f"note: {e.message}")
             else:
-                typer.echo(f"ok   env       {c['message']}")
+                typer.echo(f"ok   env       {e.message}")
         if report.ok:
             m = report.manifest or {}
             signer = f"signed by key {report.signer}" if report.signer else "NOT signed by a trusted key"

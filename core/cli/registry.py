@@ -82,10 +82,10 @@ def gate(
     result = registry.promotion_gate(open_workspace(), name, version)
     if as_json:
         print_json(result)
-    elif result["passed"]:
-        typer.echo("passes: " + result["reason"])
-    if not result["passed"]:  # the CLI prints it and exits non-zero
-        raise registry.GateFailed(f"promotion gate: {result['reason']}")
+    elif result.passed:
+        typer.echo("passes: " + result.reason)
+    if not result.passed:  # the CLI prints it and exits non-zero
+        raise registry.GateFailed(f"promotion gate: {result.reason}")
 
 
 @app.command("approve")
@@ -123,7 +123,7 @@ def promote(
     if as_json:
         print_json(entry)
         return
-    typer.echo(f"{name}: {entry['active']} is in production (previous: {', '.join(entry['previous']) or '-'})")
+    typer.echo(f"{name}: {entry.active} is in production (previous: {', '.join(entry.previous) or '-'})")
 
 
 @app.command("rollback")
@@ -141,7 +141,7 @@ def rollback(
     if as_json:
         print_json(entry)
         return
-    typer.echo(f"{name}: rolled back to {entry['active']}")
+    typer.echo(f"{name}: rolled back to {entry.active}")
 
 
 @app.command("history")

@@ -184,8 +184,8 @@ def stats(
     if as_json:
         print_json(s)
         return
-    rate = "-" if s["approve_rate"] is None else f"{s['approve_rate']:.0%}"
-    age = "-" if s["oldest_pending_age_s"] is None else f"{s['oldest_pending_age_s']:.0f}s"
-    typer.echo(f"pending {s['pending']}  claimed {s['claimed']}  expired claims "
-               f"{s['expired_claims']}  decided {s['decided']} (approved {s['approved']}, "
-               f"rejected {s['rejected']}, approve rate {rate})  oldest open {age}")
+    rate = "-" if s.approve_rate is None else f"{s.approve_rate:.0%}"
+    age = "-" if s.oldest_pending_age_s is None else f"{s.oldest_pending_age_s:.0f}s"
+    typer.echo(f"pending {s.pending}  claimed {s.claimed}  expired claims "
+               f"{s.expired_claims}  decided {s.decided} (approved {s.approved}, "
+               f"rejected {s.rejected}, approve rate {rate})  oldest open {age}")

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from core.cli import open_workspace, print_json
 from core.base.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastapi import FastAPI
 
 app = typer.Typer(help="The decision engine: serve requests with a promoted policy or a bundle.",
                   no_args_is_help=True)
@@ -159,6 +162,7 @@ def http(
     settings = ServiceSettings(policy=policy, workspace=root, token=os.environ.get(ENV_TOKEN),
                                policies_root=os.environ.get("RWB_POLICIES_DIR") or None,
                                max_batch=max_batch, config=service_config(**options))
+    app_or_factory: FastAPI | str  # the app itself, or the import path each worker builds it from
     if workers == 1:
         app_or_factory = build_app(settings)
         version = app_or_factory.state.service.engine.policy_version
@@ -169,7 +173,7 @@ def http(
     info = {"url": f"http://{host}:{port}", "policy_version": version, "workers": workers,
             "token_required": settings.token is not None, "workspace": root}
     if as_json:
-        typer.echo(json.dumps(info))
+        print_json(info)
     else:
         typer.echo(f"serving {version} at {info['url']} ({workers} worker{'s' if workers > 1 else ''}, "
                    f"token {'required' if info['token_required'] else 'not required'}; audit in {root})")

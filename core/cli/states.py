@@ -40,10 +40,10 @@ def _source(episodes: Optional[Path], dataset: Optional[str]) -> dict:
 def map_(
     episodes: Optional[Path] = typer.Option(None, "--episodes", help="An episodes file (rwb JSONL or any importable format)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="A dataset of the workspace."),
-    color: str = typer.Option("task_type", "--color", help="Colour by: task_type, intent, behaviour, action, "
-                              "tool, cluster, final_reward, resolved; with --template also reward_total, "
-                              "reward_level and reward:L1… (each level's reward)."),
-    out: Path = typer.Option(..., "--out", help="HTML file to write the map to."),
+    out: Path = typer.Option(..., "--out", help="CSV file to write the map's points to: step, x, y and every "
+                             "field a point can be coloured by (task_type, intent, behaviour, action, tool, "
+                             "cluster, final_reward, resolved; with --template also reward_total, reward_level "
+                             "and reward:L1…). The State Explorer page (rwb app) draws the map."),
     space: str = typer.Option("encoded", "--space", help="'encoded' (the seeded state encoder) or 'raw' "
                               "(concatenated raw features)."),
     gating: str = typer.Option("on", "--gating", help="Gated fusion 'on', or 'off' (equal weights)."),
@@ -61,7 +61,7 @@ def map_(
     from core.state.statemap import TsneConfig, states_map
 
     report = states_map(
-        open_workspace(), **_source(episodes, dataset), color=color, out=out, space=space,
+        open_workspace(), **_source(episodes, dataset), out=out, space=space,
         encoder=StateEncoderConfig(gating=gating, intent=intent, seed=seed),  # type: ignore[arg-type]
         tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters, template=template,
         progress=None if as_json else (lambda msg: typer.echo(f"… {msg}", err=True)))
@@ -69,7 +69,7 @@ def map_(
         print_json({**report.summary(), "out": str(out)})
         return
     f = report.fidelity
-    typer.echo(f"Wrote {out} ({len(report.index)} of {report.n_steps} steps, coloured by {color})")
+    typer.echo(f"Wrote the map's points to {out} ({len(report.index)} of {report.n_steps} steps)")
     typer.echo(f"Fidelity: {f.verdict}")
     if f.silhouette_intent_off is not None:
         typer.echo(f"  silhouette with the intent encoder off: {f.silhouette_intent_off:.3f}")

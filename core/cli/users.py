@@ -67,8 +67,8 @@ def list_(
         typer.echo("no users: embedded mode (everyone is the local admin); "
                    "add the first admin with `rwb users add NAME --role admin`")
     for u in rows:
-        flags = " (disabled)" if u["disabled"] else ""
-        typer.echo(f"{u['name']:<24} {u['role']:<9} {u['email'] or '-':<28}{flags}")
+        flags = " (disabled)" if u.disabled else ""
+        typer.echo(f"{u.name:<24} {u.role:<9} {u.email or '-':<28}{flags}")
 
 
 @app.command("set-role")

@@ -197,7 +197,8 @@ def _record_chunks(domain: str, n_episodes: int, seed: int, tool_dicts: dict[str
         outcome_u = common.uniforms(common.stream_keys(seed, f"{domain}/outcome", len(part), start=a), 6)
         records = []
         for plan, ep, outcome in zip(part, runs, module.outcomes(feats, outcome_u)):
-            task = ep.task
+            # the domain's task class (FinanceTask, EcomTask) declares its fields as __slots__ only
+            task: Any = ep.task
             meta: dict[str, Any] = {"task_seed": task.seed, "generator_seed": seed}
             if plan.twin is not None:
                 meta["twin_of"] = f"{prefix}{plan.twin:0{width}d}"

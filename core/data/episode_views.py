@@ -315,7 +315,7 @@ def _split_observation(observation: Any) -> tuple[list[ChatLine], dict[str, Any]
 def _tokens(catalog: Catalog, steps: list[Step]) -> list[tuple[str, str | None, str | None, str | None]]:
     """(token name or INVALID, token label, risk, invalid reason) per step, one batched call."""
     batch = catalog.normalize_many([s.action for s in steps])
-    out = []
+    out: list[tuple[str, str | None, str | None, str | None]] = []
     for token_id, reason in zip(batch.token_ids.tolist(), batch.reasons):
         if token_id < 0:
             out.append(("INVALID", None, None, reason or "not in the catalog"))

@@ -89,6 +89,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.base import safe_yaml
 from core.base.errors import ConflictError, InputError
+from core.base.results import to_jsonable
 from core.access.keys import parse_signature, sign_digest, signature_problem, signing_key, trust_store
 from core.access.users import Actor, authorize
 
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from core.records.catalog import Catalog
     from core.guard.masking import CompiledMasks, MaskRules
+    from core.rl.agent import Agent
     from core.rl.rde import RdeModel
     from core.rewards.template import Template
     from core.state.features import FeatureStats, StateEncoder
@@ -397,7 +399,7 @@ def feature_layout() -> FeatureLayout:
         "trace_dt": [{"name": f"log1p_seconds_since_t-{k + 1}", "dims": 1} for k in range(S.TRACE_LEN)],
     }
     inputs = [{"name": k, "dims": sum(p["dims"] for p in parts[k]), "parts": parts[k]} for k in OBS_KEYS]
-    body = {"version": S.FEATURE_VERSION, "inputs": inputs}
+    body: dict[str, Any] = {"version": S.FEATURE_VERSION, "inputs": inputs}
     return FeatureLayout(**body, digest=manifest_digest(body))
 
 
@@ -515,6 +517,17 @@ def environment_checks(manifest: Manifest, embedder: Any = None) -> list[Environ
 
 
 # --------------------------------------------------------------------------- the verify report
+@dataclass(frozen=True)
+class VerifyCheck:
+    """One stage of :func:`verify_bundle` (``paths``, ``archive``, ``pickle``, ``manifest``,
+    ``signature``, ``files``, ``formats``, ``smoke``) and how it went."""
+
+    check: str
+    ok: bool
+    #: The stage's problems joined by "; " when it failed, what it found when it passed
+    detail: str
+
+
 @dataclass
 class VerifyReport:
     """The verdict of :func:`verify_bundle`: ``ok`` and, when not, every reason."""
@@ -522,15 +535,15 @@ class VerifyReport:
     path: str
     ok: bool
     problems: list[str] = field(default_factory=list)
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[VerifyCheck] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
     #: Fingerprint of the key whose valid signature the bundle carries (None when unsigned or invalid).
     signer: str | None = None
     #: Signature problems let through by ``allow_unsigned`` (inspection only).
     warnings: list[str] = field(default_factory=list)
-    #: The bundle's build environment against the running one (:func:`environment_checks`,
-    #: as dicts; filled by :func:`verify_in_workspace`, empty when the manifest is unreadable)
-    environment: list[dict[str, Any]] = field(default_factory=list)
+    #: The bundle's build environment against the running one (:func:`environment_checks`;
+    #: filled by :func:`verify_in_workspace`, empty when the manifest is unreadable)
+    environment: list[EnvironmentCheck] = field(default_factory=list)
 
     @property
     def reason(self) -> str:
@@ -538,9 +551,12 @@ class VerifyReport:
         return "; ".join(self.problems)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``rwb bundle verify --json`` prints it: its fields, with the
+        manifest's name and version beside them."""
         m = self.manifest or {}
-        return {"path": self.path, "ok": self.ok, "problems": self.problems, "checks": self.checks,
-                "signer": self.signer, "warnings": self.warnings, "environment": self.environment,
+        return {"path": self.path, "ok": self.ok, "problems": list(self.problems),
+                "checks": [to_jsonable(c) for c in self.checks], "signer": self.signer,
+                "warnings": list(self.warnings), "environment": [to_jsonable(c) for c in self.environment],
                 "name": m.get("name"), "version": m.get("version"), "manifest": self.manifest}
 
 
@@ -555,8 +571,7 @@ class _Verification:
         self.report = VerifyReport(path=path, ok=False)
 
     def check(self, name: str, problems: Sequence[str], detail: str = "") -> None:
-        self.report.checks.append({"check": name, "ok": not problems,
-                                   "detail": "; ".join(problems) if problems else detail})
+        self.report.checks.append(VerifyCheck(name, not problems, "; ".join(problems) if problems else detail))
         self.report.problems.extend(problems)
 
     def stage(self, name: str, problems: Sequence[str], detail: str = "") -> None:
@@ -700,7 +715,7 @@ def _parses_as_pickle(data: bytes) -> bool:
     if not stripped.endswith(b"."):  # every pickle ends with STOP
         return False
     try:
-        end = -1
+        end: int | None = -1
         for opcode, _arg, pos in pickletools.genops(stripped):
             end = pos
             if opcode.name == "STOP":
@@ -822,7 +837,7 @@ class LoadedBundle:
     masks: "CompiledMasks"
     template: "Template"
     encoder: "StateEncoder"
-    policy: "torch.nn.Module"
+    policy: "Agent"
     rde: "RdeModel"
     feature_stats: "FeatureStats"
     smoke: dict[str, Any]
@@ -910,22 +925,25 @@ class LoadedBundle:
 
 
 # --------------------------------------------------------------------------- policy module glue
-#: Prefix of the encoder's parameters inside core.rl.ppo's Agent.
+#: Prefix of the encoder's parameters inside the actor-critic (core.rl.agent.Agent).
 ENCODER_PREFIX = "encoder."
+#: What ``policy.json`` calls the actor-critic: a name of bundle format 1, not an import path
+#: (the class lives in core.rl.agent), so bundles stay readable wherever the code moves.
+POLICY_CLASS = "core.ppo.Agent"
 
 
 def _policy_module(policy_meta: Mapping[str, Any], encoder: "StateEncoder",
                    weights: Mapping[str, "torch.Tensor"]) -> "torch.nn.Module":
-    """core.rl.ppo's :class:`~core.rl.ppo.Agent` rebuilt from ``policy.json`` around ``encoder``
+    """The actor-critic (:class:`~core.rl.agent.Agent`) rebuilt from ``policy.json`` around ``encoder``
     (already loaded), with the actor and critic weights of ``policy.safetensors`` (exact
     key, shape and dtype match)."""
     import torch
 
-    from core.rl.ppo import Agent
+    from core.rl.agent import Agent
 
-    if policy_meta.get("class") != "core.rl.ppo.Agent":
+    if policy_meta.get("class") != POLICY_CLASS:
         raise ValueError(f"policy.json names the module {policy_meta.get('class')!r}; this Reward "
-                         "Workbench builds core.rl.ppo.Agent")
+                         f"Workbench builds {POLICY_CLASS}")
     n_actions = int(policy_meta["n_actions"])
     if n_actions != encoder.n_actions:
         raise ValueError(f"the policy has {n_actions} actions, the encoder {encoder.n_actions}")
@@ -960,11 +978,11 @@ def _load_exact(module: "torch.nn.Module", expected: Mapping[str, "torch.Tensor"
     module.load_state_dict({prefix + k: v for k, v in weights.items()}, strict=False)
 
 
-def _policy_logits(agent: "torch.nn.Module", obs: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
+def _policy_logits(agent: "Agent", obs: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
     return agent.heads(agent.state(obs))[0]
 
 
-def _policy_values(agent: "torch.nn.Module", obs: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
+def _policy_values(agent: "Agent", obs: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
     # the critic ensemble's mean, the value GAE bootstraps from in training
     return agent.heads(agent.state(obs))[1].mean(-1)
 
@@ -1146,6 +1164,7 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
                 problems.append(f"the manifest's feature layout gives {inp.name} {inp.dims} values, the smoke "
                                 f"set's encoder inputs have {width}")
     v.stage("contents", problems, "catalog, masks, template, encoder, policy, RDE tree and smoke set load")
+    assert compiled is not None and policy is not None  # a part that failed to load is a problem: refused above
     return LoadedBundle(path=path, manifest=manifest, catalog=catalog, mask_rules=rules, masks=compiled,
                         template=template, encoder=encoder, policy=policy, rde=rde, feature_stats=stats,
                         smoke=smoke)
@@ -1215,8 +1234,8 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
                 rows = np.concatenate([np.arange(S), np.arange(S)])
                 if not mask[rows, picks].all():
                     problems.append("the policy picked a masked action on the smoke set")
-                p, top = torch.topk(dist.probs, min(3, A), dim=1)
-                top = torch.where(p > 0, top, torch.full_like(top, -1)).numpy()
+                p, top_ids = torch.topk(dist.probs, min(3, A), dim=1)
+                top = torch.where(p > 0, top_ids, torch.full_like(top_ids, -1)).numpy()
                 ok = (top < 0) | mask[np.arange(S)[:, None], np.maximum(top, 0)]
                 if not ok.all():
                     problems.append("a top-3 candidate of the policy is masked")
@@ -1280,7 +1299,7 @@ def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bo
     report = verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
     if report.manifest is not None:
         manifest = Manifest.model_validate(report.manifest)
-        report.environment = [c.to_dict() for c in environment_checks(manifest, workspace_embedder(ws))]
+        report.environment = environment_checks(manifest, workspace_embedder(ws))
     return report
 
 
@@ -1489,7 +1508,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
                   "rde_heldout_expert": rde_eval, "evaluated_at": _now_iso()}
     enc_cfg = agent.encoder.config_dict()
     arch = agent.architecture()
-    policy_meta = {"class": "core.rl.ppo.Agent", "n_actions": arch["n_actions"], "hidden": arch["hidden"],
+    policy_meta = {"class": POLICY_CLASS, "n_actions": arch["n_actions"], "hidden": arch["hidden"],
                    "n_critics": arch["n_critics"], "ppo_config": _finite(run["config"])}
     # the run's rules with every review-born rule of the workspace as of now (already there
     # when the simulator was built; an identical rule is never added twice)
@@ -1530,10 +1549,10 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "catalog_digest": catalog_digest(tables.catalog),
     }
     path = write_bundle(out, _finite(body), files, key=signing_key(ws))
-    report = verify_bundle(path, trust=trust_store(ws))
-    if not report.ok:  # a bundle we cannot load ourselves must not leave this function
+    verdict = verify_bundle(path, trust=trust_store(ws))
+    if not verdict.ok:  # a bundle we cannot load ourselves must not leave this function
         path.unlink(missing_ok=True)
-        raise BundleError(f"the exported bundle failed its own verification: {report.reason}", file=str(path))
+        raise BundleError(f"the exported bundle failed its own verification: {verdict.reason}", file=str(path))
     return path
 
 

@@ -61,6 +61,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,7 @@ from core.govern.bundle import (
     write_folder,
 )
 from core.base.errors import ConflictError, InputError
+from core.base.results import to_jsonable
 from core.access.keys import signing_key, trust_store
 from core.govern.policy_folder import INDEX, policies_root, read_index
 from core.govern.registry_records import policy_names, promoted_digest
@@ -436,7 +438,38 @@ def _evaluation(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
     return _record(events, version).get("evaluation") or {}
 
 
-def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = GATE_MARGIN) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PromotionGate:
+    """The verdict of :func:`promotion_gate` and the numbers behind it."""
+
+    #: ``name@version`` of the version asking to be approved
+    candidate: str
+    #: What the returns below measure, in words
+    metric: str
+    #: The candidate's mean return (None when the registry holds no held-out evaluation of it)
+    candidate_return: float | None
+    #: How many held-out episodes the returns are over
+    episodes: int | None
+    heldout_fingerprint: str | None
+    #: How much the candidate must beat the baseline by
+    margin: float
+    #: The production version of the name, None when there is none
+    production: str | None
+    #: What the candidate is compared with: ``logged expert behaviour`` or ``production name@version``
+    baseline: str
+    baseline_return: float | None
+    #: Where the baseline's return comes from
+    baseline_source: str
+    passed: bool
+    #: One sentence: why it passed or failed
+    reason: str
+    #: Why the baseline has no return on the candidate's episodes, when it has none
+    baseline_problem: str | None = None
+    #: Episodes the production policy was re-run on, when it was
+    baseline_episodes: int | None = None
+
+
+def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = GATE_MARGIN) -> PromotionGate:
     """Whether ``name@version`` may be approved: its mean return on held-out episodes
     must beat the baseline's by more than ``margin``, with no mask violation.
 
@@ -484,8 +517,8 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
                                        "episodes and template)")
         else:
             out.update(_reevaluate_production(ws, cand, prow, ev))
-    out["passed"], out["reason"] = _verdict(out, pol, float(margin))
-    return out
+    passed, reason = _verdict(out, pol, float(margin))
+    return PromotionGate(**out, passed=passed, reason=reason)
 
 
 def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tuple[bool, str]:
@@ -509,9 +542,9 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
     """The production policy re-run on the candidate's held-out episodes, with the protocol
     of the candidate's own evaluation (:func:`core.rl.evaluation.evaluate`: greedy, every
     held-out episode once per repeat, the same seeds)."""
-    from core.rl import ppo
     from core.govern.bundle import load_bundle
     from core.rl.evaluation import _summarise
+    from core.rl.rollouts import episode_stats
     from core.rl.runs import open_run
 
     cm, pm = cand["manifest"], prod["manifest"]
@@ -528,8 +561,8 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
     ctx = open_run(ws, cm["run_id"], need_policy=False)
     agent = load_bundle(_registered_bundle(prod), trust=trust_store(ws)).policy
     repeats, seed = int(ev.get("repeats") or 1), 0
-    passes = [ppo.episode_stats(ctx.data.tables, agent, ctx.data.heldout_episodes, greedy=True,
-                                every_episode=True, seed=seed + 1000 * r, support_episodes="all")
+    passes = [episode_stats(ctx.data.tables, agent, ctx.data.heldout_episodes, greedy=True,
+                            every_episode=True, seed=seed + 1000 * r, support_episodes="all")
               for r in range(repeats)]
     pooled = _summarise(passes)
     return {"baseline_return": pooled["return_mean"], "baseline_source": src,
@@ -552,17 +585,17 @@ def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
     check_four_eyes(actor, row["registered_by"], rec["trained_by"])
     _registered_bundle(row)
     gate = promotion_gate(ws, name, version)
-    if not gate["passed"]:
-        raise GateFailed(f"promotion gate: {gate['reason']}")
+    if not gate.passed:
+        raise GateFailed(f"promotion gate: {gate.reason}")
     with ws.transaction() as conn:
         stage, stack = _state(conn, name)
-        if (stack[-1] if stack else None) != gate["production"]:
+        if (stack[-1] if stack else None) != gate.production:
             raise ConflictError(f"the production version of {name} changed while the gate ran; approve again")
-        stage = stage.get(version)
-        if stage not in ("candidate", "rolled_back"):
-            raise ConflictError(f"{name}@{version} is {stage}; only a candidate (or a rolled-back version) "
+        current = stage.get(version)
+        if current not in ("candidate", "rolled_back"):
+            raise ConflictError(f"{name}@{version} is {current}; only a candidate (or a rolled-back version) "
                                 "can be approved")
-        _event(conn, name, version, "approved", actor, comment.strip(), {"gate": gate})
+        _event(conn, name, version, "approved", actor, comment.strip(), {"gate": to_jsonable(gate)})
     return get_version(ws, name, version)
 
 
@@ -646,8 +679,33 @@ def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:
     return index["policies"].setdefault(name, {"active": None, "previous": [], "versions": {}})
 
 
+@dataclass(frozen=True)
+class PolicyIndexEntry:
+    """One policy's entry in the policies folder's ``index.json``, as :func:`promote` and
+    :func:`rollback` leave it."""
+
+    name: str
+    #: The version production serves
+    active: str | None
+    #: Earlier production versions, the one a rollback restores first
+    previous: list[str]
+    #: Per promoted version: manifest digest, who promoted and approved it, when
+    versions: dict[str, dict[str, Any]]
+    updated_at: str | None = None
+    #: Versions rolled back from, oldest first: ``{version, at, by}``
+    rolled_back: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, root: Path, name: str) -> "PolicyIndexEntry":
+        """The entry of ``name`` in the index under ``root``."""
+        entry = read_index(root)["policies"][name]
+        return cls(name=name, active=entry.get("active"), previous=list(entry.get("previous", [])),
+                   versions=dict(entry.get("versions", {})), updated_at=entry.get("updated_at"),
+                   rolled_back=list(entry.get("rolled_back", [])))
+
+
 def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str = "", *,
-            root: str | Path | None = None) -> dict[str, Any]:
+            root: str | Path | None = None) -> PolicyIndexEntry:
     """Make an approved version production: write it into the policies folder
     (``core/policies/<name>/<version>/``, or ``root`` / ``$RWB_POLICIES_DIR``) and name it
     active in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
@@ -672,11 +730,11 @@ def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
         entry["updated_at"] = _now_iso()
         _event(conn, name, version, "promoted", actor, comment,
                {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest})
-    return {"name": name, **read_index(base)["policies"][name]}
+    return PolicyIndexEntry.read(base, name)
 
 
 def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
-             root: str | Path | None = None) -> dict[str, Any]:
+             root: str | Path | None = None) -> PolicyIndexEntry:
     """Make the previous production version of ``name`` active again.  Needs ``rollback``.
 
     The version rolled back from becomes ``rolled_back`` (it needs a new approval to be
@@ -712,9 +770,9 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
         _event(conn, name, previous, "rolled_back", actor, comment,
                {"from": current, "reinstalled": not ok, "path": str(folder),
                 "manifest_digest": recorded["manifest_digest"]})
-    return {"name": name, **read_index(base)["policies"][name]}
+    return PolicyIndexEntry.read(base, name)
 
 
-__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "STAGES", "aliases", "approve", "bundle_bytes",
+__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "PolicyIndexEntry", "PromotionGate", "STAGES", "aliases", "approve", "bundle_bytes",
            "compare_versions", "get_version", "history", "list_versions", "next_version", "policy_names",
            "previous_version", "production_version", "promote", "promoted_digest", "promotion_gate", "register", "rollback"]

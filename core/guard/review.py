@@ -246,6 +246,7 @@ def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest
                 f"INSERT INTO review_items({', '.join(row)}) VALUES ({', '.join('?' * len(row))}) "
                 "ON CONFLICT(source_key) DO NOTHING", list(row.values()))
             if cur.rowcount == 1:
+                assert cur.lastrowid is not None  # an INSERT sets it
                 item_id = int(cur.lastrowid)
                 _event(conn, item_id, "enqueued", actor, now, {"origin": row["origin"]})
             else:  # this source step is queued already
@@ -383,6 +384,7 @@ def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step
                                 f"queue as item #{held['id']}, {state}")
         cur = conn.execute(f"INSERT INTO review_items({', '.join(row)}) "
                            f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        assert cur.lastrowid is not None  # an INSERT sets it
         item_id = int(cur.lastrowid)
         _event(conn, item_id, "enqueued", actor, now,
                {"origin": row["origin"], "source": "recorded episode", "dataset": dataset})
@@ -674,7 +676,8 @@ def list_items(ws: "Workspace", *, status: str | None = None, origin: str | None
     """Items as dicts, oldest first.  ``status``: pending, claimed, decided, or ``open``
     (pending or with an expired claim: what :func:`claim` would hand out).  ``claimed_by``
     with ``status="claimed"`` lists one reviewer's current claims."""
-    where, args = [], []
+    where: list[str] = []
+    args: list[str | float] = []
     if status is not None:
         if status == "open":
             where.append("(status='pending' OR (status='claimed' AND claim_expires < ?))")
@@ -696,10 +699,31 @@ def list_items(ws: "Workspace", *, status: str | None = None, origin: str | None
     return [_item_dict(r, now) for r in rows]
 
 
-def stats(ws: "Workspace", dataset: str | None = None) -> dict[str, Any]:
-    """Queue statistics: pending, claimed (lease running), expired claims, decided,
-    approved, rejected, approve rate (approved / decided, None before any decision), and
-    the age in seconds of the oldest open item (pending or expired claim)."""
+@dataclass(frozen=True)
+class ReviewQueueStats:
+    """The review queue in numbers (:func:`stats`)."""
+
+    pending: int
+    #: Claims whose lease still runs
+    claimed: int
+    #: Claims whose lease ran out: claimable again
+    expired_claims: int
+    decided: int
+    approved: int
+    rejected: int
+    #: approved / decided; None before any decision
+    approve_rate: float | None
+    #: Age in seconds of the oldest open item (pending or expired claim); None when none is open
+    oldest_pending_age_s: float | None
+
+    @property
+    def open(self) -> int:
+        """Items still to be decided: pending, claimed or with an expired claim."""
+        return self.pending + self.claimed + self.expired_claims
+
+
+def stats(ws: "Workspace", dataset: str | None = None) -> ReviewQueueStats:
+    """Queue statistics of the workspace (of one ``dataset``'s items when given)."""
     now = time.time()
     where, args = ("WHERE dataset=?", [dataset]) if dataset is not None else ("", [])
     row = ws.conn.execute(
@@ -714,9 +738,8 @@ def stats(ws: "Workspace", dataset: str | None = None) -> dict[str, Any]:
                        THEN created_at END)
             FROM review_items {where}""", [now, now, now, *args]).fetchone()
     pending, claimed, expired, decided, approved, rejected, oldest = row
-    return {
-        "pending": pending, "claimed": claimed, "expired_claims": expired, "decided": decided,
-        "approved": approved, "rejected": rejected,
-        "approve_rate": None if decided == 0 else approved / decided,
-        "oldest_pending_age_s": None if oldest is None else round(now - oldest, 3),
-    }
+    return ReviewQueueStats(
+        pending=int(pending), claimed=int(claimed), expired_claims=int(expired), decided=int(decided),
+        approved=int(approved), rejected=int(rejected),
+        approve_rate=None if decided == 0 else approved / decided,
+        oldest_pending_age_s=None if oldest is None else round(now - oldest, 3))

@@ -370,7 +370,7 @@ def _m5_policy_registry(conn: sqlite3.Connection) -> None:
 
 
 def _m6_tuning(conn: sqlite3.Connection) -> None:
-    """Weight tuning (core.tuning.studies): analysts' preference labels on episode pairs, the Optuna
+    """Weight tuning (core.tuning): analysts' preference labels on episode pairs, the Optuna
     studies started from this workspace with the worker processes that ran them, and every
     application of a study's result as a new template version.  (The trials themselves live
     in Optuna's own storage: the journal artifacts/tuning/optuna.log (optuna.db before it) or a shared database.)"""

@@ -511,7 +511,7 @@ def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
         registry.approve(ws, approver, name, ver, f"rwb demo: {gate.reason}")
         entry = registry.promote(ws, approver, name, ver, "rwb demo", root=ctx["policies"])
         ctx["policy"] = name
-        figures.update(approved_by=approver.name, active=entry.get("active"))
+        figures.update(approved_by=approver.name, active=entry.active)
     else:
         # The gate holds even for the approver: nothing is promoted, and the demo serves the
         # verified bundle file itself (what a staging service would do).

@@ -1,6 +1,6 @@
 """The served policy's forward pass in numpy, split where serving can share work.
 
-RL-Boost runs the actor-critic (:class:`core.rl.ppo.Agent`) on one request's state and then
+RL-Boost runs the actor-critic (:class:`core.rl.agent.Agent`) on one request's state and then
 values the state after each candidate action with the critic.  Those rows share most of
 their inputs: the request's intent (the same for every step of an episode), and the
 next tool context (the same for every candidate).  :class:`NumpyPolicy` computes each
@@ -104,7 +104,7 @@ def _linear(layer: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class NumpyPolicy:
-    """:class:`core.rl.ppo.Agent`'s forward in numpy (see the module docstring).
+    """:class:`core.rl.agent.Agent`'s forward in numpy (see the module docstring).
 
     ``intent(emb, rules)`` is the intent branch (``[B, dim]``, reusable for an episode);
     ``state(...)`` the fused state; ``forward(...)`` the actor logits and critic values of

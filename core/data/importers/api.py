@@ -426,6 +426,7 @@ def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
                              "skip_invalid": skip_invalid, "format_requested": format}),
                  result.episodes, result.steps, None,
                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+            assert cur.lastrowid is not None  # an INSERT sets it
             result.import_id = int(cur.lastrowid)
             ws.insert_rows(conn, dataset, rows.episodes, rows.steps, import_id=result.import_id)
             ws.upsert_tools(conn, dataset, parsed.tools)
@@ -495,7 +496,8 @@ def find_episode(ws: Workspace, episode_id: str, dataset: str | None = None) -> 
         if not ws.has_dataset(dataset):
             known = ", ".join(d.name for d in ws.datasets()) or "none yet"
             raise InputError(f"no dataset named {dataset!r}; known: {known}", field="dataset")
-        sql, args = "SELECT dataset FROM episodes WHERE episode_id=? AND dataset=?", (episode_id, dataset)
+        sql = "SELECT dataset FROM episodes WHERE episode_id=? AND dataset=?"
+        args: tuple[str, ...] = (episode_id, dataset)
     else:
         sql, args = "SELECT dataset FROM episodes WHERE episode_id=? ORDER BY dataset", (episode_id,)
     found = [r[0] for r in ws.conn.execute(sql, args)]
