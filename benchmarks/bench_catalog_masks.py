@@ -5,7 +5,9 @@
 Prints normalize_many throughput on a synthetic 5,000-token catalog and the time of one
 mask evaluation for B states × A tokens with numpy, torch on the CPU, and torch on CUDA
 when there is one.  Wall and CPU time are both shown (CPU time is what a shared machine
-cannot inflate)."""
+cannot inflate).  The last lines compare the CPU figures with the targets
+(:data:`NORMALIZE_TARGET_PER_CPU_S`, :data:`MASKS_TARGET_CPU_MS`); the exit status is 1
+when one is missed."""
 
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ import torch
 from core.records.catalog import CatalogOptions, build_catalog
 from core.records.episodes import Action, ToolSchema
 from core.guard.masking import MaskRules
+
+#: Logged calls normalized per CPU-second on the 5,003-token catalog, at least.
+NORMALIZE_TARGET_PER_CPU_S = 100_000
+#: CPU milliseconds of one numpy mask evaluation of 4,096 states × 5,003 tokens, at most.
+MASKS_TARGET_CPU_MS = 50.0
 
 
 def _tools(n: int) -> list[ToolSchema]:
@@ -53,7 +60,7 @@ def _timed(fn, repeat: int = 5) -> tuple[float, float]:
     return min(wall), min(cpu)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--states", type=int, default=4096)
     parser.add_argument("--tools", type=int, default=50)
@@ -66,8 +73,9 @@ def main() -> None:
             for _ in range(5000)]
     calls = [rng.choice(pool) for _ in range(200_000)]
     wall, cpu = _timed(lambda: (catalog._cache.clear(), catalog.normalize_many(calls)), repeat=3)
+    normalize_per_cpu_s = len(calls) / cpu
     print(f"normalize_many  {len(catalog):>6} tokens: {len(calls) / wall:>12,.0f} calls/s wall "
-          f"({len(calls) / cpu:,.0f} per CPU-second)")
+          f"({normalize_per_cpu_s:,.0f} per CPU-second)")
 
     compiled = _rules(args.tools).compile(catalog)
     B = args.states
@@ -76,7 +84,8 @@ def main() -> None:
                 "task_type": np.array([f"t{i % 4}" for i in range(B)], dtype=object)}
     counts = g.poisson(0.05, (B, len(catalog))).astype(np.int32)
     wall, cpu = _timed(lambda: compiled.evaluate(features, counts))
-    print(f"masks numpy     B={B} A={len(catalog)}: {wall * 1e3:8.2f} ms wall ({cpu * 1e3:.2f} ms CPU)")
+    masks_cpu_ms = cpu * 1e3
+    print(f"masks numpy     B={B} A={len(catalog)}: {wall * 1e3:8.2f} ms wall ({masks_cpu_ms:.2f} ms CPU)")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         t_features = {"volatility": torch.from_numpy(features["volatility"]).to(device),
@@ -93,6 +102,17 @@ def main() -> None:
         print(f"masks torch/{device:<4} B={B} A={len(catalog)}: {wall * 1e3:8.2f} ms wall "
               f"({B / wall:,.0f} states/s)")
 
+    checks = [("normalize_many per CPU-second", normalize_per_cpu_s, ">=", NORMALIZE_TARGET_PER_CPU_S,
+               normalize_per_cpu_s >= NORMALIZE_TARGET_PER_CPU_S),
+              ("masks numpy CPU ms", masks_cpu_ms, "<=", MASKS_TARGET_CPU_MS, masks_cpu_ms <= MASKS_TARGET_CPU_MS)]
+    if (args.states, args.tools) != (4096, 50):
+        print("targets: for the default sizes only (--states 4096 --tools 50)")
+        return 0
+    for label, value, sense, target, met in checks:
+        print(f"target {label}: {value:,.1f} {sense} {target:,.0f} ({value / target:.2f}× the target): "
+              f"{'met' if met else 'MISSED'}")
+    return 0 if all(met for *_, met in checks) else 1
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

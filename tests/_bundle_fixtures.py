@@ -71,9 +71,18 @@ def module_hash_embedder():
 
 
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    """The shared workspace, run and bundle (built on first use in this process)."""
+    """The shared workspace, run and bundle (built on first use in this process, with the
+    hash embedder whoever asks first: tests/conftest.py's session fixture ``tiny_run`` is
+    set up before any module's own patches)."""
     if "run" in _CACHE:
         return _CACHE["run"]
+    with pytest.MonkeyPatch.context() as mp:
+        hash_embedder(mp)
+        _CACHE["run"] = _build(tmp_path_factory)
+    return _CACHE["run"]
+
+
+def _build(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     from core.data.importers import import_file
     from core.rl.runs import train
     from core.records.store import Workspace
@@ -100,8 +109,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
     # What trained_copy hands out: the workspace as built, before any module registers in it.
     shutil.copytree(root, root.parent / "bundle-ws-as-built")
-    _CACHE["run"] = Trained(root=root, run_id=result["run_id"], bundle=bundle)
-    return _CACHE["run"]
+    return Trained(root=root, run_id=result["run_id"], bundle=bundle)
 
 
 def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:

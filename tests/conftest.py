@@ -1,10 +1,12 @@
-"""Suite-wide pytest fixtures and hooks: a fresh workspace per test, background launches
-replaced by ``sleep`` children, and the fuzz tests' case counts in the terminal summary."""
+"""Suite-wide pytest fixtures and hooks: a fresh workspace per test, the shared tiny
+trained run and its bundle (built once per test process), background launches replaced by
+``sleep`` children, and the fuzz tests' case counts in the terminal summary."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -28,15 +30,33 @@ def ws(tmp_path):
     w.close()
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory):
+    """The suite's one tiny trained run (tests/_bundle_fixtures.py): a workspace with users,
+    150 finance sample episodes, a short PPO run by ``ana`` and its exported bundle, built
+    on first use in this test process and then shared by every module that asks.  Tests
+    that change its registry use their own policy names, or a copy of the workspace
+    (``_bundle_fixtures.trained_copy``)."""
+    from _bundle_fixtures import trained
+
+    return trained(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_run) -> Path:
+    """The exported bundle of :func:`tiny_run` (a signed zip; never written to)."""
+    return tiny_run.bundle
+
+
 @pytest.fixture
 def children(monkeypatch):
-    """The background launches of core.rl.runs and core.tuning.studies start ``sleep 120`` instead;
+    """The background launches of core.rl.runs and core.tuning.workers start ``sleep 120`` instead;
     the children are ended after the test (by their own pids)."""
     import subprocess
     import types
 
     from core.rl import runs
-    from core.tuning import studies as tuning
+    from core.tuning import workers
 
     started: list[subprocess.Popen] = []
 
@@ -48,7 +68,7 @@ def children(monkeypatch):
 
     fake = types.SimpleNamespace(Popen=fake_popen, DEVNULL=subprocess.DEVNULL, STDOUT=subprocess.STDOUT)
     monkeypatch.setattr(runs, "subprocess", fake)
-    monkeypatch.setattr(tuning, "subprocess", fake)
+    monkeypatch.setattr(workers, "subprocess", fake)
     yield started
     for proc in started:
         proc.kill()

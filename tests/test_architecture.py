@@ -92,3 +92,49 @@ def test_core_imports_neither_plotly_nor_streamlit():
     # the same check sees the app's own imports of both, so it does read external imports
     app = _imports_of_app_only_packages("rwb_app")
     assert {"plotly", "streamlit"} <= set().union(*app.values())
+
+
+def _uncommented_local_core_imports(source: str) -> list[int]:
+    """Line numbers of function-local imports of ``core`` modules with no comment on their first line."""
+    import ast
+    import io
+    import tokenize
+
+    commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if tok.type == tokenize.COMMENT}
+    lines: set[int] = set()
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom):
+                imports_core = node.level == 0 and (node.module or "").split(".")[0] == "core"
+            elif isinstance(node, ast.Import):
+                imports_core = any(alias.name.split(".")[0] == "core" for alias in node.names)
+            else:
+                continue
+            if imports_core and node.lineno not in commented:
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_uncommented_local_core_import_is_found():
+    source = ("def deferred():\n"
+              "    from core.rl import ppo  # deferred: loads torch\n"
+              "    return ppo\n\n"
+              "def hoistable():\n"
+              "    import core.base.results\n"
+              "    from core.base.results import dumps\n"
+              "    return dumps, core\n")
+    assert _uncommented_local_core_imports(source) == [6, 7]
+
+
+def test_every_function_local_core_import_says_why_it_is_deferred():
+    """A ``core`` module imports another ``core`` module inside a function only to defer a heavy
+    dependency (torch, pandas, optuna …) or to keep ``rwb --help`` fast, and says so on the line."""
+    found = {}
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        lines = _uncommented_local_core_imports(path.read_text(encoding="utf-8"))
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    assert not found, f"function-local core imports without a reason comment: {found}"

@@ -98,7 +98,7 @@ def test_a_step_already_on_the_queue_is_refused(ws):
     review.decide(ws, rae, first["id"], "approve", "fine")
     with pytest.raises(ConflictError, match=r"decided \(approve by rae\): a decision is final"):
         review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"])
-    assert review.stats(ws)["pending"] == 0 and len(review.list_items(ws)) == 1
+    assert review.stats(ws).pending == 0 and len(review.list_items(ws)) == 1
 
 
 def test_the_same_episode_in_another_dataset_is_another_step(ws):

@@ -171,19 +171,16 @@ def test_template_errors_are_shown_not_raised(page):
 
 
 def test_the_alias_bomb_in_the_yaml_box_is_refused_at_once(page):
-    """Issue 17's alias bomb typed into the page: refused with the line and key, fast, and
-    the page keeps its last valid state."""
-    import time
-
+    """Issue 17's alias bomb typed into the page: refused with the line and key, and the page
+    keeps its last valid state (that the loader stops at the first anchor, whatever the
+    bomb would grow to, is counted node by node in test_fuzz_inputs)."""
     from test_fuzz_inputs import ALIAS_BOMB
 
     at = open_page(tab="YAML")
     before = metric(at, "Mean episode return")
     yaml_box = next(t for t in at.text_area if t.label == "Template YAML")
     yaml_box.set_value(ALIAS_BOMB)
-    t0 = time.perf_counter()
     next(b for b in at.button if b.label == "Use this YAML").click().run()
-    assert time.perf_counter() - t0 < 10.0             # a page rerun; the refusal itself takes ms
     assert not at.exception
     assert any("anchors (&a) are not allowed" in e.value and "line 3" in e.value for e in at.error), \
         [e.value for e in at.error]

@@ -1,65 +1,13 @@
 """The audit trail: one append-only record per served decision (docs/design.md §9, S000 §2.2).
 
-A record has exactly the seed's fields plus three that tie it to the rest of the
-workbench::
+Records live in the workspace table ``audit``, made append-only by SQLite triggers; a row may
+keep the request and the decoded action beside the record, so :func:`export` with
+``as_episodes=True`` turns production traffic back into episodes.  :class:`AuditWriter` writes
+records (synchronously, or in batches committed by size, age, ``flush()``, ``close()`` and at
+exit), :func:`recover_unflushed` re-inserts records a failed final commit left on disk,
+:func:`tail` reads the latest, and :func:`security_event` appends to the security log.
 
-    {"timestamp": "2025-03-01T09:30:00.123456Z",      # ISO-8601 UTC
-     "input_hash": "<sha256 of the canonical request JSON>",
-     "rde_action": 7,                                  # the baseline's token (id or name) or null
-     "rl_candidates": [{"id": 7, "prob": 0.61, "reward_est": 0.42}, ...],
-     "final_action": 7,                                # the action token that was served
-     "reward_components": [{"name": "accuracy", "value": 0.8}, ...],
-     "policy_version": "finance_risk@1.2.0",           # null for RDE-only serving
-     "episode_id": "sess-42",                          # the served conversation
-     "decision_id": "0f3c…"}                           # unique; generated when not given
-
-Records live in the workspace table ``audit``; SQLite triggers refuse every UPDATE
-and DELETE of it (and ``INSERT OR REPLACE``, which would delete silently), so the
-trail stays append-only whoever writes to the database.  Next to the record a row
-may keep the *request* the decision answered (whose sha256 is ``input_hash``) and the
-decoded *action* (``core.records.episodes.Action``) so that :func:`export` with
-``as_episodes=True`` can turn production traffic back into workbench episodes
-(S001's continuous-training loop: serve → audit → export → import → relabel → train).
-
-A served *request* is a JSON object whose keys follow the step-observation
-convention: optional ``state`` (flat scalar features), ``messages`` (chat messages),
-``task_type``, ``query``, ``domain``, ``episode_id``.
-
-Durability of :class:`AuditWriter`
-----------------------------------
-``write()`` validates the record and either raises (the record was **not**
-accepted) or returns its ``decision_id`` (the record **was** accepted).  An accepted
-record is then committed to the workspace database:
-
-* immediately, before ``write()`` returns, when the writer is ``synchronous=True``
-  (the database connection then uses ``PRAGMA synchronous=FULL``: the record
-  survives a power cut);
-* otherwise by the next batch commit, which happens when ``batch_size`` records are
-  waiting, ``flush_interval_s`` after the oldest waiting record, on ``flush()``, on
-  ``close()``, and at normal interpreter exit (``atexit``).  When ``flush()`` or
-  ``close()`` returns, every record written before the call is committed.  A commit
-  that fails (disk full, database locked past its 30 s timeout) keeps the batch in
-  memory and retries; ``flush()`` and ``close()`` raise the error.  If the final
-  commit at exit fails the waiting records are written to
-  ``artifacts/audit_unflushed/*.jsonl`` and :func:`recover_unflushed` re-inserts them.
-
-What a batching writer cannot survive is the process being killed without running
-its exit handlers (SIGKILL, an OOM kill, power loss, ``os._exit``; SIGTERM too unless
-the service turns it into ``sys.exit``): the records accepted since the last commit
-— at most ``batch_size`` records or ``flush_interval_s`` seconds of them — are lost.
-Use ``synchronous=True``, or call ``flush()`` at the point where the caller needs the
-guarantee, when that is not acceptable.  Committed batch records survive a crash of
-the process; with ``synchronous=False`` the last commits may be rolled back by an
-operating-system crash or power cut (SQLite WAL with ``synchronous=NORMAL``).
-
-Example::
-
-    >>> writer = AuditWriter(ws, Actor.service())                     # doctest: +SKIP
-    >>> writer.write({"input_hash": input_hash(req), "rde_action": 3, "rl_candidates": [],
-    ...               "final_action": 3, "reward_components": [], "episode_id": "s1"},
-    ...              request=req)                                      # doctest: +SKIP
-    >>> writer.close(); tail(ws, 1)[0]["final_action"]                # doctest: +SKIP
-    3
+Details: docs/security.md (## The audit trail, ## Audit durability).
 """
 
 from __future__ import annotations
@@ -86,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.records.episodes import Action, ActionKind, Episode, Outcome, Source, Step, Task
 from core.base.errors import ConflictError, InputError, RwbError
 from core.access.users import Actor, authorize
+from core.records.catalog import OTHER, UNSET
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -246,7 +195,7 @@ _INSERT = f"INSERT INTO audit({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * le
 
 def _connect(ws: "Workspace", *, synchronous: bool, busy_timeout_s: float
              ) -> sqlite3.Connection:
-    from core.records.store import DB_NAME
+    from core.records.store import DB_NAME  # deferred: loads pandas
 
     conn = sqlite3.connect(ws.root / DB_NAME, timeout=busy_timeout_s, isolation_level=None,
                            check_same_thread=False)
@@ -306,8 +255,8 @@ class AuditWriter:
     ``batch_size`` records or ``flush_interval_s`` seconds trigger a commit by a background
     thread; ``synchronous=True`` commits inside every ``write()``; ``max_pending`` bounds
     the backlog when commits keep failing (then ``write()`` refuses); ``busy_timeout_s`` is
-    how long a commit waits for another writer's lock.  See the module docstring for
-    exactly when an accepted record is durable."""
+    how long a commit waits for another writer's lock.  docs/security.md (## Audit durability)
+    says exactly when an accepted record is durable."""
 
     def __init__(self, ws: "Workspace", actor: Actor, *, batch_size: int = 256,
                  flush_interval_s: float = 0.5, synchronous: bool = False,
@@ -639,8 +588,6 @@ def token_action(catalog: Any, token: int | str) -> Action:
     A token names a tool and a parameter *preset*; only parameters the preset pins to one
     value become call arguments (a bucket, ``<other>`` or ``<unset>`` preset is no value).
     Writers that know the real call pass it as ``action=`` instead."""
-    from core.records.catalog import OTHER, UNSET
-
     try:
         found = catalog.token(token)
     except (IndexError, KeyError, InputError):

@@ -1,26 +1,12 @@
 """Workspace signing keys and the trust store (Ed25519, the ``cryptography`` package).
 
-Each workspace has one signing key, made at set-up (``init_workspace``) or on first need, and a trust
-store of public keys::
+Each workspace has one signing key (``keys/signing.key``) and a trust store of public keys
+(``keys/trusted/<fingerprint>.pub``); a key is named by its fingerprint.  Entry points:
+:func:`signing_key`, :func:`trust_store`, :func:`rotate`, :func:`trust`, :func:`untrust`,
+:func:`sign_digest` (a bundle's manifest digest under a fixed label) and
+:func:`signature_problem` (why a signature does not verify, or nothing).
 
-    <workspace>/keys/signing.key          the private key (PKCS#8 PEM, file mode 0600)
-    <workspace>/keys/trusted/<fp>.pub     one trusted public key per file (SubjectPublicKeyInfo PEM)
-
-The private key is never written into a bundle, the database or a log.  A key is named
-by its *fingerprint*: the first 16 hex digits of the sha256 of its 32 raw public bytes.
-The workspace's own key is trusted from the moment it is made; :func:`rotate` makes a
-new one and keeps the old public key trusted (bundles signed before still verify) until
-:func:`untrust` removes it.  :func:`trust` adds another workspace's public key (the
-exporter's ``rwb keys show`` prints it), after which its bundles verify here.
-
-What is signed (:func:`sign_digest`) is a bundle's manifest digest under a fixed label,
-so a signature made for one purpose cannot be replayed for another.
-
-Example::
-
-    >>> key = signing_key(ws)                                   # doctest: +SKIP
-    >>> sig = sign_digest(key, manifest.digest)                 # doctest: +SKIP
-    >>> signature_problem(sig, manifest.digest, trust_store(ws))  # doctest: +SKIP
+Details: docs/security.md (## Signed bundles, the registry's own records, serving's digest check).
 """
 
 from __future__ import annotations
@@ -41,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from core.base.errors import ConflictError, InputError
 from core.access.users import Actor, authorize
+from core.access.audit import security_event
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -256,8 +243,6 @@ def rotate(ws: "Workspace", actor: Actor) -> KeyInfo:
     """A new signing key replaces the old one; the old public key stays trusted (bundles it
     signed still verify) until :func:`untrust`.  The old private key is overwritten.  Needs
     ``manage_users`` (an administrator)."""
-    from core.access.audit import security_event
-
     authorize(ws, actor, "manage_users")
     old = fingerprint(signing_key(ws).public_key())
     key = Ed25519PrivateKey.generate()
@@ -270,8 +255,6 @@ def rotate(ws: "Workspace", actor: Actor) -> KeyInfo:
 
 def trust(ws: "Workspace", actor: Actor, file: str | Path) -> str:
     """Trust the Ed25519 public key in PEM ``file``; returns its fingerprint.  Needs ``manage_users``."""
-    from core.access.audit import security_event
-
     authorize(ws, actor, "manage_users")
     path = Path(file)
     if not path.is_file():
@@ -284,8 +267,6 @@ def trust(ws: "Workspace", actor: Actor, file: str | Path) -> str:
 def untrust(ws: "Workspace", actor: Actor, fp: str) -> str:
     """Stop trusting key ``fp``: bundles it signed no longer verify here.  The workspace's
     current signing key cannot be untrusted (rotate first).  Needs ``manage_users``."""
-    from core.access.audit import security_event
-
     authorize(ws, actor, "manage_users")
     fp = fp.strip().lower()
     if not _FP_RE.match(fp):

@@ -1,90 +1,17 @@
 """Users, roles and the permission table (docs/design.md §1, §9).
 
-Who may do what is decided here and checked inside every ``core`` function
-that changes something; the app and the CLI only *reflect* it (they hide a
-button the role cannot use, but the refusal itself comes from ``core``).
+Who may do what is decided here and checked inside every ``core`` function that changes
+something (:func:`authorize`, with the :data:`ACTIONS` table); the app and the CLI only reflect it.
+A workspace without users has one local admin (:data:`LOCAL_ADMIN`, :func:`current_user`); one
+with users needs a sign-in (:func:`authenticate`, :func:`oidc_user`, :func:`sign_in`) with
+back-off after failures (:class:`SignInThrottled`), server-side sessions
+(:func:`session_actor`) and a signed session cookie (:func:`session_cookie`).  Users are
+managed with :func:`add_user`, :func:`set_role`, :func:`set_password` and :func:`disable_user`;
+:func:`check_four_eyes` enforces four-eyes approval.  An :class:`Actor` states who acts; it is
+not a capability token.
 
-Two modes
----------
-* **Embedded (default)**: the workspace has no users.  Everyone who can open
-  the workspace is the one local admin (:data:`LOCAL_ADMIN`); there is no login.
-  :func:`current_user` returns it.
-* **Multi-user**: as soon as the workspace holds one user (``rwb users add``),
-  the local admin is gone and every actor must sign in: with a password
-  (:func:`authenticate`, argon2id with a per-user salt; older scrypt hashes still
-  verify and are re-hashed on the next sign-in) or through the app's OIDC login
-  (:func:`oidc_user` maps the identity provider's ``sub``, or its *verified*
-  e-mail, to a workspace user).  The first user added must be an admin, so the
-  workspace can never lock its owner out.
-
-Signing in
-----------
-Failed password sign-ins are recorded (user, address, time).  After
-:data:`BACKOFF_FREE_FAILURES` failures in a row for a user name, or from an
-address (failures less than :data:`BACKOFF_WINDOW_S` apart), the next attempt is
-refused without looking at the password until a delay has passed that starts at
-:data:`BACKOFF_BASE_S` and doubles with each further failure, up to
-:data:`BACKOFF_CAP_S`; the refusal (:class:`SignInThrottled`) says how long to
-wait.  A successful sign-in clears the user's failures.  The app keeps a
-server-side session (:func:`sign_in`, :func:`session_actor`) that ends after
-:data:`SESSION_IDLE_S` without activity, :data:`SESSION_MAX_S` after sign-in, and
-at once when the user's password or role changes or the user is disabled.  A browser
-keeps its session across reloads in a cookie signed with a workspace key
-(:func:`session_cookie`, :func:`session_cookie_token`); the cookie ends with the session.
-
-Roles and permissions
----------------------
-==================  ==================================================  =========================
-permission          what it allows                                      roles
-==================  ==================================================  =========================
-``import``          import episode files into a dataset                 analyst, admin
-``edit_template``   create and edit reward templates, expectations      analyst, admin
-``train``           launch training and weight tuning                   analyst, admin
-``enqueue_review``  put high-risk steps on the review queue             analyst, admin, *service*
-``review``          claim, release and decide review items              reviewer, admin
-``export_bundle``   export a trained run as a policy bundle             analyst, admin
-``approve``         approve a bundle for promotion (four-eyes applies)  approver, admin
-``promote``         promote an approved bundle to production            approver, admin
-``rollback``        roll production back to the previous version        approver, admin
-``write_audit``     append audit records for served decisions           admin, *service*
-``export_audit``    export the audit trail (records, served episodes)   analyst, approver, admin
-``manage_users``    add users, change roles and passwords, disable      admin
-==================  ==================================================  =========================
-
-Reading (datasets, runs, the review queue, audit records) needs no permission:
-whoever can open the workspace file can read it anyway.
-
-Every ``core`` function that changes the workspace is listed in :data:`ACTIONS`
-with the permission it checks first, before it reads or writes anything else
-(``tests/test_roles.py`` calls each one as every role and checks the refusals
-against this table, and that no function taking an ``actor`` is missing from it).
-
-*service* is not a role a person can hold: it is the principal of a process
-that has no person behind it (the production decision engine).  Build one with
-:meth:`Actor.service`; it holds only the machine permissions above.
-
-**Four-eyes**: approving a bundle also needs a person other than the one who
-trained the run and the one who exported the bundle (:func:`check_four_eyes`);
-an admin is no exception, and neither is the embedded local admin (a one-person
-workspace cannot approve its own policies: switch on multi-user mode).
-
-An :class:`Actor` is a plain value passed explicitly to ``core`` functions, which
-check it with :func:`authorize`: the role must hold the permission and, in
-multi-user mode, the users table is read again (a user disabled or demoted since
-signing in is refused at once; the retired local admin is refused).  An actor
-is a statement of who acts, not a capability token: code running in the same
-Python process can build any actor, so the checks protect against mistakes and
-against people working through the app and the CLI, not against code that is
-already trusted with the workspace file.
-
-Example::
-
-    >>> ws = Workspace.open("/tmp/ws-users")                       # doctest: +SKIP
-    >>> current_user(ws)                                           # doctest: +SKIP
-    Actor(name='local', role='admin', kind='local', email=None)
-    >>> add_user(ws, current_user(ws), "ada", "admin", password="s3cret-pass")  # doctest: +SKIP
-    >>> authenticate(ws, "ada", "s3cret-pass").role                # doctest: +SKIP
-    'admin'
+Details: docs/security.md (## Embedded and multi-user workspaces, ## Permissions, ## Four-eyes,
+## Roles, ## Sign-in).
 """
 
 from __future__ import annotations
@@ -114,7 +41,7 @@ ROLES: tuple[str, ...] = ("analyst", "reviewer", "approver", "admin")
 #: The role of a non-human principal (the production decision engine).
 SERVICE_ROLE = "service"
 
-#: permission -> roles that hold it (the table in the module docstring).
+#: permission -> roles that hold it (the table in docs/security.md, ## Permissions).
 PERMISSIONS: dict[str, frozenset[str]] = {
     "import": frozenset({"analyst", "admin"}),
     "edit_template": frozenset({"analyst", "admin"}),

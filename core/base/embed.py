@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def _load_model():
         return _MODEL
 
 
-def _model_encode(texts: Sequence[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
+def _model_encode(texts: Collection[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
     """L2-normalised float32 embeddings of ``texts`` straight from the model (no cache)."""
     return _load_model().encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=show_progress).astype(np.float32)

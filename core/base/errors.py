@@ -50,7 +50,7 @@ class InputError(RwbError):
                           field=self.field, allowed=self.allowed, hint=self.hint)
 
     def to_dict(self) -> dict:
-        out = {"file": self.file, "line": self.line, "record": self.record, "field": self.field,
+        out: dict[str, object] = {"file": self.file, "line": self.line, "record": self.record, "field": self.field,
                "reason": self.reason, "message": str(self)}
         if self.allowed is not None:
             out["allowed"] = list(self.allowed)

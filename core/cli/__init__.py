@@ -4,10 +4,10 @@ Each area lives in its own module (``core/cli/<area>.py``) exposing a ``typer.Ty
 named ``app`` (or top-level commands registered by ``register(root)``); the list
 below is the one place that wires them together.
 
-The modules import only the standard library, typer and ``core.base.errors`` at the top; each
-command imports the ``core`` function it calls (and with it torch, pandas, sentence
-models …) when it runs, so that ``rwb --help``, ``rwb --version`` and a usage error
-answer at once.  :func:`main` turns every error into one line on stderr (a JSON object
+The modules import only the standard library, typer, ``core.base.errors``, ``core.base.results``
+and one another at the top; each command imports the ``core`` function it calls (and with it
+torch, pandas, sentence models …) when it runs, so that ``rwb --help``, ``rwb --version`` and
+a usage error answer at once.  :func:`main` turns every error into one line on stderr (a JSON object
 under ``--json``) and an exit code: 2 for a usage error, ``RwbError.exit_code`` otherwise.
 """
 
@@ -22,6 +22,7 @@ from typing import Any, Optional
 import typer
 
 from core.base.errors import RwbError
+from core.base.results import dumps
 
 root = typer.Typer(
     name="rwb",
@@ -73,7 +74,7 @@ def _main(
 def open_workspace(*, create: bool = True):
     """The workspace selected by ``--workspace`` / ``RWB_WORKSPACE`` / ``./workspace``
     (``create=False``: refuse with WorkspaceError when there is none)."""
-    from core.records.store import Workspace
+    from core.records.store import Workspace  # deferred: loads pandas
 
     return Workspace.open(_STATE["workspace"], create=create)
 
@@ -82,8 +83,6 @@ def print_json(obj: Any) -> None:
     """Print one JSON object on stdout (the ``--json`` contract), written by
     :func:`core.base.results.dumps`: dataclass results, paths, numpy values and the like
     become JSON the same way in every command."""
-    from core.base.results import dumps
-
     sys.stdout.write(dumps(obj) + "\n")
 
 
@@ -181,7 +180,6 @@ def _fail(exc: BaseException, message: str, exit_code: int, as_json: bool, *,
         error = {"type": kind or type(exc).__name__, "message": message,
                  "file": getattr(exc, "file", None), "line": getattr(exc, "line", None),
                  "record": getattr(exc, "record", None), "field": getattr(exc, "field", None) or field}
-        from core.base.results import dumps
 
         sys.stderr.write(dumps({"error": error}) + "\n")
     else:

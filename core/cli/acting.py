@@ -45,7 +45,7 @@ def acting_user(ws, as_name: Optional[str], *, stdin_free: bool = True) -> Actor
 
     ``stdin_free=False`` when the command itself reads stdin (e.g. a new password): the
     acting user's password must then come from ``RWB_PASSWORD``."""
-    from core.access.users import multi_user, resolve_actor
+    from core.access.users import multi_user, resolve_actor  # deferred: keeps rwb --help fast
 
     if not multi_user(ws):
         return resolve_actor(ws, as_name, None)

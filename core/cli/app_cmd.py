@@ -24,6 +24,7 @@ import typer
 from core.cli import open_workspace
 from core.base.errors import RwbError
 from core.base.package_data import resource_dir
+from core.cli.workspace_cmd import prepare_with_progress
 
 
 def app_entry() -> Path:
@@ -83,8 +84,6 @@ def app_command(
     ws = open_workspace()  # creates/migrates it, and refuses a newer schema before serving
     root = ws.root
     if prepare:
-        from core.cli.workspace_cmd import prepare_with_progress
-
         prepare_with_progress(ws)
     ws.close()
     main = app_entry()

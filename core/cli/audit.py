@@ -14,6 +14,7 @@ import typer
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
+from core.base.results import dumps
 
 app = typer.Typer(help="The audit trail of served decisions: tail, export, stats, recover.",
                   no_args_is_help=True)
@@ -27,13 +28,12 @@ def tail(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The last records, oldest first (one JSON record per line)."""
-    from core.access import audit
+    from core.access import audit  # deferred: keeps rwb --help fast
 
     records = audit.tail(open_workspace(), n, episode_id=episode, policy_version=policy)
     if as_json:
         print_json({"records": records})
         return
-    from core.base.results import dumps
 
     for r in records:
         typer.echo(dumps(r))
@@ -66,7 +66,7 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Export records (or served episodes) to a JSONL file."""
-    from core.access import audit
+    from core.access import audit  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     result = audit.export(ws, acting_user(ws, as_name), out, as_episodes=as_episodes,
@@ -84,7 +84,7 @@ def export(
 @app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """How many records and episodes, first and last time, records per policy version."""
-    from core.access import audit
+    from core.access import audit  # deferred: keeps rwb --help fast
 
     s = audit.stats(open_workspace())
     if as_json:
@@ -101,7 +101,7 @@ def recover(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Re-insert records a writer could not commit at exit (artifacts/audit_unflushed/)."""
-    from core.access import audit
+    from core.access import audit  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     result = audit.recover_unflushed(ws, acting_user(ws, as_name))

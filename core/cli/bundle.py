@@ -29,7 +29,7 @@ def export_bundle(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write RUN's policy, encoder, catalog, masks, template, evaluation and RDE tree as a bundle zip."""
-    from core.govern import bundle
+    from core.govern import bundle  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version)
@@ -57,7 +57,7 @@ def verify(
     """Check the signature (by a key this workspace trusts), hashes, schema, paths, pickle payloads
     and a smoke run; exit 2 when refused.  Then compare what the bundle was built with to this
     environment: another embedding model or feature layout is a WARNING, other versions a note."""
-    from core.govern import bundle
+    from core.govern import bundle  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     report = bundle.verify_in_workspace(ws, file, allow_unsigned=allow_unsigned)

@@ -24,7 +24,7 @@ def _workspace(dataset: str | None):
 @app.command("show")
 def show(dataset: Optional[str] = _DATASET, tools: Optional[Path] = _TOOLS, as_json: bool = _JSON) -> None:
     """List the tokens (A12T3 …) with their labels and risk, and the catalog version."""
-    from core.records.catalog import show_catalog
+    from core.records.catalog import show_catalog  # deferred: keeps rwb --help fast
 
     summary = show_catalog(_workspace(dataset), dataset=dataset, tools_file=tools)
     if as_json:
@@ -42,7 +42,7 @@ def show(dataset: Optional[str] = _DATASET, tools: Optional[Path] = _TOOLS, as_j
 def masks(file: Path = typer.Argument(..., help="Mask rules YAML."), dataset: Optional[str] = _DATASET,
           tools: Optional[Path] = _TOOLS, as_json: bool = _JSON) -> None:
     """Check a mask-rules file against a catalog: what each rule targets and needs."""
-    from core.guard.masking import check_masks
+    from core.guard.masking import check_masks  # deferred: keeps rwb --help fast
 
     report: dict[str, Any] = check_masks(file, _workspace(dataset), dataset=dataset, tools_file=tools)
     if as_json:

@@ -24,7 +24,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object."),
 ) -> None:
     """Write N generated episodes of a domain (with its tool schemas) as rwb JSONL."""
-    from core.data.datasets import generate_file
+    from core.data.datasets import generate_file  # deferred: keeps rwb --help fast
 
     keep = behaviours or None
     if as_json:
@@ -47,7 +47,7 @@ def generate(
 @app.command("list")
 def list_(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """List the workspace's datasets and the committed sample files."""
-    from core.data.datasets import list_datasets
+    from core.data.datasets import list_datasets  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     try:

@@ -23,7 +23,7 @@ def _demo_root(directory: Optional[Path]) -> Path:
 
 
 def _replace(root: Path) -> None:
-    from core.sample.demo import MARKER
+    from core.sample.demo import MARKER  # deferred: keeps rwb --help fast
 
     if not root.exists():
         return
@@ -49,8 +49,8 @@ def demo(
 
     Users and roles, import, reward pyramid, state map, training, review, tuning, bundle,
     four-eyes approval and promotion, serving with an audit trail."""
-    from core.sample.demo import run_demo
-    from core.records.store import Workspace
+    from core.sample.demo import run_demo  # deferred: keeps rwb --help fast
+    from core.records.store import Workspace  # deferred: loads pandas
 
     root = _demo_root(directory)
     if replace:

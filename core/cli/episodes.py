@@ -28,7 +28,7 @@ PROGRESS_MIN_BYTES = 2_000_000
 @contextlib.contextmanager
 def _workspace_errors() -> Iterator[None]:
     """Workspace look-up failures (no such dataset/episode) are the user's input errors."""
-    from core.records.store import WorkspaceError
+    from core.records.store import WorkspaceError  # deferred: loads pandas
 
     try:
         yield
@@ -84,7 +84,7 @@ def import_cmd(
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
-    from core.data.importers import import_file
+    from core.data.importers import import_file  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     actor = acting_user(ws, as_name)
@@ -157,9 +157,9 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one episode: task, steps (action token, result), outcome."""
-    from core.records.catalog import catalog_for_dataset
-    from core.data.episode_views import show_episode
-    from core.data.importers import find_episode
+    from core.records.catalog import catalog_for_dataset  # deferred: keeps rwb --help fast
+    from core.data.episode_views import show_episode  # deferred: loads pandas
+    from core.data.importers import find_episode  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     with _workspace_errors():
@@ -196,7 +196,7 @@ def export_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write a dataset as the workbench's JSON Lines (re-importable, byte-identical round trip)."""
-    from core.data.importers import export_episodes, single_dataset
+    from core.data.importers import export_episodes, single_dataset  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     dataset = dataset or single_dataset(ws)

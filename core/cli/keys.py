@@ -30,7 +30,7 @@ def _print_info(info: Any) -> None:
 @app.command("show")
 def show(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Print the signing key's fingerprint and public key (PEM), and the trusted keys."""
-    from core.access import keys
+    from core.access import keys  # deferred: keeps rwb --help fast
 
     info = keys.show(open_workspace())
     if as_json:
@@ -43,7 +43,7 @@ def show(as_json: bool = typer.Option(False, "--json", help="Print one JSON obje
 def rotate(as_name: Optional[str] = as_option(),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Make a new signing key; bundles signed with the old one still verify until you untrust it."""
-    from core.access import keys
+    from core.access import keys  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     info = keys.rotate(ws, acting_user(ws, as_name))
@@ -58,7 +58,7 @@ def trust(file: Path = typer.Argument(..., help="The signer's public key (PEM, a
           as_name: Optional[str] = as_option(),
           as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Trust bundles signed by the key in FILE (compare its fingerprint with the signer's first)."""
-    from core.access import keys
+    from core.access import keys  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     fp = keys.trust(ws, acting_user(ws, as_name), file)
@@ -73,7 +73,7 @@ def untrust(fingerprint: str = typer.Argument(..., help="Fingerprint of the key 
             as_name: Optional[str] = as_option(),
             as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Stop trusting a key: bundles it signed no longer verify, register or serve here."""
-    from core.access import keys
+    from core.access import keys  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     fp = keys.untrust(ws, acting_user(ws, as_name), fingerprint)

@@ -36,7 +36,7 @@ def list_versions(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List registered versions with their stage, held-out return and approvals."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     versions = registry.list_versions(ws, name)
@@ -58,7 +58,7 @@ def register(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Verify a bundle and register it as a candidate version."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     v = registry.register(ws, acting_user(ws, as_name), file, comment=comment)
@@ -77,7 +77,7 @@ def gate(
     """Run the promotion gate without approving: does VERSION beat its baseline on held-out episodes?
 
     Exits non-zero when it does not."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     result = registry.promotion_gate(open_workspace(), name, version)
     if as_json:
@@ -97,7 +97,7 @@ def approve(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Approve a candidate (approver role, four-eyes, promotion gate)."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     v = registry.approve(ws, acting_user(ws, as_name), name, version, comment)
@@ -116,7 +116,7 @@ def promote(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write an approved version into core/policies/NAME/ and make it active."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     entry = registry.promote(ws, acting_user(ws, as_name), name, version, comment)
@@ -134,7 +134,7 @@ def rollback(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Make the previous production version of NAME active again."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     entry = registry.rollback(ws, acting_user(ws, as_name), name, comment)
@@ -150,7 +150,7 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Every registry event, oldest first: who did what, when and why."""
-    from core.govern import registry
+    from core.govern import registry  # deferred: keeps rwb --help fast
 
     events = registry.history(open_workspace(), name)
     if as_json:

@@ -51,7 +51,7 @@ def list_items(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List review items, oldest first."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     items = review.list_items(ws, status=status, origin=origin, dataset=dataset, limit=limit)
@@ -70,7 +70,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one item with its state, reward components and event log."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     item = review.get_item(open_workspace(), item_id)
     if as_json:
@@ -92,7 +92,7 @@ def send(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Send one step of a recorded episode to the review queue."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     item = review.send_step(ws, acting_user(ws, as_name), dataset, episode_id, step, reason)
@@ -113,7 +113,7 @@ def claim(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Claim an item to decide it (atomic; the claim expires after --lease seconds)."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     item = review.claim(ws, acting_user(ws, as_name), item_id,
@@ -139,7 +139,7 @@ def decide(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Decide a claimed item once: approve (training data) or reject (mask rule)."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     when = None
@@ -165,7 +165,7 @@ def release(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Give a claimed item back to the queue undecided."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     item = review.release(ws, acting_user(ws, as_name), item_id)
@@ -178,7 +178,7 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Queue statistics: pending, claimed, decided, oldest open age, approve rate."""
-    from core.guard import review
+    from core.guard import review  # deferred: keeps rwb --help fast
 
     s = review.stats(open_workspace(), dataset)
     if as_json:

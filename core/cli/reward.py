@@ -49,7 +49,7 @@ def _scoring_progress():
 def _workspace_for(template: str):
     """The workspace, so that saved versions (``finance_risk@3``) resolve; none is needed (or
     created) to validate a file."""
-    from core.records.store import WorkspaceError
+    from core.records.store import WorkspaceError  # deferred: loads pandas
 
     if Path(template).is_file():
         return None
@@ -69,7 +69,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Validate a template; errors name the key and the line."""
-    from core import rewards
+    from core import rewards  # deferred: loads pandas and scipy
 
     info = rewards.validate(template, ws=_workspace_for(template))
     if as_json:
@@ -105,7 +105,7 @@ def score(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary + episode returns)."),
 ) -> None:
     """Score episodes: per-step component values, gated level totals, rewards, episode returns."""
-    from core import rewards
+    from core import rewards  # deferred: loads pandas and scipy
 
     update, bar = _scoring_progress()
     with bar:
@@ -139,8 +139,8 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Evaluate the template's expectations; exit 1 when one fails."""
-    from core import rewards
-    from core.rewards.expectations import ExpectationsFailed
+    from core import rewards  # deferred: loads pandas and scipy
+    from core.rewards.expectations import ExpectationsFailed  # deferred: loads pandas and scipy
 
     report = rewards.check(open_workspace(), template, dataset=dataset, episodes=episodes)
     if as_json:
@@ -168,7 +168,7 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """What the recorded outcomes say: each component's power, the return's ROC and calibration."""
-    from core.rewards.calibration import calibrate as run_calibration
+    from core.rewards.calibration import calibrate as run_calibration  # deferred: loads pandas and scipy
 
     update, bar = _scoring_progress()
     with bar:
@@ -201,10 +201,11 @@ def learn(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Fit the learned_outcome term on labelled episodes (held-out AUC grouped by task)."""
-    from core import rewards
-    from core.rewards.calibration import calibrate_result, outcome_columns
-    from core.rewards.learned import learn as fit_learned, without_learned_outcome
-    from core.rewards.versions import get_template, parse_spec, resolve_template, save_template
+    from core import rewards  # deferred: loads pandas and scipy
+    from core.rewards.calibration import calibrate_result, outcome_columns  # deferred: loads pandas and scipy
+    from core.rewards.learned import learn as fit_learned, without_learned_outcome  # deferred: loads pandas and scipy
+    from core.rewards.versions import (  # deferred: loads pandas and scipy
+        get_template, parse_spec, resolve_template, save_template)
 
     ws = open_workspace()
     base = resolve_template(ws, template)

@@ -15,6 +15,7 @@ import typer
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
+from core.cli.reward import app as reward_app
 
 if TYPE_CHECKING:
     from core.rewards.versions import TemplateVersion
@@ -31,7 +32,7 @@ def versions(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List the versions of a template (version 0 is the shipped file)."""
-    from core.rewards import versions as tv
+    from core.rewards import versions as tv  # deferred: loads pandas and scipy
 
     rows = tv.list_versions(open_workspace(), name)
     if as_json:
@@ -53,7 +54,7 @@ def save(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Save FILE as a new version of template NAME (refused when NAME moved past --base)."""
-    from core.rewards import versions as tv
+    from core.rewards import versions as tv  # deferred: loads pandas and scipy
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -75,7 +76,7 @@ def diff(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """What changed between two versions: weights, parameters, gating …, then the YAML diff."""
-    from core.rewards import versions as tv
+    from core.rewards import versions as tv  # deferred: loads pandas and scipy
 
     d = tv.diff_versions(open_workspace(), name, a, b)
     if as_json:
@@ -97,7 +98,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with the YAML)."),
 ) -> None:
     """Print the YAML of a template version (to edit it and `rwb reward save` it back)."""
-    from core.rewards import versions as tv
+    from core.rewards import versions as tv  # deferred: loads pandas and scipy
 
     name, version = tv.parse_spec(template)
     v = tv.get_template(open_workspace(), name, version)
@@ -109,8 +110,6 @@ def show(
 
 def register(root: typer.Typer) -> None:
     """Attach the version commands to the ``rwb reward`` group of the reward engine."""
-    from core.cli.reward import app as reward_app
-
     reward_app.command("versions")(versions)
     reward_app.command("save")(save)
     reward_app.command("diff")(diff)

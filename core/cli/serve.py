@@ -29,7 +29,7 @@ REQUEST_HELP = ("The request: JSON text, @FILE (a JSON object, a list, or JSON l
 
 
 def _requests(request: str) -> list[dict]:
-    from core.serve.serving import read_requests
+    from core.serve.serving import read_requests  # deferred: keeps rwb --help fast
 
     if request == "-":
         return read_requests(sys.stdin.read(), file="<stdin>")
@@ -48,7 +48,7 @@ def _config(confidence: Optional[float], force_rde: bool, budget_ms: Optional[fl
     embedding would serve, so its RL-Boosts wait for their query's embedding unless
     ``defer`` (the long-running service's default, ServingConfig.wait_for_intent), and the
     sentence model runs in this process (a child would only add its start-up)."""
-    from core.serve.serving import ServingConfig
+    from core.serve.serving import ServingConfig  # deferred: keeps rwb --help fast
 
     options: dict = {"force_rde_override": force_rde, "wait_for_intent": not defer, "model_process": False}
     if confidence is not None:
@@ -74,7 +74,7 @@ def decide(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Serve the request(s) and print each decision (its audit record is written)."""
-    from core.serve.serving import serve_requests
+    from core.serve.serving import serve_requests  # deferred: keeps rwb --help fast
 
     decisions, _ = serve_requests(open_workspace(), policy, _requests(request),
                                   config=_config(confidence, force_rde, budget_ms, defer))
@@ -100,8 +100,8 @@ def metrics(
                                      help="Print the example Prometheus alert rules instead."),
 ) -> None:
     """Print the engine's Prometheus metrics after serving the given requests."""
-    from core.serve.serving import alert_rules as rules_text
-    from core.serve.serving import serve_requests
+    from core.serve.serving import alert_rules as rules_text  # deferred: keeps rwb --help fast
+    from core.serve.serving import serve_requests  # deferred: keeps rwb --help fast
 
     if alert_rules:
         typer.echo(rules_text(), nl=False)
@@ -146,7 +146,8 @@ def http(
     try:
         import uvicorn
 
-        from core.serve.serve_http import ENV_TOKEN, ServiceSettings, build_app, check_policy, service_config
+        from core.serve.serve_http import (  # deferred: loads fastapi
+            ENV_TOKEN, ServiceSettings, build_app, check_policy, service_config)
     except ImportError as exc:
         raise InputError(f"the HTTP service needs the [http] extra ({exc.name} is not installed): "
                          "pip install 'reward-workbench[http]'") from None

@@ -57,8 +57,8 @@ def map_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fidelity and entropy figures)."),
 ) -> None:
     """Map the encoded states with t-SNE, check that task types separate, and measure entropy."""
-    from core.state.features import StateEncoderConfig
-    from core.state.statemap import TsneConfig, states_map
+    from core.state.features import StateEncoderConfig  # deferred: loads torch
+    from core.state.statemap import TsneConfig, states_map  # deferred: loads torch and pandas
 
     report = states_map(
         open_workspace(), **_source(episodes, dataset), out=out, space=space,
@@ -85,8 +85,8 @@ def entropy(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Shannon entropy of the logged actions: overall, per tool, per state cluster."""
-    from core.state.features import StateEncoderConfig
-    from core.state.statemap import states_entropy
+    from core.state.features import StateEncoderConfig  # deferred: loads torch
+    from core.state.statemap import states_entropy  # deferred: loads torch and pandas
 
     report = states_entropy(open_workspace(), **_source(episodes, dataset), clusters=clusters,
                             encoder=StateEncoderConfig(seed=seed))

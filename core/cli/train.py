@@ -37,7 +37,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 def _config(steps: Optional[int], device: str, seed: int, settings: list[str]) -> Any:
     """A PPOConfig from the options and ``--set KEY=VALUE`` pairs (values parsed as JSON)."""
-    from core.rl.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig  # deferred: loads torch and gymnasium
 
     values: dict[str, Any] = {"device": device, "seed": seed}
     if steps is not None:
@@ -82,7 +82,7 @@ def train_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the run id and final metrics."),
 ) -> None:
     """Train a masked PPO policy against a reward template on recorded episodes."""
-    from core.rl import runs
+    from core.rl import runs  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     token = os.environ.get(runs.LAUNCH_TOKEN_ENV)
@@ -138,7 +138,7 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List training runs, newest first, with their last metrics."""
-    from core.rl.runs import list_runs
+    from core.rl.runs import list_runs  # deferred: keeps rwb --help fast
 
     rows = list_runs(open_workspace(), status=status, dataset=dataset, limit=limit)
     if as_json:
@@ -160,7 +160,7 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (run, metrics per update, checkpoints)."),
 ) -> None:
     """Show one run: its record, latest metrics and checkpoints."""
-    from core.rl.runs import checkpoints, get_run, run_metrics
+    from core.rl.runs import checkpoints, get_run, run_metrics  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     run = get_run(ws, run_id)
@@ -196,7 +196,7 @@ def stop_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Ask a running run to stop after its current update (it writes a checkpoint first)."""
-    from core.rl.runs import stop_run
+    from core.rl.runs import stop_run  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     run = stop_run(ws, acting_user(ws, as_name), run_id)
@@ -211,7 +211,7 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Four-step diagnosis: reward integrity, state-encoding fidelity, gradient flow, exploration."""
-    from core.rl.doctor import diagnose
+    from core.rl.doctor import diagnose  # deferred: loads torch
 
     report = diagnose(open_workspace(), run_id)
     if as_json:
@@ -240,7 +240,7 @@ def evaluate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Policy return on held-out episodes vs each logged behaviour and vs random-in-mask."""
-    from core.rl.evaluation import EpisodeFileOptions, evaluate
+    from core.rl.evaluation import EpisodeFileOptions, evaluate  # deferred: loads torch
 
     if episodes is not None and dataset is not None:
         raise InputError("give --episodes FILE or --dataset NAME, not both", field="dataset")

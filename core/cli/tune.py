@@ -40,7 +40,7 @@ def _tuning() -> Any:
     drown the output and the worker logs."""
     import optuna
 
-    from core import tuning
+    from core import tuning  # deferred: loads optuna and sklearn
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return tuning

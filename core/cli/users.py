@@ -32,7 +32,7 @@ def add(
 ) -> None:
     """Add a user.  Without --password-stdin and without --email/--oidc-sub you are asked
     for the password."""
-    from core.access import users
+    from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     actor = acting_user(ws, as_name, stdin_free=not password_stdin)
@@ -56,7 +56,7 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List users and their roles."""
-    from core.access import users
+    from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     rows = users.list_users(ws, acting_user(ws, as_name))
@@ -79,7 +79,7 @@ def set_role(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Change a user's role."""
-    from core.access import users
+    from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     user = users.set_role(ws, acting_user(ws, as_name), name, role)
@@ -93,7 +93,7 @@ def disable(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Disable a user (their name stays on past decisions)."""
-    from core.access import users
+    from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     user = users.disable_user(ws, acting_user(ws, as_name), name)
@@ -109,7 +109,7 @@ def passwd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Set a user's password (your own, or anyone's as an admin)."""
-    from core.access import users
+    from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     actor = acting_user(ws, as_name, stdin_free=not password_stdin)

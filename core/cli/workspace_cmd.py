@@ -37,7 +37,7 @@ def init(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Create (or migrate) the workspace and import the sample datasets into an empty one."""
-    from core.sample.workspace_setup import init_workspace
+    from core.sample.workspace_setup import init_workspace  # deferred: loads pandas
 
     status = init_workspace(open_workspace(), samples=samples)
     print_json(status.to_dict()) if as_json else _print(status)
@@ -46,7 +46,7 @@ def init(
 @app.command("info")
 def info(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show the workspace folder, its schema version and its datasets."""
-    from core.sample.workspace_setup import workspace_status
+    from core.sample.workspace_setup import workspace_status  # deferred: loads pandas
 
     status = workspace_status(open_workspace())
     print_json(status.to_dict()) if as_json else _print(status)
@@ -92,7 +92,7 @@ def _print_prepared(report: "PrepareReport") -> None:
 
 def prepare_with_progress(ws: "Workspace", datasets: list[str] | None = None) -> "PrepareReport":
     """:func:`core.sample.warmup.prepare_workspace` with its progress on stderr (``rwb app`` at start)."""
-    from core.sample.warmup import prepare_workspace
+    from core.sample.warmup import prepare_workspace  # deferred: loads pandas and scipy
 
     line = _ProgressLine()
     try:
@@ -112,7 +112,7 @@ def prepare(
 ) -> None:
     """Set the workspace up and score its datasets with every reward template ahead, so that
     the app's pages open at once (what ``rwb app`` does before serving)."""
-    from core.sample.warmup import prepare_workspace
+    from core.sample.warmup import prepare_workspace  # deferred: loads pandas and scipy
 
     ws = open_workspace()
     datasets = list(dataset) if dataset else None

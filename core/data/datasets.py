@@ -1,33 +1,13 @@
 """Synthetic recorded episodes for the built-in domains, and the committed samples.
 
-Two domains, each with tool schemas committed under ``datasets/<domain>/tools.json``:
+Two domains, ``finance`` and ``ecommerce``, each with tool schemas under
+``datasets/<domain>/tools.json`` and behaviours that include a reward hack with an honest twin
+per hacking episode.  :func:`generate` builds a dataset deterministically (the same domain,
+size and seed give a byte-identical file) and :func:`write_jsonl` writes it; the worlds and
+behaviours live in :mod:`core.data.datagen`.
 
-* ``finance`` — an A-share advisory/trading agent with 17 tools; task types
-  ``urgent_reduce``, ``analysis``, ``arbitrage``, ``rebalance``, ``risk_review``,
-  ``event_response``; behaviours ``expert``, ``noisy`` and ``hacker`` (the seed
-  article's reward hack: fetch a fabricated good-news item, always conclude "buy").
-  Every hacker episode has an *honest twin*: an expert episode of the same task
-  (``meta["task_seed"]`` equal; the hacker's ``meta["twin_of"]`` is the twin's id).
-* ``ecommerce`` — a returns/exchanges customer-service agent on the tau2-bench
-  retail tools; behaviours ``resolve``, ``escalate``, ``upsell``, ``oscillate``
-  (each oscillating episode has a ``resolve`` twin).
-
-Each step's ``observation`` holds ``messages`` (what the user said since the previous
-step: the query at t=0, answers to the agent's questions later; a tool's answer is
-the previous step's ``tool_result`` and is not repeated there) and ``state`` (scalar
-features, ``finance.STATE_FEATURES`` / ``ecommerce.STATE_FEATURES``, the inputs of
-the mask rules in ``datasets/<domain>/masks.yaml``).
-
-Generation is deterministic: the same domain, size and seed give a byte-identical
-file (random numbers are counter-based, see ``core.data.datagen.common``).  Outcomes
-depend on the actions taken, so better behaviour scores measurably better.
-
-Example::
-
-    >>> ds = generate("finance", 20, seed=1)
-    >>> sorted(set(e.behaviour for e in ds.episodes))
-    ['expert', 'hacker', 'noisy']
-    >>> path = write_jsonl(ds, tmp_path / "fin.jsonl")          # doctest: +SKIP
+Details: docs/datasets.md (## The two domains, ## A generated step's observation,
+## Reproducible random numbers).
 """
 
 from __future__ import annotations

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from core.records.episodes import Action, Episode, Step
 from core.base.errors import InputError
 from core.records.store import DatasetInfo, Workspace
+from core.access.users import authorize, current_user
+from core.data.importers import IMPORTERS, import_file
 
-if TYPE_CHECKING:  # loaded lazily: browsing needs no importer, and the catalog is optional
+if TYPE_CHECKING:  # names used in annotations only
     from core.records.catalog import Catalog
     from core.data.importers import ImportResult
     from core.access.users import Actor
@@ -357,8 +359,6 @@ def show_episode(ws: Workspace, dataset: str, episode_id: str,
 # --------------------------------------------------------------------------- importing
 def import_formats() -> dict[str, str]:
     """Format name -> one-line description, ``auto`` first (for a format picker)."""
-    from core.data.importers import IMPORTERS
-
     formats = {"auto": "detect the format from the file's content"}
     formats.update({name: imp.description for name, imp in IMPORTERS.items()})
     return formats
@@ -404,9 +404,6 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
     kept copy).  When the import fails the kept copy is removed again, so the workspace is
     left as it was, and the error names the file by its original name.  ``actor`` as for
     :func:`~core.data.importers.api.import_file` (checked before any byte is kept)."""
-    from core.data.importers import import_file
-    from core.access.users import authorize, current_user
-
     actor = current_user(ws) if actor is None else actor
     authorize(ws, actor, "import")
     name = _safe_name(filename)

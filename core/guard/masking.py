@@ -824,12 +824,12 @@ class CompiledMasks:
                 self._plans[op] = {"pos": pos, "feat": feat, "table": table}
             elif op == "num_set":
                 width = max(len(x[2].value) for x in items)
-                vals = np.full((len(items), width), np.nan)
+                set_values = np.full((len(items), width), np.nan)
                 neg = np.zeros(len(items), bool)
                 for k, (_, _, atom) in enumerate(items):
-                    vals[k, : len(atom.value)] = atom.value
+                    set_values[k, : len(atom.value)] = atom.value
                     neg[k] = atom.op == "not_in"
-                self._plans[op] = {"pos": pos, "feat": feat, "vals": vals, "neg": neg}
+                self._plans[op] = {"pos": pos, "feat": feat, "vals": set_values, "neg": neg}
             elif op in RANGE_OPS:
                 self._plans[op] = {"pos": pos, "feat": feat,
                                    "lo": np.array([x[2][0] for x in items]),
@@ -919,7 +919,8 @@ class CompiledMasks:
         ``mask`` is a ``[B, A]`` view of a token-major buffer (``mask.T`` is contiguous)."""
         B = self._batch(features, action_counts)
         X, codes = self.encode_features(features, B)
-        counts = np.asarray(action_counts) if self._limits else None
+        # read only by the count limits
+        counts = np.asarray(action_counts) if self._limits else np.empty((B, 0), np.int64)
         fire = self._fire_numpy(X, codes)
         fire_ext = np.zeros((B, fire.shape[1] + 1), bool)
         fire_ext[:, :-1] = fire
@@ -1293,7 +1294,8 @@ def logged_inputs(episodes: Sequence[Any], catalog: Catalog, features: Sequence[
     for e, ep in enumerate(episodes):
         for step in ep.steps:
             obs = step.observation if isinstance(step.observation, dict) else {}
-            state = obs.get("state") if isinstance(obs.get("state"), dict) else {}
+            raw_state = obs.get("state")
+            state = raw_state if isinstance(raw_state, dict) else {}
             states.append({k: v for k, v in state.items() if features is None or k in features})
             task_types.append(ep.task.task_type)
             ep_index.append(e)

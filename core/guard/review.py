@@ -1,47 +1,14 @@
 """The human review queue for high-risk actions (docs/design.md §9, S000 §2.2-2.3).
 
-Items come from these places:
+Items come from training (curriculum level L3, or a recorded step sent with :func:`send_step`)
+and from serving (a high-risk action served with low confidence), each a :class:`ReviewRequest`
+put on the queue by :func:`enqueue`.  A reviewer claims an item (:func:`claim`, with a lease)
+and decides it once (:func:`decide`): an approval becomes a training example
+(:func:`approved_examples`), a rejection a mask rule (:func:`review_mask_rules`,
+:func:`with_review_rules`).  Every write is one ``BEGIN IMMEDIATE`` transaction.
 
-* **training** — curriculum level L3 flags a run that takes the same high-risk
-  action three times in a row; or a step of a recorded episode is sent to review
-  (:func:`send_step`, no run id: a person, or the set-up of the sample workspace
-  with the steps :func:`sample_review_steps` picks);
-* **serving** — the decision engine serves a high-risk final action with low
-  confidence.
-
-Each item carries the state the action was taken in (flat scalar features plus
-the task type), the proposed action token (id, name, label, tool, risk), its
-reward components, why it was queued and where it came from (run / episode /
-step, or decision id).
-
-A reviewer **claims** an item (:func:`claim`: atomic, with a lease that expires so
-a reviewer who walks away does not block it), then **decides** it exactly once
-(:func:`decide`):
-
-* **approve** — "reasonable exploration": the step becomes a labelled training
-  example that the next run reads through :func:`approved_examples`;
-* **reject** — the (state pattern, action) pair becomes a review mask rule, read
-  by training and by the decision engine through :func:`review_mask_rules`, so
-  neither takes that action in that state pattern again.
-
-Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so two reviewers
-racing for an item serialise on the database lock and exactly one wins; the
-decision, its event and its consequence (mask rule, or the item row that *is* the
-labelled example) commit together or not at all, so a process that dies
-mid-decision leaves the item claimed and undecided until its lease expires and
-someone claims it again.  Database triggers make a decided item final and the
-event log append-only.
-
-Example::
-
-    >>> item_id = enqueue(ws, actor, ReviewRequest(origin="serving", reason="high risk, "
-    ...     "confidence 0.41", state={"hour": 14, "volatility": 0.8}, task_type="urgent_reduce",
-    ...     token_id=12, token_name="A3T1", action_label="sell(amount=all)", tool="sell",
-    ...     risk="high", reward_components={"risk": -0.6}, decision_id="d-77"))  # doctest: +SKIP
-    >>> item = claim(ws, reviewer)                                               # doctest: +SKIP
-    >>> decide(ws, reviewer, item["id"], "reject", "never sell it all in a spike")  # doctest: +SKIP
-    >>> review_mask_rules(ws)[0]["targets"]                                      # doctest: +SKIP
-    {'tokens': ['A3T1']}
+Details: docs/governance.md (## Review queue: where items come from, ## Claiming and deciding,
+## Review concurrency).
 """
 
 from __future__ import annotations
@@ -57,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from core.guard import masking
 from core.base.errors import ConflictError, InputError
 from core.access.users import Actor, authorize
+from core.records.catalog import catalog_for_dataset
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlite3
@@ -346,8 +314,7 @@ def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step
     refused with ConflictError naming its item, pending or decided (a decision is final).
     ``catalog``: the dataset's (``core.records.catalog.catalog_for_dataset``; the app passes its
     cached one)."""
-    from core.records.catalog import catalog_for_dataset
-    from core.records.store import WorkspaceError
+    from core.records.store import WorkspaceError  # deferred: loads pandas
 
     authorize(ws, actor, "enqueue_review")
     if not isinstance(reason, str):
@@ -397,8 +364,6 @@ def sample_review_steps(ws: "Workspace", dataset: str, catalog: "Catalog | None"
     episodes that failed (resolved false), the longest run of the same high-risk action
     first (curriculum L3 flags such runs in training), then the worst final reward; one
     step per episode, at most ``limit``."""
-    from core.records.catalog import catalog_for_dataset
-
     catalog = catalog if catalog is not None else catalog_for_dataset(ws, dataset)
     best: dict[str, RecordedStep] = {}
     for episode in ws.load_episodes(dataset):

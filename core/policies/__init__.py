@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.govern.policy_folder import (ENV_ROOT, INDEX, INDEX_FORMAT, active_version, empty_index, load_bundle_for,
                                        policies_root, read_index)
+from core.serve.serving import load as engine_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.serve.serving import DecisionEngine
@@ -28,8 +29,6 @@ def load(name: str, *, root: str | Path | None = None, ws: "Workspace | None" = 
     """The decision engine serving the promoted policy ``name`` (``engine.decide(request)``):
     :func:`core.serve.serving.load` — ``ws`` keeps the audit trail and the review queue
     (default ``$RWB_WORKSPACE`` or ./workspace), ``options`` go to the engine."""
-    from core.serve.serving import load as engine_for  # deferred: reading the index needs no torch
-
     return engine_for(name, ws=ws, root=root, **options)
 
 

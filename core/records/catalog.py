@@ -464,9 +464,9 @@ class _ToolSpec:
         for name in self.required:
             if name not in params:
                 return f"missing required param '{name}' for tool '{self.schema.name}'", ()
-        for k, i in enumerate(idx):
-            if i is None:
-                return f"missing required param '{self.dims[k].param}' for tool '{self.schema.name}'", ()
+        for dim, preset in enumerate(idx):
+            if preset is None:
+                return f"missing required param '{self.dims[dim].param}' for tool '{self.schema.name}'", ()
         return None, tuple(idx)  # type: ignore[arg-type]
 
 
@@ -799,10 +799,10 @@ class Catalog:
                 raise InputError(f"no token with id {name_or_id} in catalog {self.version} "
                                  f"({len(self.tokens)} tokens)")
             return self.tokens[name_or_id]
-        try:
-            return self.tokens[self._by_name[name_or_id]]
-        except KeyError:
-            raise InputError(f"no token named {name_or_id!r} in catalog {self.version}") from None
+        position = self._by_name.get(name_or_id) if isinstance(name_or_id, str) else None
+        if position is None:
+            raise InputError(f"no token named {name_or_id!r} in catalog {self.version}")
+        return self.tokens[position]
 
     def tool_id(self, tool: str) -> int:
         return self._specs[tool].tool_id

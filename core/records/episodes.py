@@ -292,14 +292,14 @@ def _dict_schema(schema: Any) -> Any:
         if "ref" in schema:
             out["ref"] = schema["ref"]
         return out
-    out = {k: v for k, v in schema.items() if k not in ("metadata", "serialization")}
-    factory = out.get("default_factory")
+    plain = {k: v for k, v in schema.items() if k not in ("metadata", "serialization")}
+    factory = plain.get("default_factory")
     if isinstance(factory, type) and issubclass(factory, BaseModel):
-        out["default_factory"] = _dumped_default(factory)  # a nested model's default, as a dict
-    for key, value in out.items():
+        plain["default_factory"] = _dumped_default(factory)  # a nested model's default, as a dict
+    for key, value in plain.items():
         if isinstance(value, (dict, list)) and key not in ("default", "expected", "function"):
-            out[key] = _dict_schema(value)
-    return out
+            plain[key] = _dict_schema(value)
+    return plain
 
 
 _EPISODE_DICT: SchemaValidator | None = None

@@ -79,6 +79,7 @@ def _frame(ws, dataset: str | None, episodes: str | Path | None,
         return frame_from_file(episodes)
     if ws is None:
         raise InputError("scoring a dataset needs a workspace")
+    assert dataset is not None, "exactly one source is given, and it is neither of the others"
     return load_frame(ws, dataset)
 
 

@@ -585,8 +585,8 @@ class ActionSmoothing(Component):
         key = action_keys(frame, self.key_param)
         out = np.zeros(frame.n_steps)
         if self.opposites:
-            pairs = [(action_key_code(frame, a), action_key_code(frame, b)) for a, b in self.opposites]
-            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            coded = [(action_key_code(frame, a), action_key_code(frame, b)) for a, b in self.opposites]
+            pairs = [(a, b) for a, b in coded if a is not None and b is not None]
             codes = np.array(sorted({c for p in pairs for c in p}), dtype=np.int64)
             # only actions that have an opposite take part: reads in between don't hide a reversal
             calls = np.flatnonzero((key >= 0) & np.isin(key, codes))

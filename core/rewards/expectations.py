@@ -1,23 +1,10 @@
 """Expectations: reward unit tests and hacking probes that a template carries.
 
-Kinds (fields as written in the template's ``expectations:`` list):
+The kinds are ``episode_score``, ``component_range``, ``twins_rank`` and ``rank_auc``, each
+selecting episodes or steps with filters; an expectation that matches nothing fails, since it
+could not be verified.
 
-* ``episode_score`` — every episode matching ``episodes:`` (a filter, or
-  ``{episode_id: X}``) has ``metric`` (return | discounted | final) ``below:`` Y
-  and/or ``above:`` Y.
-* ``component_range`` — component C is ``≤ max`` and/or ``≥ min`` on the steps
-  matching ``steps:`` (raw value, or ``value: contribution`` for weighted, gated).
-* ``twins_rank`` — every episode matching ``episodes:`` (default
-  ``{behaviour: hacker}``) scores strictly below its honest twin, the episode whose
-  id is in its ``meta[twin_key]`` (default ``twin_of``), by more than ``margin``.
-* ``rank_auc`` — episodes matching ``higher:`` outrank those matching ``lower:``
-  with AUC ≥ ``min`` (ties count half).
-
-Filters are ``{field: value}`` or ``{field: [values]}`` (any of); episode fields:
-episode_id, behaviour, task_type, domain, resolved, ``meta.<key>``; step filters add
-kind, tool, t, tool_error, valid, last, ``param.<name>``, ``output_contains`` and
-``tool_result_contains`` (case-insensitive text). An expectation that matches
-nothing fails: it could not be verified.
+Details: docs/rewards.md (## Expectation kinds, ## Expectation filters).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -300,8 +301,7 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
     n_ep = len(episodes)
     ids = [ep.episode_id for ep in episodes]
     if len(set(ids)) != n_ep:
-        seen: set[str] = set()
-        repeated = sorted({i for i in ids if i in seen or seen.add(i)})
+        repeated = sorted(i for i, count in Counter(ids).items() if count > 1)
         raise InputError(f"episode ids must be unique to score them; repeated: {', '.join(repeated[:5])}",
                          field="episode_id")
     ep_len = np.fromiter((len(ep.steps) for ep in episodes), dtype=np.int64, count=n_ep)
@@ -340,6 +340,7 @@ def build_frame(episodes: Sequence[Episode], catalog: NormalizerLike) -> StepsFr
             pj = canonical_json(a.params) if a.params else ""
             params_json[i] = pj
             if a.kind == "tool_call":
+                assert a.tool is not None, "Action's validator: a tool call names its tool"
                 tool_list[i] = a.tool
                 tool_error[i] = s.tool_error is not None
                 tool_text[i] = "" if s.tool_error is not None else result_text(s.tool_result)

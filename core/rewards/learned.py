@@ -61,7 +61,8 @@ def episode_stats(frame: StepsFrame) -> np.ndarray:
         pairs = np.unique(ep * (int(tool.max()) + 2) + tool + 1)
         distinct = np.bincount(pairs // (int(tool.max()) + 2), minlength=frame.n_episodes).astype(float)
         keys = np.unique(ep * (int(frame.call_key.max()) + 1) + frame.call_key[call].astype(np.int64))
-        unique_calls = np.bincount(keys // (int(frame.call_key.max()) + 1), minlength=frame.n_episodes)
+        unique_calls: np.ndarray = np.bincount(keys // (int(frame.call_key.max()) + 1),
+                                               minlength=frame.n_episodes)
     else:
         unique_calls = np.zeros(frame.n_episodes)
     repeats = calls - unique_calls
@@ -87,7 +88,7 @@ def last_words(frame: StepsFrame) -> list[str]:
 
 def signal_features(frame: StepsFrame) -> np.ndarray:
     """[n_episodes, len(SIGNAL_FEATURES)]: write calls and unrecovered errors per episode."""
-    writes = WriteActions(per=1.0)(frame, None)
+    writes = WriteActions(per=1.0)(frame, ScoringContext())
     unrecovered = UnrecoveredErrors(per=1.0, cap=10 ** 9).unrecovered(frame)
     return np.column_stack([-np.bincount(frame.episode, weights=writes, minlength=frame.n_episodes),
                             _per_episode(frame, unrecovered)])
@@ -176,13 +177,14 @@ class LearnedOutcome(Component):
                  intercept: float = 0.0, heldout_auc: float | None = None, trained_on: int = 0,
                  low: float = 0.0, high: float = 1.0):
         _check(embed in ("last_words", "none"), "embed must be last_words or none")
-        features, mean, scale, coef = (list(v or []) for v in (features, mean, scale, coef))
-        _check(len(features) == len(mean) == len(scale) == len(coef),
+        self.features: list[str] = list(features or [])
+        self.mean, self.scale, self.coef = list(mean or []), list(scale or []), list(coef or [])
+        _check(len(self.features) == len(self.mean) == len(self.scale) == len(self.coef),
                "features, mean, scale and coef must have one entry per feature "
                "(fit them with rwb reward learn)")
-        _check(all(s > 0 for s in scale), "every scale must be > 0")
+        _check(all(s > 0 for s in self.scale), "every scale must be > 0")
         _check(low <= high, "need low ≤ high")
-        self.embed, self.features, self.mean, self.scale, self.coef = embed, features, mean, scale, coef
+        self.embed = embed
         self.intercept, self.heldout_auc, self.trained_on = float(intercept), heldout_auc, int(trained_on)
         self.low, self.high = float(low), float(high)
 

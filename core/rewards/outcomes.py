@@ -129,7 +129,7 @@ def bootstrap_ci(stat, groups: np.ndarray, *, n_boot: int = 200, level: float = 
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(int(n_boot)):
-        pick = rng.integers(0, uniq.shape[0], uniq.shape[0])
+        pick = rng.integers(0, uniq.shape[0], size=(uniq.shape[0],))
         rows = np.concatenate([members[g] for g in pick])
         v = stat(rows)
         if v is not None and math.isfinite(v):

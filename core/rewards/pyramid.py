@@ -1,23 +1,11 @@
 """The pyramid: component matrix → gated level totals → step rewards → episode returns.
 
-Scoring happens in two stages, so that weight edits are instant:
+Scoring has two stages, so that weight edits are instant: :meth:`Pyramid.compute_matrix`
+evaluates every component once into a step matrix and an episode matrix, and
+:class:`ScoreResult` combines them with the weights (a matrix product plus gating masks),
+which :meth:`ScoreResult.reweight` redoes without calling any component.
 
-1. :meth:`Pyramid.compute_matrix` evaluates every component once over the steps
-   frame (or loads its column from the :class:`~core.rewards.cache.ComponentCache`):
-   a step matrix ``M [n_steps, n_step_components]`` of raw values and an episode
-   matrix ``E [n_episodes, n_episode_terms]``.
-2. :class:`ScoreResult` combines them with the weights — a matrix product plus
-   gating masks — and is what :meth:`ScoreResult.reweight` rebuilds from the same
-   matrices without calling any component.
-
-The combination, for step i with level sums ``S[i, l] = Σ_{c ∈ l} w_c·M[i, c]``:
-
-* level l *passes* when its weighted mean ``S[i, l] / Σ_{c ∈ l} w_c`` ≥ its gate;
-* with gating on, level l counts only if every level below it passed
-  (S000's 逐级约束: a step that fails L1 earns nothing from L2–L4);
-* ``r_i = Σ_l earn[i, l]·S[i, l] + Σ_{penalties} w_c·M[i, c]``;
-* ``R_final = Σ_k w_k·E[e, k]`` (episode terms) and the episode return is
-  ``a·Σ_i γ^t_i·r_i + b·R_final`` (S001: a = 0.7, b = 0.3, γ = 0.95).
+Details: docs/rewards.md (## Scoring in two stages, ## Gating and returns).
 """
 
 from __future__ import annotations

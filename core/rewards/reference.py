@@ -27,10 +27,10 @@ from core.rewards.learned import LearnedOutcome
 def _steps(frame: StepsFrame):
     """Plain per-step records: what a hand-written scorer would loop over."""
     names = frame.tool_names
-    num = defaultdict(dict)
+    num: defaultdict[int, dict[tuple[str, str], float]] = defaultdict(dict)
     for s, k, v in zip(frame.num_step.tolist(), frame.num_key.tolist(), frame.num_value.tolist()):
         num[s][frame.num_keys[k]] = v
-    cat = defaultdict(dict)
+    cat: defaultdict[int, dict[tuple[str, str], str]] = defaultdict(dict)
     for s, k, v in zip(frame.cat_step.tolist(), frame.cat_key.tolist(), frame.cat_value.tolist()):
         cat[s][frame.cat_keys[k]] = frame.cat_values[v]
     for i in range(frame.n_steps):
@@ -315,7 +315,8 @@ def learned_outcome(frame: StepsFrame, c: LearnedOutcome, embedder) -> np.ndarra
 
 
 def write_actions(frame: StepsFrame, c: WriteActions) -> np.ndarray:
-    out, writes_so_far = [], defaultdict(int)
+    out: list[float] = []
+    writes_so_far: defaultdict[int, int] = defaultdict(int)
     for s in _steps(frame):
         writes = s["kind"] == "tool_call" and is_write_tool(s["tool"], tuple(v.lower() for v in c.read_verbs))
         if writes:
@@ -349,7 +350,7 @@ def answer_cosines(frame: StepsFrame, c: AnswerConsistency, embedder) -> list[fl
         last = said[-1] if said else None
         evidence = [s for s in mine if last is not None and s["kind"] == "tool_call" and len(s["result"]) > 0
                     and s["i"] < last["i"]][-c.context_calls:]
-        if not evidence:
+        if not evidence or last is None:  # evidence is only gathered with a last answer
             out.append(None)
             continue
         texts = [str(last["output"])[:c.max_chars]] + [readable([str(s["result"])])[0][:c.max_chars] for s in evidence]

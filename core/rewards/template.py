@@ -201,8 +201,8 @@ class Template:
                                     file=self.source)
             if g is not None and not (isinstance(g, (int, float)) and math.isfinite(g)):
                 raise TemplateError(f"gate of level {k} must be a finite number", file=self.source)
-        levels = tuple(replace(lv, gate=None if gates[lv.key] is None else float(gates[lv.key]))
-                       if lv.key in gates else lv for lv in self.levels)
+        gate_of = {k: None if g is None else float(g) for k, g in gates.items()}
+        levels = tuple(replace(lv, gate=gate_of[lv.key]) if lv.key in gate_of else lv for lv in self.levels)
         return replace(self, levels=levels, gating=self.gating if enabled is None else bool(enabled))
 
     def with_return(self, *, a: float | None = None, b: float | None = None,
@@ -608,7 +608,7 @@ def parse_template(text: str, *, file: str | None = None) -> Template:
                      f"{', '.join(seen)}")
         if not isinstance(points, list) or not points:
             ctx.fail(spath, "a schedule{at} is a non-empty list of [training_step, weight] pairs")
-        parsed = []
+        parsed: list[tuple[int, float]] = []
         for j, p in enumerate(points):
             if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
                     and not isinstance(p[0], bool) and p[0] >= 0):

@@ -386,18 +386,18 @@ def diff_templates(old: Template, new: Template) -> list[dict[str, Any]]:
     new_comps = {c.name: c for c in new.all_components}
     for name in [c.name for c in old.all_components] + [c.name for c in new.all_components
                                                         if c.name not in old_comps]:
-        a, b = old_comps.get(name), new_comps.get(name)
-        if a is None or b is None:
-            add("component", name, a and f"{a.group} {a.component}", b and f"{b.group} {b.component}")
+        ca, cb = old_comps.get(name), new_comps.get(name)
+        if ca is None or cb is None:
+            add("component", name, ca and f"{ca.group} {ca.component}", cb and f"{cb.group} {cb.component}")
             continue
-        add("component", name, f"{a.group} {a.component}", f"{b.group} {b.component}")
-        add("weight", name, a.weight, b.weight)
-        if a.component == b.component:
-            pa, pb = a.params_with_defaults(), b.params_with_defaults()
+        add("component", name, f"{ca.group} {ca.component}", f"{cb.group} {cb.component}")
+        add("weight", name, ca.weight, cb.weight)
+        if ca.component == cb.component:
+            pa, pb = ca.params_with_defaults(), cb.params_with_defaults()
             for p in pa:
                 add("param", f"{name}.{p}", pa[p], pb.get(p))
         else:
-            add("param", name, dict(a.params), dict(b.params))
+            add("param", name, dict(ca.params), dict(cb.params))
     for name in sorted(old.schedules.keys() | new.schedules.keys()):
         sa, sb = old.schedules.get(name), new.schedules.get(name)
         add("schedule", name, sa and [list(p) for p in sa], sb and [list(p) for p in sb])

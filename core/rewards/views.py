@@ -1,29 +1,11 @@
 """Ready-to-render views of a reward pyramid: what the Reward Pyramid page shows.
 
-The page reads its inputs, calls one function here and renders the result; the
-data shaping (tables, chart data, editor fields) happens here so that it is tested
-and shared:
+The page reads its inputs, calls one function here and renders the result; the data shaping
+happens here so that it is tested and shared.  Entry points: :func:`template_options`,
+:func:`pyramid_editor`, :func:`apply_edits` / :func:`apply_params`, :func:`rescore` (no
+component computed), :func:`pyramid_report` and :func:`explain_episode`.
 
-- :func:`template_options` — every template version to pick from (shipped seeds and
-  workspace versions);
-- :func:`pyramid_editor` — the editable parts of a template (weights with slider
-  ranges, parameters as typed fields, gating, return coefficients);
-- :func:`apply_edits` / :func:`apply_params` — the edited :class:`Template`;
-- :func:`rescore` — a scored result under an edited template *without* computing any
-  component (a weight edit is :meth:`ScoreResult.reweight`, a matrix product);
-- :func:`pyramid_report` — metrics, the pyramid's levels, distributions, the episode
-  table and the expectation results of one scoring (as data: the app draws the figures,
-  ``rwb_app.plots.rewards``);
-- :func:`explain_episode` — one episode's per-step explanation
-  (``reward_components: [{name, value}]`` per step).
-
-Example::
-
-    >>> base = score(ws, "finance_risk", dataset="finance-sample")          # doctest: +SKIP
-    >>> edited = apply_edits(base.template, PyramidEdits(weights={"tool_validity": 0.9}))  # doctest: +SKIP
-    >>> report = pyramid_report(base, edited)                               # doctest: +SKIP
-    >>> report.metrics[0].label, report.metrics[0].value                    # doctest: +SKIP
-    ('Mean episode return', '2.4213')
+Details: docs/rewards.md (## The Reward Pyramid page's views).
 """
 
 from __future__ import annotations
@@ -43,7 +25,7 @@ from core.base.errors import InputError
 from core.rewards.components import COMPONENTS
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.pyramid import ScoreResult
-from core.rewards.template import ComponentSpec, Template, TemplateError
+from core.rewards.template import ComponentSpec, Template, TemplateError, parse_template
 from core.rewards.versions import TemplateVersion, get_template, list_versions, parse_spec, template_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -278,8 +260,6 @@ def apply_params(template: Template, values: Mapping[str, Mapping[str, Any]]) ->
 
 def apply_yaml(text: str, *, name: str | None = None) -> Template:
     """A template from YAML typed in the browser (errors name the key and line)."""
-    from core.rewards.template import parse_template
-
     if not isinstance(text, str) or not text.strip():
         raise InputError("the template text is empty", field="yaml")
     return parse_template(text, file=f"template {name!r}" if name else "edited template")
@@ -480,7 +460,8 @@ def episodes_table(result: ScoreResult) -> pd.DataFrame:
     """One row per episode, in data order: labels, outcome, Σγᵗr, R_final, return and rank
     (1 = highest return)."""
     f = result.frame
-    resolved = np.where(np.isnan(f.resolved), None, f.resolved == 1.0).astype(object)
+    resolved = (f.resolved == 1.0).astype(object)
+    resolved[np.isnan(f.resolved)] = None  # no outcome recorded
     rank = np.empty(f.n_episodes, dtype=np.int64)
     rank[np.argsort(-result.returns, kind="stable")] = np.arange(1, f.n_episodes + 1)
     return pd.DataFrame({

@@ -55,7 +55,8 @@ class Agent(nn.Module):
             self.critic_heads = layer_init(nn.Linear(hidden, n_critics), std=1.0)
 
     def state(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.encoder(obs)
+        encoded: torch.Tensor = self.encoder(obs)
+        return encoded
 
     def heads(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.actor(state), self.critic_heads(self.critic(state))

@@ -1,26 +1,12 @@
 """The four-step diagnosis of a training run (docs/design.md §8, ``rwb doctor RUN``).
 
-When a run does not learn, S000 checks four things in order; each step here gives a
-verdict (``ok``, ``warn`` or ``fail``) with the number behind it:
+:func:`diagnose` checks, in S000's order, reward integrity (:func:`reward_integrity`),
+state-encoding fidelity, gradient flow (:func:`gradient_flow`) and exploration quality
+(:func:`exploration_quality`), each with a verdict (``ok``, ``warn`` or ``fail``) and the number
+behind it, against the thresholds :data:`MIN_FLOOD_SHARE`, :data:`DEAD_GRAD`,
+:data:`EXPLODING_GRAD` and :data:`LOW_ENTROPY`.
 
-1. **Reward integrity** — the rewards the policy meets in the simulator: NaN or infinite
-   values, their range, and the share of steps earning the minimum value.  A flood of
-   the minimum (more than :data:`MIN_FLOOD_SHARE` of steps) means the policy is stuck on a
-   floor — off-support penalties, or masks so strict that only terminate/escalate is
-   left (the mean number of allowed actions per state is reported next to it).
-2. **State-encoding fidelity** — silhouette and kNN agreement by task type of the
-   run's trained encoder on the recorded states (:func:`core.state.statemap.state_fidelity`);
-   no task clusters means the encoder is broken (S000 found truncated queries so).
-3. **Gradient flow** — per-layer gradient norms of the last policy update: a layer whose
-   norm is ≈ 0 (below :data:`DEAD_GRAD`) does not learn; one above
-   :data:`EXPLODING_GRAD` is exploding.
-4. **Exploration quality** — entropy (nats) of the policy's action distribution over
-   the states it visits; below 1.0 the policy explores too narrowly (S000: 1.2 → 3.8).
-
-Example::
-
-    >>> report = diagnose(ws, "run-20250101-120000-ab12")    # doctest: +SKIP
-    >>> [(s["name"], s["verdict"]) for s in report["steps"]]  # doctest: +SKIP
+Details: docs/training.md (## The doctor's four steps).
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from core.rl.runs import open_run, run_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -77,8 +64,9 @@ def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dic
     finite = r[np.isfinite(r)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (float("nan"), float("nan"))
     at_min = float(np.isclose(finite, lo, rtol=0, atol=1e-6).mean()) if finite.size else 0.0
-    details = {"steps": n, "non_finite": bad, "min": lo, "max": hi, "mean": float(finite.mean()) if finite.size else None,
-               "share_at_min": at_min, "mean_allowed_actions": allowed, "n_actions": n_actions}
+    details: dict[str, Any] = {"steps": n, "non_finite": bad, "min": lo, "max": hi,
+                               "mean": float(finite.mean()) if finite.size else None,
+                               "share_at_min": at_min, "mean_allowed_actions": allowed, "n_actions": n_actions}
     if bad:
         return _step(1, "reward integrity", "fail", bad, f"{bad} of {n} step rewards are NaN or infinite — check the "
                      "reward template's components", figure="NaN or infinite step rewards", unit="steps",
@@ -148,7 +136,7 @@ def exploration_quality(entropy: float | None, per_state: float | None) -> dict[
     if entropy is None or not math.isfinite(entropy):
         return _step(4, "exploration quality", "warn", None, "no action distribution measured yet", **_ENTROPY,
                      action="Train the run for at least one update so that it has a policy, then diagnose again.")
-    details = {"entropy": entropy, "mean_state_entropy": per_state, "low_entropy": LOW_ENTROPY}
+    details: dict[str, Any] = {"entropy": entropy, "mean_state_entropy": per_state, "low_entropy": LOW_ENTROPY}
     if entropy < LOW_ENTROPY:
         return _step(4, "exploration quality", "fail", entropy,
                      f"the policy's actions have an entropy of {entropy:.2f} nats (< {LOW_ENTROPY}): exploration "
@@ -161,7 +149,7 @@ def exploration_quality(entropy: float | None, per_state: float | None) -> dict[
 
 
 def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0) -> dict[str, Any]:
-    """The four-step diagnosis of ``run_id`` (see the module docstring).
+    """The four-step diagnosis of ``run_id`` (docs/training.md, ## The doctor's four steps).
 
     Steps 1 and 4 roll the run's latest policy out in its simulator (actions sampled as in
     training, ``episodes`` episodes from its training split); step 2 encodes recorded
@@ -169,9 +157,9 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     Returns ``{"run_id", "steps": [...], "verdict", "plain_verdict", "next_action"}`` where the
     overall verdict is the worst step's and the next action is the first failing (else warning)
     step's; each step names its figure, unit and threshold and says what to do (:func:`_step`)."""
-    from core.rl.rollouts import episode_stats
-    from core.rl.runs import open_run, run_metrics
-    from core.state.statemap import GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity
+    from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
+    from core.state.statemap import (  # deferred: loads pandas
+        GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity)
 
     ctx = open_run(ws, run_id, device="cpu")
     tables, agent = ctx.data.tables, ctx.agent
@@ -245,7 +233,7 @@ def _next_action(steps: list[dict[str, Any]]) -> str:
 
 def _mean_allowed(tables: Any, episodes: torch.Tensor, seed: int) -> float:
     """Mean number of actions the masks allow per state, over random-in-mask rollouts."""
-    from core.rl.sim import BatchedSim, random_masked_actions
+    from core.rl.sim import BatchedSim, random_masked_actions  # deferred: loads gymnasium
 
     sim = BatchedSim(tables, 256, seed=seed, episodes=episodes)
     _, mask = sim.reset()

@@ -1,32 +1,12 @@
 """Evaluate a trained run on held-out episodes (``rwb evaluate RUN``).
 
-The policy acts greedily (its most likely unmasked action) from the first state of every
-held-out episode, once per repeat, in the same recorded-episode simulator it trained in.
-It is compared with
+:func:`evaluate` runs the policy greedily from the first state of every held-out episode in the
+simulator it trained in, and compares it with each logged behaviour (paired on the same start
+states, :func:`paired_returns`) and with random-in-mask.  New logs are mapped onto the run's
+own action catalog, its contract; the report's ``catalog_coverage`` counts what it cannot
+express.
 
-* each **logged behaviour** — the template return the recorded episodes of that
-  behaviour earned on the same held-out set (what following the log gives), *paired*:
-  the policy is also run from the start states of that behaviour's own held-out
-  episodes, so both answer the same requests from the same first state (``paired``);
-  "beats the best logged behaviour" is decided on that pairing, and
-* **random-in-mask** — a uniform choice among the unmasked actions, run exactly like the
-  policy.
-
-Held-out episodes are the run's own held-out split of its dataset (default), an episodes
-file (``episodes``, read with the same options as ``rwb episodes import``) or a workspace
-dataset (``dataset``, any one); a file or dataset is all evaluation set.  **A run's catalog
-is its contract**: new logs are mapped onto the run's action catalog (its template, mask
-rules and review rules too), never onto a catalog of their own, so every policy action
-keeps its meaning; a logged call the run's catalog cannot express is INVALID (off-catalog),
-and the report's ``catalog_coverage`` says how many there were and why.  Counterfactual
-outcomes are drawn from every recorded step of the evaluation data (a held-out evaluation
-holds out the tasks, not the simulator's world).
-
-Example::
-
-    >>> report = evaluate(ws, "run-20250101-120000-ab12")           # doctest: +SKIP
-    >>> report["policy"]["return_mean"], report["best_logged"]      # doctest: +SKIP
-    (2.91, {'behaviour': 'expert', 'return_mean': 2.73})
+Details: docs/training.md (## Evaluation on held-out episodes, ## A run's catalog is its contract).
 """
 
 from __future__ import annotations
@@ -40,7 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from core.base import embed as text_embedding
 from core.base.errors import InputError
+from core.data.importers import read_file
+from core.records.catalog import build_catalog, catalog_coverage, catalog_for_dataset
+from core.rl.runs import open_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.catalog import CatalogCoverage
@@ -100,10 +84,9 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     the off-policy estimate of the policy's success and return on the logged evaluation
     episodes themselves (:func:`core.rl.ope.off_policy_report`; intervals over tasks, and
     ``reliable: false`` with a note when the logs do not support the policy enough)."""
-    from core.rl.ppo import resolve_device
-    from core.rl.rollouts import episode_stats
-    from core.rl.runs import open_run
-    from core.rl.sim import logged_returns
+    from core.rl.ppo import resolve_device  # deferred: loads gymnasium
+    from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
+    from core.rl.sim import logged_returns  # deferred: loads gymnasium
 
     if int(repeats) < 1:
         raise InputError("repeats must be at least 1", field="repeats")
@@ -127,7 +110,7 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     tables = tables.to(device)
     policy, random = [], []
     for r in range(int(repeats)):
-        kw = dict(every_episode=True, device=device, seed=seed + 1000 * r, support_episodes="all")
+        kw: dict[str, Any] = dict(every_episode=True, device=device, seed=seed + 1000 * r, support_episodes="all")
         policy.append(episode_stats(tables, agent, held, greedy=True, **kw))
         random.append(episode_stats(tables, None, held, **kw))
     logged = logged_returns(tables, held)
@@ -155,7 +138,7 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
 def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, seed: int) -> dict[str, Any]:
     """:func:`core.rl.ope.off_policy_report` over the evaluation episodes, grouped by task; when
     the episodes cannot carry an estimate at all, the same keys with no figures and why."""
-    from core.rl.ope import METHOD, off_policy_report
+    from core.rl.ope import METHOD, off_policy_report  # deferred: loads pandas and scipy
 
     try:
         return off_policy_report(tables, agent, held, groups=np.array(tables.task_ids, dtype=object),
@@ -170,13 +153,10 @@ def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, see
 def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "CatalogCoverage":
     """Catalog coverage of the run's own held-out episodes: only their own invalid calls
     are off-catalog, since the catalog was built from these logs."""
-    from core.records.catalog import catalog_coverage
-
     wanted = {ctx.data.tables.episode_ids[i] for i in held.cpu().tolist()}
     if ctx.data.dataset is not None:
         logged = ws.load_episodes(ctx.data.dataset)
     else:  # the file the run trained on, read as its trainer read it
-        from core.data.importers import read_file
 
         logged = read_file(json.loads(ctx.run["episodes_file"])["path"]).episodes
     held_episodes = [ep for ep in logged if ep.episode_id in wanted]
@@ -188,8 +168,7 @@ def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str 
     """Simulator tables of an episodes file or a workspace dataset mapped onto the run's
     catalog, under the run's template and mask rules (which hold its dataset's review
     rules); the coverage of those episodes by the run's catalog; the source's name."""
-    from core.records.catalog import build_catalog, catalog_coverage, catalog_for_dataset
-    from core.rl.sim import build_sim_tables, build_sim_tables_from
+    from core.rl.sim import build_sim_tables, build_sim_tables_from  # deferred: loads gymnasium
 
     catalog, rules, sim_config = ctx.data.tables.catalog, ctx.data.tables.mask_rules, ctx.config.sim_config()
     if dataset is not None:
@@ -197,8 +176,6 @@ def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str 
         logged = ws.load_episodes(dataset)
         coverage = catalog_coverage(logged, catalog, own_catalog=catalog_for_dataset(ws, dataset))
         return tables, coverage, f"dataset {dataset}"
-    from core.base.embed import workspace_embedder
-    from core.data.importers import read_file
 
     path = Path(episodes)  # type: ignore[arg-type]
     if not path.is_file():
@@ -207,7 +184,7 @@ def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str 
     if not parsed.episodes:
         raise InputError("the episodes file holds no episodes", file=str(path))
     tables = build_sim_tables_from(parsed.episodes, None, ctx.template, masks=rules, config=sim_config,
-                                   embedder=workspace_embedder(ws), catalog=catalog)
+                                   embedder=text_embedding.workspace_embedder(ws), catalog=catalog)
     coverage = catalog_coverage(parsed.episodes, catalog, own_catalog=build_catalog(parsed.tools, parsed.episodes))
     return tables, coverage, f"file {path}"
 
@@ -217,7 +194,7 @@ def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str
     """Per logged behaviour: the policy's mean return from the start states of that
     behaviour's held-out episodes (greedy, ``repeats`` passes) next to the return the
     behaviour's own logs earned there — the same requests, the same first state."""
-    from core.rl.rollouts import episode_stats
+    from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
 
     labels = [tables.behaviours[i] or "unknown" for i in held.cpu().tolist()]
     out: dict[str, dict[str, Any]] = {}

@@ -14,8 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.base import embed as text_embedding
 from core.base.errors import InputError
 from core.rl.ppo import PPOConfig, TrainingData
+from core.data.datasets import datasets_dir
+from core.data.importers import read_file
+from core.guard.masking import MaskRules
+from core.guard.review import approved_examples, with_review_rules
+from core.rl.sim import build_sim_tables, build_sim_tables_from, logged_returns, split_episodes
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -23,8 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def masks_for_domain(domain: str | None) -> Path | None:
     """The committed mask rules of a domain (``datasets/<domain>/masks.yaml``), if any."""
-    from core.data.datasets import datasets_dir
-
     if not domain:
         return None
     path = datasets_dir() / str(domain) / "masks.yaml"
@@ -48,17 +52,11 @@ def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = 
     (rules, a YAML file or text, None for no rules, or by default the committed rules of the
     data's domain, ``datasets/<domain>/masks.yaml``), always joined by the workspace's review
     rules; the train / held-out split; logged returns; approved review examples."""
-    from core.guard.masking import MaskRules
-    from core.guard.review import approved_examples, with_review_rules
-    from core.rl.sim import build_sim_tables, build_sim_tables_from, logged_returns, split_episodes
-
     cfg = config or PPOConfig()
     if (dataset is None) == (episodes_file is None):
         raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file (--episodes FILE)")
     parsed = None
     if episodes_file is not None:
-        from core.data.importers import read_file
-
         parsed = read_file(episodes_file)
         if not parsed.episodes:
             raise InputError("the episodes file holds no episodes", file=str(episodes_file))
@@ -70,11 +68,9 @@ def load_training_data(ws: "Workspace", template: Any, *, dataset: str | None = 
         tables = build_sim_tables(ws, dataset, template, masks=rules, config=cfg.sim_config())
         source = f"dataset {dataset}"
     elif parsed is not None:
-        from core.base.embed import workspace_embedder
-
         rules = with_review_rules(rules or MaskRules(), ws, None)
         tables = build_sim_tables_from(parsed.episodes, parsed.tools, template, masks=rules,
-                                       config=cfg.sim_config(), embedder=workspace_embedder(ws))
+                                       config=cfg.sim_config(), embedder=text_embedding.workspace_embedder(ws))
         source = f"file {episodes_file}"
     train_idx, held_idx = split_episodes(tables, cfg.heldout_fraction, cfg.seed, by=cfg.heldout_by)
     return TrainingData(tables=tables, train_episodes=train_idx, heldout_episodes=held_idx,

@@ -358,7 +358,7 @@ def off_policy_estimate(pi_prob: np.ndarray, mu_prob: np.ndarray, episode_index:
     def estimate(pi: np.ndarray, support_steps: np.ndarray, with_ci: bool) -> dict[str, Any]:
         succ = pdwis(pi, mu_prob, outcome_rewards, episode_index, step_index, 1.0, floor=floor)
         ret = pdwis(pi, mu_prob, rewards, episode_index, step_index, gamma, floor=floor)
-        value_s, value_r = succ.trajectory_estimate(success), ret.value
+        value_s, value_r = float(succ.trajectory_estimate(success)), ret.value  # one outcome per episode: a float
         ess = effective_sample_size(succ.final_weights)
         share = float(np.mean(support_steps))
         reliable, verdict, note = _verdict(value_s, ess, share, n_tasks, min_ess=min_ess, min_support=min_support)

@@ -1,57 +1,14 @@
 """Masked PPO with an adaptive KL penalty and curriculum exploration (docs/design.md §8, S000 §3.3).
 
-Reads top to bottom like CleanRL's ``ppo.py``: :class:`PPOConfig` (a docstring per
-field), the data a run trains on (:class:`TrainingData`), the curriculum and its warm
-start, the minibatch optimisation (:func:`ppo_update`, so a test can run it on a fixed
-batch), then :func:`train` in paper order — setup, and per update: rollout
-(:func:`collect_rollout`), advantages (:func:`compute_advantages`: GAE with the L2 bonus),
-update (:func:`ppo_update`, then the KL controller), metrics (:func:`log_update`).  The
-policy is :class:`core.rl.agent.Agent` (the state encoder of docs/design.md §6, a 2×256
-actor over the action catalog whose masked logits are −inf, an ensemble of critic heads);
-the pure helpers (GAE, the masked categorical, the KL controller) live in
-:mod:`core.rl.common`.  The rollout sees the environments only through
-:class:`core.rl.env.BatchedEnv`; what a run knows beyond them (the action catalog, the
-logged baselines, the episodes behaviour cloning replays) comes from :class:`TrainingData`.
+Reads top to bottom like CleanRL's ``ppo.py``: :class:`PPOConfig` (a docstring per field), the
+data a run trains on (:class:`TrainingData`), the curriculum (:class:`Curriculum`, levels L0
+exploit, L1 ε-exploration, L2 UCB, L3 high-risk review) and its warm start, the minibatch
+optimisation (:func:`ppo_update`), then :func:`train` in paper order: rollout
+(:func:`collect_rollout`), advantages (:func:`compute_advantages`), update, metrics.  The
+policy is :class:`core.rl.agent.Agent`; the pure helpers live in :mod:`core.rl.common`.
 
-The loss of one minibatch::
-
-    loss = policy (clipped surrogate) + vf_coef · value + β · KL(π_old ‖ π) − ent_coef · entropy
-
-and after every update the KL controller moves β: KL > 1.5·target → β·1.5, KL <
-0.5·target → β·0.5 (target 0.01, β₀ = 1.0; ``adaptive_kl=False`` keeps β fixed).
-
-Curriculum exploration (levels unlock on measured progress; the level is a metric):
-
-* **L0 exploit** — behaviour cloning on the best logged behaviour (highest mean logged
-  return on the training episodes) plus reviewer-approved "reasonable exploration"
-  steps, then greedy rollouts that fit only the critic.  Unlocks L1 when the critic
-  explains ≥ ``l0_explained_variance`` of the return variance (after at least
-  ``l0_min_updates``), or after ``l0_max_updates`` updates — a critic that cannot fit a
-  fixed greedy policy will not get better by waiting.
-* **L1 ε-exploration** — PPO on actions sampled from the mixture μ = (1 − ε)·π + ε·uniform
-  over the unmasked, non-high-risk actions (ε = 0.1).  The surrogate's ratio is
-  π_θ(a)/μ(a), the importance weight of the behaviour that really acted: an ε-action with
-  a positive advantage still pulls π towards it (through the unclipped branch, weighted by
-  π/μ), one with a negative advantage is clipped.  (Treating ε-actions as if π had chosen
-  them — ratio 1 — was measured to make the greedy policy worse update after update on
-  the finance data: every random action's advantage pushed π as hard as its own.)
-  Unlocks L2 when the greedy policy's return on training episodes (measured every
-  ``eval_every`` updates) reaches ``l2_progress`` of the way from random-in-mask to the
-  best logged behaviour, ``unlock_patience`` measurements in a row.
-* **L2 UCB** — adds an optimism bonus ``ucb_coef · std_k V_k(s')`` to each reward: the
-  disagreement of the critic heads (trained on bootstrap masks) is high in states the
-  policy has rarely reached.  Unlocks L3 at ``l3_progress`` (1.0 = as good as the best
-  logged behaviour) for ``unlock_patience`` updates.
-* **L3 high-risk review** — ε-exploration may now pick high-risk actions too; whenever an
-  environment takes the same high-risk action ``high_risk_repeat`` (3) times in a row,
-  the step goes to the human review queue (origin ``training``).
-
-Example::
-
-    >>> from core.rl.loading import load_training_data                               # doctest: +SKIP
-    >>> data = load_training_data(ws, "finance_risk", dataset="finance", config=cfg)  # doctest: +SKIP
-    >>> result = train(PPOConfig(total_steps=100_000), data)                         # doctest: +SKIP
-    >>> result.final_metrics["return_mean"]                                          # doctest: +SKIP
+Details: docs/training.md (## PPO: how the module reads, ## PPO loss and the KL controller,
+## Curriculum exploration).
 """
 
 from __future__ import annotations
@@ -76,6 +33,7 @@ from core.rl.env import BatchedEnv
 from core.rl.rollouts import episode_stats, mean_return
 from core.rl.sim import BatchedSim, SimConfig, SimTables, random_masked_actions
 from core.state.features import StateEncoderConfig
+from core.guard.review import ReviewRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.guard.review import ReviewRequest
@@ -84,9 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # =========================================================================== config
 #: The state encoder a run trains unless its ``encoder`` setting says otherwise: equal
 #: weights for intent, tool context and trace (the gated fusion is ``{"gating": "on"}``).
-#: Measured on 3,000 generated finance episodes, 1M steps, two seeds each: held-out
-#: return on the expert's requests +0.022 / +0.028 over the logged expert with gating off,
-#: −0.013 / −0.020 with gating on (the gates fit the training requests, not new ones).
+#: Equal weights because the gates fit the training requests, not new ones: on held-out
+#: requests the equal-weight encoder returns more (docs/training.md, ## The default encoder).
 TRAINING_ENCODER_DEFAULTS: dict[str, Any] = {"gating": "off"}
 
 
@@ -298,7 +255,7 @@ def group_entropy(mass: torch.Tensor, group: torch.Tensor, n_groups: int) -> tor
 
 
 class Curriculum:
-    """Level and unlock bookkeeping of the curriculum (the rules in the module docstring)."""
+    """Level and unlock bookkeeping of the curriculum (the rules: docs/training.md, ## Curriculum exploration)."""
 
     def __init__(self, cfg: PPOConfig, level: int = 0, streak: int = 0, updates_at_level: int = 0):
         self.cfg, self.level, self.streak, self.updates_at_level = cfg, level, streak, updates_at_level
@@ -411,9 +368,8 @@ def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, gener
     # at least ~8 steps per pass, so a small warm-start set is not fitted in a handful of steps
     mb = max(1, min(256, max(32, n // 8), n))
     epochs = max(int(cfg.bc_epochs), math.ceil(int(cfg.bc_min_steps) / math.ceil(n / mb)))
-    # The critic regresses the logged returns through the shared encoder: on the finance
-    # data that extra signal shapes the state faster than imitation alone (measured:
-    # 0.99 vs 0.69 training accuracy after 40 passes).
+    # The critic regresses the logged returns through the shared encoder: that extra signal
+    # shapes the state faster than imitation alone (docs/training.md, ## Behaviour cloning warm start).
     for _ in range(epochs):
         perm = torch.randperm(n, generator=generator).to(bc["action"].device)
         for start in range(0, n, mb):
@@ -559,8 +515,6 @@ def _review_requests(data: TrainingData, flags: torch.Tensor, actions: torch.Ten
                      probs: torch.Tensor, components: torch.Tensor, run_id: str | None, update: int,
                      limit: int, repeat: int) -> list["ReviewRequest"]:
     """Review items for the flagged (step, env) cells of a rollout (few: host-side is fine)."""
-    from core.guard.review import ReviewRequest
-
     tb = data.tables
     cells = flags.nonzero().cpu().tolist()[:max(limit, 0)]
     out = []
@@ -968,7 +922,7 @@ def final_metrics(history: Sequence[Mapping[str, Any]], warm: dict[str, Any]) ->
 def train(cfg: PPOConfig, data: TrainingData | None = None, *, env: BatchedEnv | None = None,
           recorder: Recorder | None = None, resume_from: Path | None = None,
           progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Train a masked PPO policy (see the module docstring for the algorithm).
+    """Train a masked PPO policy (the algorithm: docs/training.md).
 
     ``data``: the recorded episodes; the rollouts run in their batched simulator unless
     ``env`` (any :class:`core.rl.env.BatchedEnv`) is given.  Without ``data`` there is no

@@ -32,7 +32,7 @@ def mean_return(tables: SimTables, agent: Agent | None, episodes: torch.Tensor, 
     stats = episode_stats(tables, agent, episodes, n_envs=n_envs, device=device, seed=seed,
                           min_episodes=min_episodes, greedy=greedy, max_steps=max_steps,
                           support_episodes=support_episodes)
-    return stats["return_mean"]
+    return float(stats["return_mean"])
 
 
 def episode_stats(tables: SimTables, agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,

@@ -1,38 +1,13 @@
 """Training runs: records, metrics per update, checkpoints, resume, stop, background launch.
 
-A **run** is one training of a policy against one reward template on one dataset (or
-episodes file).  Its row in the ``runs`` table holds the id, the full configuration,
-the template (name, version, hash and the YAML itself, so a resume trains against
-exactly the same reward), the device, a git-style status —
+A run is one training of a policy against one reward template on one dataset or episodes file:
+a row of ``runs`` (configuration, template, device, status ``running`` / ``finished`` /
+``failed`` / ``stopped``), one row of ``run_metrics`` per update and complete checkpoints in
+``run_checkpoints``.  Entry points: :func:`train` (create or resume a run and train it),
+:func:`launch_run` (the same as a detached process), :func:`stop_run`, :func:`get_run`,
+:func:`list_runs`, :func:`run_metrics` and :func:`compare_runs`.
 
-* ``running``  — a trainer process works on it (``pid`` on ``host``),
-* ``finished`` — it reached its step budget,
-* ``failed``   — the trainer raised (``error`` says what),
-* ``stopped``  — someone asked it to stop (:func:`stop_run`); it stopped after an update —
-
-and, per update, one row of metrics in ``run_metrics`` (return, success, reward
-components, KL, β, clip fraction, value loss, entropy overall and per tool, per-layer
-gradient norms, off-support rate, mask violations, curriculum level, env-steps/s …).
-
-**Checkpoints** are folders under ``artifacts/runs/<id>/checkpoints/<update>/``
-written by :func:`core.rl.checkpoints.save_checkpoint` (safetensors + JSON, never pickle) and
-recorded in ``run_checkpoints`` once complete.  A run whose process died — even by
-``kill -9`` — still says ``running`` with a dead pid (:func:`get_run` reports
-``process_alive: false``); ``rwb train --resume RUN`` continues it from its last
-checkpoint (:func:`train` with ``resume=``).
-
-**Stop**: :func:`stop_run` sets a flag the trainer reads after every update; it then
-writes a checkpoint and ends with status ``stopped``.  **Background**: :func:`launch_run`
-creates the run and starts ``rwb train --resume RUN`` as a detached process
-(``start_new_session``), so a run launched from the browser survives page reloads
-and even a restart of the app.
-
-Example::
-
-    >>> run_id = train(ws, actor, template="finance_risk", dataset="finance",
-    ...                config=PPOConfig(total_steps=50_000))["run_id"]          # doctest: +SKIP
-    >>> run_metrics(ws, run_id)[-1]["return_mean"]                              # doctest: +SKIP
-    0.83
+Details: docs/training.md (## Runs, ## Checkpoints, resume, stop and background runs).
 """
 
 from __future__ import annotations
@@ -53,9 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.base.errors import ConflictError, InputError
+from core.base.errors import ConflictError, InputError, PermissionDenied
 from core.base.package_data import import_root
-from core.access.users import Actor, authorize
+from core.access.users import Actor, LOCAL_ADMIN, authorize, get_user, multi_user
+from core.data.importers import read_file
+from core.guard.masking import MaskRules
+from core.guard.review import enqueue_many
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.rl.ppo import PPOConfig
@@ -181,7 +159,7 @@ def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None
 
 def run_template(ws: "Workspace", run_id: str) -> "Template":
     """The exact reward template the run trains against (stored with the run)."""
-    from core.rewards.template import parse_template
+    from core.rewards.template import parse_template  # deferred: loads pandas and scipy
 
     row = _row_dict(_get_row(ws, run_id))
     return parse_template(row["template_yaml"], file=f"run {run_id} template")
@@ -190,8 +168,6 @@ def run_template(ws: "Workspace", run_id: str) -> "Template":
 def run_masks(ws: "Workspace", run_id: str) -> Any:
     """The mask rules the run trains under (stored with it; None when it has none).  The
     workspace's review rules join them when the simulator is built."""
-    from core.guard.masking import MaskRules
-
     text = _row_dict(_get_row(ws, run_id))["masks_yaml"]
     return None if text is None else MaskRules.from_yaml(text)
 
@@ -208,11 +184,10 @@ def new_run_id() -> str:
 
 def _default_masks(ws: "Workspace", dataset: str | None, episodes_file: str | Path | None) -> Path | None:
     """The committed mask rules of the data's domain (what a run trains under by default)."""
-    from core.rl.loading import domain_masks, masks_for_domain
+    from core.rl.loading import domain_masks, masks_for_domain  # deferred: loads torch and gymnasium
 
     if dataset is not None:
         return domain_masks(ws, dataset)
-    from core.data.importers import read_file
 
     parsed = read_file(episodes_file)  # type: ignore[arg-type]
     return masks_for_domain(parsed.episodes[0].domain if parsed.episodes else None)
@@ -222,15 +197,15 @@ def resolve_run_template(ws: "Workspace", template: "Template | str | Path") -> 
     """The template a run trains against and its version label: a workspace version
     (``finance_risk@3``, or a bare name = the latest version, ``@0`` = the shipped file), a
     YAML file, or a Template (its YAML ``version``)."""
-    from core.rewards.template import Template
-    from core.rewards.versions import get_template, parse_spec
+    from core.rewards.template import Template  # deferred: loads pandas and scipy
+    from core.rewards.versions import get_template, parse_spec  # deferred: loads pandas and scipy
 
     if isinstance(template, Template):
         return template, str(template.version)
     spec = str(template)
     path = Path(spec)
     if path.is_file() or spec.endswith((".yaml", ".yml")):
-        from core.rewards.template import load_template
+        from core.rewards.template import load_template  # deferred: loads pandas and scipy
 
         t = load_template(path)
         return t, f"file v{t.version}"
@@ -250,8 +225,6 @@ def create_run(ws: "Workspace", actor: Actor, *, template: "Template", config: "
     trains under the same rules.  ``refuse_twin``: raise :class:`ConflictError` naming the run
     when an identical run is in flight (checked in the same write transaction as the insert,
     so two launches racing each other cannot both pass)."""
-    from core.guard.masking import MaskRules
-
     authorize(ws, actor, "train")
     if (dataset is None) == (episodes_file is None):
         raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file "
@@ -484,7 +457,7 @@ def compare_runs(ws: "Workspace", run_ids: Sequence[str]) -> list[dict[str, Any]
     for r in runs:
         rows = run_metrics(ws, r["id"])
         last = rows[-1] if rows else {}
-        best = max((x.get("return_mean") for x in rows if x.get("return_mean") is not None), default=None)
+        best = max((x["return_mean"] for x in rows if x.get("return_mean") is not None), default=None)
         kls = [x["kl"] for x in rows if x.get("kl") is not None]
         out.append({
             "run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or r["episodes_file"],
@@ -524,9 +497,9 @@ def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: 
     """Rebuild what a run trained on (simulator tables, split, baselines — as its trainer
     built them) and load its latest checkpoint's policy (None without one, unless
     ``need_policy`` makes that an error)."""
-    from core.rl.checkpoints import load_agent
-    from core.rl.loading import load_training_data
-    from core.rl.ppo import PPOConfig
+    from core.rl.checkpoints import load_agent  # deferred: loads torch
+    from core.rl.loading import load_training_data  # deferred: loads torch and gymnasium
+    from core.rl.ppo import PPOConfig  # deferred: loads torch and gymnasium
 
     run = get_run(ws, run_id)
     cfg = PPOConfig.from_dict(run["config"])
@@ -597,8 +570,6 @@ class _Recorder:
 
         The trainer enqueues as a service principal ("trainer", holding only
         ``enqueue_review``): the run's launcher was authorised to train when it started."""
-        from core.guard.review import enqueue_many
-
         if not requests:
             return 0
         return len(set(enqueue_many(self.ws, Actor.service("trainer"), requests)))
@@ -613,8 +584,8 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
     Returns ``{"run_id", "status", "metrics" (the last update's), "evaluation"}``.  A stop
     request ends it with status ``stopped``; an exception marks it ``failed`` (and is
     re-raised).  Needs ``train``."""
-    from core.rl import ppo
-    from core.rl.loading import load_training_data
+    from core.rl import ppo  # deferred: loads torch and gymnasium
+    from core.rl.loading import load_training_data  # deferred: loads torch and gymnasium
 
     authorize(ws, actor, "train")
     if resume is not None:
@@ -638,7 +609,7 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
             if not Path(episodes_file).is_file() or \
                     hashlib.sha256(Path(episodes_file).read_bytes()).hexdigest() != info["sha256"]:
                 raise InputError(f"the episodes file of run {run_id} is missing or changed since the run "
-                                 "started; a resume must train on the same data", file=episodes_file)
+                                 "started; a resume must train on the same data", file=str(episodes_file))
     else:
         if template is None:
             raise InputError("give a reward template (--template NAME or FILE)", field="template")
@@ -687,7 +658,7 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
     ``config``: a PPOConfig or a mapping of its settings (what the Training page sends).
     The process has its own session, so it survives the page (or terminal) that launched
     it; its output goes to ``artifacts/runs/<id>/train.log``.  Needs ``train``."""
-    from core.rl import ppo
+    from core.rl import ppo  # deferred: loads torch and gymnasium
 
     authorize(ws, actor, "train")
     tmpl, label = resolve_run_template(ws, template)
@@ -734,12 +705,9 @@ def launched_actor(ws: "Workspace", run_id: str, token: str) -> Actor:
     holds its launch token (refused when the token does not match or was used)."""
     import hmac
 
-    from core.access.users import LOCAL_ADMIN, get_user, multi_user
 
     row = ws.conn.execute("SELECT launch_token_hash, created_by FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None or row[0] is None or not hmac.compare_digest(row[0], _token_hash(token)):
-        from core.base.errors import PermissionDenied
-
         raise PermissionDenied(f"the launch token does not open run {run_id}; resume it as a user "
                                "(rwb train --resume RUN --as NAME)")
     if not multi_user(ws):

@@ -1,56 +1,15 @@
 """The recorded-episode simulator (docs/design.md §7): training against logged data, not a live system.
 
-An environment stands on one *recorded step* of a dataset (its pointer) and sees the
-state the logging agent saw there: the request's intent, the tool context of that step,
-and — unlike the log — a trace of its *own* last three actions, rewards and Δt.
-When it acts:
+An environment stands on one recorded step of a dataset and, when it acts, follows the log,
+jumps to a recorded step where another action was taken in a similar state (counterfactual),
+or earns ``off_support_penalty`` when no such step exists; its rewards sum to the template's
+episode return.  Entry points: :func:`build_sim_tables` (everything precomputed once as
+:class:`SimTables`), :class:`BatchedSim` (B environments as tensors on one device, stepped
+without a Python loop), :class:`RecordedEpisodeEnv` (the same simulator as a Gymnasium
+environment), :func:`split_episodes` and :func:`logged_returns`.
 
-* **follow the log** — the action is the one logged at the pointer: the step's pyramid
-  reward is earned and the pointer moves to the next logged step;
-* **counterfactual** — another action: a recorded step where that action was taken in a
-  similar state (same task type, same k-means state cluster) is drawn uniformly — among
-  the steps reached the way the environment came (the same last ``history_match``
-  actions, then fewer) when there are any; its reward and components are earned and the
-  environment continues from that step's successor in its own episode;
-* **off-support** — no recorded step took that action in a similar state: the step
-  reward is ``off_support_penalty`` (no component credit) and the pointer advances along
-  the environment's own log.  The share of such steps is reported.
-
-An episode ends (``terminated``) on the final-answer action (unless it is the logged
-action and the log goes on), or when the recorded episode whose step was used has no
-further step (end of log: its outcome ``R_final`` is earned, since that is how the
-recorded episode ended); it is ``truncated`` at the step cap (S000: 12) — the request
-was never answered, so ``R_final`` is ``unanswered_outcome`` (default: the worst recorded
-outcome) — and when an off-support step runs past the end of the environment's own log.
-
-Penalties that depend on the episode's own history (``duplicate_calls``: a call repeated
-within the episode) are recomputed from the environment's own actions once it has left
-its own log — a counterfactual repeat is a repeat, whatever the drawn step's episode did,
-also when the environment then follows that episode's log — and kept as recorded while
-it follows its own log from the start (so a followed log earns its own return).
-
-Rewards (template ``a, b, γ``): the pyramid's per-step total ``r`` (gating applied) of the
-step whose result was used; the RL reward is ``a·r`` per step plus ``b·R_final/γ^t`` on the
-terminal step ``t`` (the template does not discount R_final), so that the γ-discounted sum
-of rewards — what PPO with ``gamma = γ`` maximises — *is* the template's episode return
-``a·Σ γ^i r_i + b·R_final``, which following the log reproduces exactly, per episode.
-
-Everything is precomputed once (:class:`SimTables`, :func:`build_sim_tables`) as tensors,
-and :class:`BatchedSim` keeps B environments as tensors on one device: a step is a
-handful of gathers and ``where``s, the masks one batched :meth:`CompiledMasks.evaluate_torch`,
-with no Python loop over environments or steps (the one host synchronisation per step
-is the check that the actions are catalog tokens).
-:class:`RecordedEpisodeEnv` is the same simulator as a Gymnasium environment (one env,
-flat float32 observation, ``action_masks()``) for Stable-Baselines3 / sb3-contrib.
-
-Example::
-
-    >>> masks = "datasets/finance/masks.yaml"
-    >>> tables = build_sim_tables(ws, "finance", "finance_risk", masks=masks)     # doctest: +SKIP
-    >>> sim = BatchedSim(tables, 4096, device="cuda")                              # doctest: +SKIP
-    >>> obs, mask = sim.reset()                                                     # doctest: +SKIP
-    >>> out = sim.step(random_masked_actions(mask, sim.generator))                  # doctest: +SKIP
-    >>> out.reward.shape, out.info["off_support"].float().mean()                    # doctest: +SKIP
+Details: docs/training.md (## The simulator's step, ## Episode ends, ## History-dependent
+penalties, ## Simulator rewards, ## Batched simulation).
 """
 
 from __future__ import annotations
@@ -64,12 +23,15 @@ import gymnasium
 import numpy as np
 import torch
 
-from core.records.catalog import Catalog, build_catalog
+from core.records.catalog import Catalog, build_catalog, catalog_for_dataset
 from core.records.episodes import Episode, ToolSchema
 from core.base.errors import InputError
 from core.guard.masking import CompiledMasks, MaskRules, state_features
 from core.rl.env import TensorSpec
-from core.state.features import PAD_TOKEN, TRACE_LEN, RawStateFeatures, extract_features
+from core.state.features import (PAD_TOKEN, RawStateFeatures, TRACE_LEN, extract_features, raw_features_for_dataset,
+                                 require_dataset)
+from core.base.embed import Embedder
+from core.guard.review import with_review_rules
 
 #: Keys of an observation batch (the input of :class:`core.state.features.StateEncoder`).
 OBS_KEYS: tuple[str, ...] = ("intent_emb", "intent_rules", "context", "trace_action", "trace_reward",
@@ -360,7 +322,7 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     terminal_token = np.zeros(A, dtype=bool)
     terminal_token[catalog.final_id] = True
     # Own-history penalties (duplicate_calls): column, weight × per, cap; the tool-call tokens.
-    from core.rewards.template import build_component
+    from core.rewards.template import build_component  # deferred: loads pandas and scipy
 
     history = [(c, spec.weight * float(spec.params_with_defaults()["per"]), int(spec.params_with_defaults()["cap"]))
                for c, spec in enumerate(template.step_components) if spec.component == "duplicate_calls"]
@@ -412,7 +374,7 @@ def _assemble(episodes: Sequence[Episode], catalog: Catalog, raw: RawStateFeatur
     for k in range(1, int(config.history_match) + 1):
         keys, steps = _history_tables(step_bucket, raw.trace_action, k, A)
         tensors[f"history_keys_{k}"], tensors[f"history_steps_{k}"] = t(keys, torch.int64), t(steps, torch.int64)
-    from core.rewards.outcomes import episode_groups
+    from core.rewards.outcomes import episode_groups  # deferred: loads pandas and scipy
 
     task_of = dict(zip((e.episode_id for e in episodes), episode_groups(episodes).tolist()))
     return SimTables(
@@ -439,8 +401,7 @@ def build_sim_tables_from(episodes: Sequence[Episode], tools: Sequence[ToolSchem
     actions keep their meaning; ``tools`` is then unused and a call the catalog cannot
     express is INVALID); default the catalog of ``tools`` with presets learned from
     ``episodes``."""
-    from core.base.embed import Embedder
-    from core.rewards import Pyramid, ScoringContext, as_template, build_frame
+    from core.rewards import Pyramid, ScoringContext, as_template, build_frame  # deferred: loads pandas and scipy
 
     episodes = list(episodes)
     if catalog is None:
@@ -465,10 +426,7 @@ def build_sim_tables(ws: Any, dataset: str, template: Any, *, masks: MaskRules |
     instead of the dataset's own.  The dataset's review rules name tokens of its own
     catalog, so they are not joined then: ``masks`` is used as given (a run's rules already
     hold the review rules of its own dataset)."""
-    from core.records.catalog import catalog_for_dataset
-    from core.guard.review import with_review_rules
-    from core.rewards import build_frame, score
-    from core.state.features import raw_features_for_dataset, require_dataset
+    from core.rewards import build_frame, score  # deferred: loads pandas and scipy
 
     require_dataset(ws, dataset)
     own_catalog = catalog is None

@@ -1,46 +1,12 @@
 """``rwb demo``: the whole loop of the workbench, headless, on a fresh workspace.
 
-One call walks the path a team takes with a new agent (docs/design.md §1), each step with
-the same ``core`` function the app and the CLI call, acting as the user whose role the
-step needs:
+:func:`run_demo` walks the path a team takes with a new agent (docs/design.md §1): users,
+episodes, reward, state map, training, review, tuning, bundle, registry and serving, each step
+with the same ``core`` function the app and the CLI call, acting as the user whose role the
+step needs.  The :class:`DemoReport` keeps what each step did and its key figures;
+``small=True`` shrinks every size for the test suite.
 
- 1. **users** — the workspace switches to multi-user mode: an admin, then an analyst
-    who imports, designs and trains, a reviewer and an approver;
- 2. **episodes** — two generated finance files, imported: a labelled reference set
-    (expert, noisy and reward-hacking behaviours) to design and check the reward on, and
-    the logs of the team's current agent — an imperfect one (the generator's ``noisy``
-    behaviour: detours, skipped checks, odd arguments) — that the policy trains on and
-    must beat;
- 3. **reward** — scored with the ``finance_risk`` pyramid, its expectations checked
-    (the hacks must rank below their honest twins);
- 4. **state map** — the encoded states on a t-SNE map (its points written as CSV), the
-    fidelity figures (silhouette by task type against shuffled labels, kNN agreement) and
-    the action entropy;
- 5. **training** — a short masked-PPO run on the agent's logs through the curriculum up
-    to L3, where high-risk actions go to the review queue;
- 6. **review** — the reviewer claims the queued items and decides them (the first is
-    approved as reasonable exploration, the next rejected, which becomes a mask rule);
- 7. **tuning** — a brief Optuna study of the pyramid's weights on the outcome
-    objective, applied as a new template version;
- 8. **bundle** — the run exported as a bundle and verified;
- 9. **registry** — registered, checked by the promotion gate (on held-out requests the
-    policy must earn more than the agent's own logs did), approved by the approver
-    (four-eyes: not the analyst who trained and exported it) and promoted into a policies
-    folder inside the workspace (never the source tree's ``core/policies`` unless asked);
-    the small test-suite sizes train too briefly to pass the gate: then the refusal is
-    reported and the verified bundle is served;
-10. **serving** — the promoted policy loaded the way production loads it, a few held-out
-    episodes replayed through ``decide()``, one audit record per decision.
-
-Every step logs what it did with its key figures and where to look in the app, and
-the :class:`DemoReport` keeps them (``rwb demo --json`` prints it).  ``small=True``
-shrinks every size for the test suite.
-
-Example::
-
-    >>> report = run_demo(Workspace.open("demo-workspace"))           # doctest: +SKIP
-    >>> report.step("registry").figures["active"]                     # doctest: +SKIP
-    '0.1.0'
+Details: docs/workspace.md (## The demo).
 """
 
 from __future__ import annotations
@@ -55,7 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.base.errors import InputError
+from core.base.errors import InputError, PermissionDenied
+from core.access import audit
+from core.access.users import LOCAL_ADMIN, add_user, authenticate, multi_user
+from core.data import datasets
+from core.data.importers import import_file
+from core.govern import registry
+from core.govern.bundle import export_bundle, verify_in_workspace
+from core.guard import review
+from core.rl import runs
+from core.rl.runs import open_run
+from core.serve.serving import ServingConfig, load
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.episodes import Episode
@@ -196,8 +172,6 @@ def requests_from_episode(episode: "Episode", *, episode_id: str | None = None) 
 
 # --------------------------------------------------------------------------- the demo
 def _check_fresh(ws: "Workspace") -> None:
-    from core.access.users import multi_user
-
     if multi_user(ws) or ws.datasets():
         raise InputError(f"the demo needs a fresh workspace, and {ws.root} already has "
                          f"{'users' if multi_user(ws) else 'datasets'}: give another folder "
@@ -212,7 +186,7 @@ def default_policies_dir(ws: "Workspace") -> Path:
 
 def run_demo(ws: "Workspace", *, small: bool = False, log: Callable[[str], None] = print,
              policies_dir: str | Path | None = None, seed: int = 0) -> DemoReport:
-    """Run the whole loop on the fresh workspace ``ws`` (see the module docstring) and
+    """Run the whole loop on the fresh workspace ``ws`` (docs/workspace.md, ## The demo) and
     return what it did.  ``policies_dir``: where the policy is promoted (default
     ``<workspace>/policies``).  Refuses a workspace that already has users or data."""
     _check_fresh(ws)
@@ -284,8 +258,6 @@ def _actor(ctx: Mapping[str, Any], name: str) -> "Actor":
 
 # --------------------------------------------------------------------------- 1. users
 def _step_users(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.access.users import LOCAL_ADMIN, add_user, authenticate
-
     admin_name = next(n for n, (r, _) in DEMO_USERS.items() if r == "admin")
     add_user(ws, LOCAL_ADMIN, admin_name, "admin", password=DEMO_USERS[admin_name][1])
     admin = authenticate(ws, admin_name, DEMO_USERS[admin_name][1])
@@ -301,9 +273,6 @@ def _step_users(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]
 
 # --------------------------------------------------------------------------- 2. episodes
 def _step_episodes(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.data import datasets
-    from core.data.importers import import_file
-
     sizes: DemoSizes = ctx["sizes"]
     folder = ws.artifact_dir("demo")
     out = folder / f"finance-{sizes.episodes}.jsonl"
@@ -326,7 +295,7 @@ def _step_episodes(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
 
 # --------------------------------------------------------------------------- 3. reward
 def _step_reward(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core import rewards
+    from core import rewards  # deferred: loads pandas and scipy
 
     result = rewards.score(ws, DEMO_TEMPLATE, dataset=ctx["dataset"])
     check = rewards.check(ws, DEMO_TEMPLATE, result=result)
@@ -343,7 +312,7 @@ def _step_reward(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
 
 # --------------------------------------------------------------------------- 4. state map
 def _step_state_map(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.state.statemap import states_map
+    from core.state.statemap import states_map  # deferred: loads torch and pandas
 
     sizes: DemoSizes = ctx["sizes"]
     # The map's points as data (x, y and the fields they are coloured by); the State Explorer
@@ -367,7 +336,7 @@ def demo_training_config(sizes: DemoSizes, seed: int = 0):
     every high-risk action taken at L3 goes to review (the seed: 3 in a row).  A short run
     almost never repeats one now that repeats are charged (``duplicate_calls``), so with 2
     or 3 the demo would often have nothing to review."""
-    from core.rl.ppo import PPOConfig
+    from core.rl.ppo import PPOConfig  # deferred: loads torch and gymnasium
 
     return PPOConfig(total_steps=sizes.train_steps, n_envs=64, rollout_len=16, update_epochs=sizes.update_epochs,
                      n_minibatches=2, hidden=sizes.hidden, n_critics=3, bc_epochs=30, eval_every=2,
@@ -377,8 +346,6 @@ def demo_training_config(sizes: DemoSizes, seed: int = 0):
 
 
 def _step_training(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.rl import runs
-
     cfg = demo_training_config(ctx["sizes"], ctx["seed"])
     total_updates = max(1, cfg.total_steps // (cfg.n_envs * cfg.rollout_len))
     last = {"t": 0.0}
@@ -406,8 +373,6 @@ def _step_training(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
 
 # --------------------------------------------------------------------------- 6. review
 def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.guard import review
-
     reviewer = _actor(ctx, "rae")
     pending = review.list_items(ws, status="open", origin="training")
     if not pending:
@@ -416,6 +381,7 @@ def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
     decided = []
     for i, item in enumerate(pending[:2]):
         claimed = review.claim(ws, reviewer, item["id"])
+        assert claimed is not None, "a claim naming its item returns the item or raises"
         if i == 0:
             done = review.decide(ws, reviewer, claimed["id"], "approve",
                                  "reasonable exploration: the state supports this trade")
@@ -437,7 +403,7 @@ def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
 
 # --------------------------------------------------------------------------- 7. tuning
 def _step_tuning(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core import tuning
+    from core import tuning  # deferred: loads optuna and sklearn
 
     sizes: DemoSizes = ctx["sizes"]
     analyst = _actor(ctx, "ana")
@@ -474,8 +440,6 @@ def _aucs(figures: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- 8. bundle
 def _step_bundle(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.govern.bundle import export_bundle, verify_in_workspace
-
     path = export_bundle(ws, _actor(ctx, "ana"), ctx["run_id"])
     verdict = verify_in_workspace(ws, path)   # signed with the workspace's key, which it trusts
     if not verdict.ok:
@@ -493,9 +457,6 @@ def _step_bundle(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
 
 # --------------------------------------------------------------------------- 9. registry
 def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.govern import registry
-    from core.base.errors import PermissionDenied
-
     analyst, approver = _actor(ctx, "ana"), _actor(ctx, "bob")
     version = registry.register(ws, analyst, ctx["bundle"], comment="rwb demo")
     name, ver = version["name"], version["version"]
@@ -526,14 +487,10 @@ def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
 
 # --------------------------------------------------------------------------- 10. serving
 def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
-    from core.access import audit
-    from core.serve.serving import ServingConfig, load
-
     sizes: DemoSizes = ctx["sizes"]
     before = audit.stats(ws).records
     # Held-out traffic: the run's held-out episodes (it never trained on them) are the
     # closest thing to production requests the demo has.
-    from core.rl.runs import open_run
 
     data = open_run(ws, ctx["run_id"], need_policy=False).data
     ids = [data.tables.episode_ids[i] for i in data.heldout_episodes.cpu().tolist()[:sizes.serve_episodes]]

@@ -1,25 +1,13 @@
 """The served policy's forward pass in numpy, split where serving can share work.
 
-RL-Boost runs the actor-critic (:class:`core.rl.agent.Agent`) on one request's state and then
-values the state after each candidate action with the critic.  Those rows share most of
-their inputs: the request's intent (the same for every step of an episode), and the
-next tool context (the same for every candidate).  :class:`NumpyPolicy` computes each
-shared branch once — the intent branch once per episode, the next context once per
-request — and runs only the trace branch and the critic per candidate, in numpy on
-arrays copied out of the module once.  On the one to a few rows serving sees, this
-touches a fraction of the weights of two full passes and none of torch's dispatch.
+:class:`NumpyPolicy` computes the branches RL-Boost's rows share once (the intent branch once
+per episode, the next context once per request) and runs only the trace branch and the critic
+per candidate, with the trace and context branches' first layers folded (:class:`_TraceBranch`,
+``_Branch.sparse``).  :func:`numpy_policy` builds it only for the architecture it knows and
+returns it only when it reproduces the module on the bundle's smoke states; otherwise serving
+runs the module itself.
 
-The branches' first layers are folded where their input allows it, since after an idle
-gap a request pays for every weight byte it reads from memory (and a row for each): the
-trace branch's input is three action embeddings and two numbers per step, so its first
-layer is a table of each (step position, token)'s product with its weights, read one
-row per step (:class:`_TraceBranch`); the context row is hashed features, mostly zeros,
-so only the weight rows of its non-zero columns are read (``_Branch.sparse``).  Both
-sum the same products as the dense layer, in another order (float32 rounding apart).
-
-It is built only for the architecture it knows and only used when it reproduces the
-module on the bundle's smoke states (:func:`numpy_policy`); otherwise serving runs the
-module itself.
+Details: docs/serving.md (## The numpy policy).
 """
 
 from __future__ import annotations
@@ -32,6 +20,7 @@ import numpy as np
 from scipy.special import erf
 
 from core.state.features import O_FLAGS, PAD_TOKEN, TRACE_LEN, URGENCY_HIGH_INDEX, URGENCY_INDEX, Z_CLIP
+from core.rl.agent import Agent
 
 #: Agreement with the torch module required on the smoke states (float32 sums in another order).
 TOLERANCE = 1e-4
@@ -104,7 +93,7 @@ def _linear(layer: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class NumpyPolicy:
-    """:class:`core.rl.agent.Agent`'s forward in numpy (see the module docstring).
+    """:class:`core.rl.agent.Agent`'s forward in numpy (docs/serving.md, ## The numpy policy).
 
     ``intent(emb, rules)`` is the intent branch (``[B, dim]``, reusable for an episode);
     ``state(...)`` the fused state; ``forward(...)`` the actor logits and critic values of
@@ -198,7 +187,6 @@ def numpy_policy(agent: Any, smoke: Mapping[str, Any]) -> NumpyPolicy | None:
     :data:`TOLERANCE`; None otherwise."""
     import torch
 
-    from core.rl.agent import Agent
 
     if type(agent) is not Agent:
         return None

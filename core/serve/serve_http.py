@@ -1,27 +1,15 @@
 """The HTTP decision service: the decision engine (:mod:`core.serve.serving`) behind FastAPI, for
 callers that are not Python (``rwb serve http``; the ``[http]`` extra).
 
-One engine per process serves every request; the endpoints only translate::
-
-    POST /v1/decide         a DecisionRequest (the JSON of ``rwb serve decide``) -> a Decision
-    POST /v1/decide/batch   {"requests": [...]} (one per episode)                  -> {"decisions": [...]}
-    GET  /healthz           the process answers
-    GET  /readyz            policy loaded, sentence model warm, audit trail writable (503 if not)
-    GET  /metrics           the engine's Prometheus metrics and the service's own (``rwb_`` names)
-    GET  /openapi.json      FastAPI's schema of all of the above
-
-A decision is ``DecisionEngine.decide_batch`` itself, so its audit record is written
-exactly as in-process and a decision that cannot be audited is not served (503).  An
-invalid request is refused with 422 naming the field; the engine never sees it.  A
-promotion or rollback in the registry rewrites the policies index; the engine checks the
-index's ``os.stat`` at every episode start and loads the newly active version then, so new
-episodes start on it without a restart, while a request under way (and each running
-episode) finishes on the policy object it started with.  ``RWB_SERVE_TOKEN`` set: the
-decide endpoints need ``Authorization: Bearer <token>`` (compared in constant time).
-
+One engine per process serves every request; the endpoints (``/v1/decide``,
+``/v1/decide/batch``, ``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``) only translate,
+and a decision is ``DecisionEngine.decide_batch`` itself, audited exactly as in-process.
 :func:`create_app` builds the app; with no arguments it reads its settings from the
 environment (:class:`ServiceSettings`), which is how ``uvicorn --factory`` starts each of
-several workers.  docs/http_service.md is the operator's guide.
+several workers.
+
+Details: docs/http_service.md (## Endpoints, ## Readiness, ## Token, ## Promotion, rollback:
+the hot switch, ## Configuration, ## Workers).
 """
 
 from __future__ import annotations
@@ -49,7 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.access.audit import AuditUnavailable
 from core.base.errors import InputError, RwbError
-from core.serve.serving import DecisionEngine, DecisionRequest, LastResult, ServingConfig
+from core.serve.serving import (DecisionEngine, DecisionRequest, LastResult, ServingConfig, _is_bundle_path, load,
+                                load_promoted)
+from core.access.keys import trust_store
+from core.govern.bundle import load_bundle
 
 #: Environment variables that carry the settings to every worker process.
 ENV_POLICY = "RWB_SERVE_POLICY"
@@ -136,8 +127,7 @@ class ServiceSettings:
 
 def open_engine(settings: ServiceSettings, *, embedder: Any = None) -> DecisionEngine:
     """The engine ``settings`` describe (its policy verified and loaded)."""
-    from core.serve.serving import load
-    from core.records.store import Workspace
+    from core.records.store import Workspace  # deferred: loads pandas
 
     ws = Workspace.open(settings.workspace)
     options: dict[str, Any] = {"config": settings.config}
@@ -376,9 +366,10 @@ def _field_of(loc: Sequence[Any], body: Any, missing: bool) -> tuple[str | None,
 
 def _invalid(exc: RequestValidationError) -> tuple[ErrorOut, str | None]:
     """The 422 body of a request FastAPI refused (the first error leads, as parse_request's)."""
-    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
+    errors: list[dict[str, Any]] = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()]
+    first: dict[str, Any] = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
     name, record = _field_of(first["loc"], getattr(exc, "body", None), first["type"] == "missing")
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "json_invalid":
@@ -548,15 +539,11 @@ def check_policy(settings: ServiceSettings) -> str:
     """Verify that ``settings.policy`` can be served (signature, registry digest) and return
     its ``name@version``, without starting an engine: what ``rwb serve http --workers N``
     checks once before the workers start."""
-    from core.access.keys import trust_store
-    from core.serve.serving import _is_bundle_path, load_promoted
-    from core.records.store import Workspace
+    from core.records.store import Workspace  # deferred: loads pandas
 
     ws = Workspace.open(settings.workspace)
     try:
         if _is_bundle_path(settings.policy):
-            from core.govern.bundle import load_bundle
-
             if not Path(settings.policy).exists():
                 raise InputError(f"no bundle at {settings.policy}", file=settings.policy)
             return load_bundle(settings.policy, trust=trust_store(ws)).policy_version

@@ -1,136 +1,16 @@
 """The decision engine (docs/design.md §9, S000 §2.2): rules + decision tree first, the RL policy
 when they are unsure, arbitration between them, and one audit record per decision.
 
-Production code is three lines::
+Entry points: :func:`load` (a promoted policy by name, or a bundle zip or folder) returns a
+:class:`DecisionEngine`, whose :meth:`DecisionEngine.decide` / :meth:`DecisionEngine.decide_batch`
+take a :class:`DecisionRequest` and return a :class:`Decision`;
+:meth:`DecisionEngine.report_outcome` reports a served action's result and
+:meth:`DecisionEngine.metrics_text` the Prometheus metrics; :func:`alert_rules` reads
+``core/serve/serving_alerts.yaml``.  The engine owns per-episode state, masks, the RDE
+baseline, RL-Boost, arbitration, review pushes and the audit record of each decision.
 
-    >>> from core.serve.serving import load                                 # doctest: +SKIP
-    >>> engine = load("finance_risk", ws=Workspace.open("/srv/rwb"))   # doctest: +SKIP
-    >>> engine.decide({"episode_id": "s-1", "query": "Urgently cut my BYD position",
-    ...                "task_type": "urgent_reduce", "state": {"hour": 10, "volatility": 0.3}})
-    Decision(final_action=..., source='rde', ...)                      # doctest: +SKIP
-
-``load(name)`` serves the promoted policy ``name`` from the policies folder
-(``core/policies``, or ``$RWB_POLICIES_DIR``); ``load(path)`` serves a bundle zip or a
-promoted bundle folder directly.
-
-The request (validated once, at the edge: :class:`DecisionRequest`)
---------------------------------------------------------------------
-One JSON object per decision::
-
-    {"episode_id": "sess-42",                  # the served conversation (required)
-     "query": "Urgently reduce my 600519 position by 20%",   # the user's request (required)
-     "task_type": "urgent_reduce",             # optional; the RDE tree and the masks read it
-     "state": {"hour": 10.5, "volatility": 0.31, "trades_today": 1},  # flat scalar features
-     "last_result": {                          # the result of the action served last time
-         "tool": "get_realtime_quote",         #   default: the tool of that action
-         "result": {"price": 1712.3, ...},     #   the tool's JSON (or a JSON string)
-         "error": null,                        #   error text when the call failed
-         "latency_ms": 85.0},                  #   optional
-                                               #   (neither result nor error: no result, as
-                                               #   for a logged step)
-     "messages": [...],                        # optional chat messages (kept for export)
-     "domain": "finance"}                      # optional
-
-Unknown keys, a non-scalar state value, NaN or infinity are refused with an
-:class:`~core.base.errors.InputError` naming the field.  ``state`` follows the
-``Step.observation["state"]`` convention of recorded episodes: the same names the
-masks, the tree and the encoder were trained on.
-
-What a decision does
---------------------
-1. **Episode state** (per ``episode_id``, in memory, dropped after ``episode_ttl_s`` —
-   default 15 min — without a request): the policy version the episode runs on, its
-   step index, how often each action was served (for business limits), the latest
-   tool result (and its context row, once built), the trace of its last three served
-   actions with their rewards and times (the encoder's trace branch), and its query's
-   sentence embedding once computed.  A new episode is pinned to the policy version
-   active when it starts: when the engine serves a promoted policy, the policies
-   index (``index.json``) is checked at every episode start (its ``os.stat`` is
-   cached) and a newly promoted version is loaded then — no restart; episodes already
-   running keep their version until they end or expire.
-2. **Masks**: the bundle's rules plus the rules born from rejected reviews in the
-   workspace (:func:`core.guard.review.with_review_rules`), re-read whenever a review is
-   decided, so a rejected action is never served again in that state pattern.
-3. **RDE baseline**: the bundle's decision tree (:mod:`core.rl.rde`) over the state, task
-   type, step index and previous action, restricted to the allowed actions: an action
-   and a confidence (its leaf probability).
-4. **RL-Boost** runs when the tree's confidence is below ``confidence_threshold``
-   (0.7), when the tree has no allowed action, or when the request is **out of
-   distribution**: a given task type the training data never had, or a numeric state
-   feature more than ``ood_z`` robust standard deviations (median/IQR of the training
-   data, kept in the bundle's feature statistics) from its training centre.  The
-   default ``ood_z`` is the encoder's own clipping point (``core.state.features.Z_CLIP`` = 5):
-   beyond it the encoder cannot tell values apart any more.  The policy proposes its
-   ``top_k`` (3) most probable allowed actions with their probabilities and a
-   **reward estimate**: the critic ensemble's mean value of the state the episode is in
-   after taking the action (the trace advanced by it, its reward not known yet: 0, Δt
-   0; the context keeps the latest result, one step older) — an estimate of the
-   discounted template return from taking it.  The baseline's action is valued the
-   same way.
-5. **Arbitration**: the policy's top candidate is adopted when its reward estimate
-   beats the baseline action's by more than ``adopt_margin`` (0.1) and the mask allows
-   it (when the tree had no allowed action, the candidate is adopted as the only
-   proposal).  Candidate generation runs on a worker thread under ``time_budget_ms``
-   (300 ms) — on the calling thread once the policy's recent runs all took under a tenth
-   of the budget and nothing has to be waited for (``INLINE_WINDOW``, ``INLINE_SHARE``);
-   over budget, the baseline decides alone — as it does, at once, when the
-   query's sentence embedding is not ready yet (``intent_pending``, see Latency below;
-   ``wait_for_intent`` waits instead).  ``force_rde_override`` never
-   serves the policy's pick (candidates are still computed and audited: a shadow mode
-   for grey releases); when arbitration would have adopted it that counts as an
-   *override*.  Without a proposal to serve (the tree has no allowed action and the
-   policy none, none in time, or none it may serve) the engine escalates to a human
-   (``E0``), else gives the final answer (``F0``), else the first allowed action
-   (:func:`arbitrate`).
-6. **Review**: a served action whose risk is in ``review_risks`` (high) and whose
-   confidence (the tree's, or the policy's probability when adopted) is below
-   ``review_confidence`` goes to the review queue (origin ``serving``).  It is still
-   served; a reviewer's rejection becomes a mask rule for the next decisions.
-7. **Audit**: one record per decision through :class:`core.access.audit.AuditWriter`, exactly
-   ``{timestamp, input_hash, rde_action, rl_candidates:[{id, prob, reward_est}],
-   final_action, reward_components:[{name, value}]}`` plus ``policy_version``,
-   ``episode_id`` and ``decision_id``; the request and the decoded action are kept
-   beside it so ``rwb audit export --as-episodes`` turns traffic back into episodes.
-   A decision whose record the trail refuses is not served (the error is raised and
-   the episode state is left as it was).  Action ids in records are catalog token ids.
-   ``reward_components`` hold the policy's valuation of the served action —
-   ``state_value`` (the critic's value of the current state) and ``action_advantage``
-   (the served action's reward estimate minus it; the two sum to the estimate) —
-   when RL-Boost valued it, and are empty when the baseline decided alone: the
-   template's own step components need the action's result and are computed when the
-   exported episodes are relabelled.
-8. **Metrics** (``prometheus-client``, one registry per engine,
-   :meth:`DecisionEngine.metrics_text`): decisions, RL-Boost activations (by reason),
-   adoptions, time-outs, overrides, out-of-distribution requests, review-queue pushes,
-   action outcomes and failures (reported through :meth:`DecisionEngine.report_outcome`),
-   active episodes, policy reloads, and a decision-latency histogram.  Example alert
-   rules ship as ``core/serving_alerts.yaml`` (:func:`alert_rules`).
-
-Trace rewards: the encoder was trained with the template's per-step reward of each
-trace step.  At serving time a step's reward is known only when the caller reports it
-(``report_outcome(decision_id, ok, reward=r)``); until then the trace carries 0, the
-value the encoder also sees for steps that do not exist.
-
-Latency: the baseline path is one row of masks (rows remembered by the values the rules
-read, :meth:`PolicyRuntime.mask`) and tree plus an in-memory audit append; the policy
-runs only on RL-Boost, in numpy (:mod:`core.serve.fast_policy`: the intent branch computed with
-the query's embedding, off the request's path, the next context once per request, the
-branches' first layers folded, checked against the module at load; else
-a TorchScript trace, :func:`_compile_policy`), on a context row whose tool-result part is
-built once per result.  The policy's inputs (intent, context and trace) are built by the
-one-step functions of :mod:`core.state.features` with which ``extract_features`` builds
-every logged step's for training and evaluation: one featurization for all three.  The
-sentence embedding is never on a request's path: a query is embedded in the background
-after the first request that has it (``prefetch_intent``) or whose RL-Boost needed it —
-by the model in a child process (``model_process``), so that it does not hold this
-interpreter's lock; until it is ready an RL-Boost on it is
-deferred and the baseline decides alone (``intent_pending``; with ``wait_for_intent``
-the request waits for it instead, as one whose tree has no allowed action always
-does); the episode keeps it, and the engine keeps the last ``INTENT_CACHE_SIZE``
-queries' (the default embedder also answers from the workspace's disk cache by text hash,
-read-only: a long-running engine neither writes per query nor grows with the traffic).
-``torch_threads=1``, ``switch_interval_ms=0.5`` and ``freeze_gc`` suit a serving process.  ``decide_batch``
-runs the same steps for many episodes at once.  ``benchmarks/bench_decide.py`` measures it.
+Details: docs/serving.md (## The request, ## Episode state, ## RL-Boost, ## Arbitration,
+## The audit record of a decision, ## Metrics and alert rules, ## Latency).
 """
 
 from __future__ import annotations
@@ -158,6 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.guard import review
 from core.base.errors import InputError, RwbError
 from core.access.users import Actor
+from core.access.audit import AuditWriter, security_event, token_action
+from core.access.keys import trust_store
+from core.govern.bundle import BundleError, load_bundle
+from core.govern.policy_folder import INDEX, active_version, load_bundle_for
+from core.govern.policy_folder import policies_root as policies_folder  # the engine's parameter is policies_root
+from core.govern.registry_records import policy_names, promoted_digest
+import core.base.embed
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.access.audit import AuditWriter
@@ -218,7 +105,7 @@ class ServingConfig:
     #: An RL-Boost whose query has no sentence embedding yet (a new query, its embedding
     #: not done): False — the baseline decides alone at once (``intent_pending``) while the
     #: query is embedded in the background for the episode's next requests, which keeps
-    #: the sentence model (≈ 5–20 ms on a CPU) off every request's path; True — the
+    #: the sentence model's forward pass off every request's path; True — the
     #: request waits for the embedding within ``time_budget_ms``.  A request whose tree has
     #: no allowed action always waits: the policy is then its only proposal.
     wait_for_intent: bool = False
@@ -287,7 +174,7 @@ class LastResult(_Strict):
 
 
 class DecisionRequest(_Strict):
-    """One decision to make (see the module docstring for the schema)."""
+    """One decision to make (the schema: docs/serving.md, ## The request)."""
 
     episode_id: str = Field(min_length=1, max_length=512)
     query: str = Field(min_length=1, max_length=20_000)
@@ -511,7 +398,7 @@ def _numpy_policy(bundle: "LoadedBundle") -> Any:
     """The bundle's policy as a :class:`core.serve.fast_policy.NumpyPolicy`, or None when it is
     not the architecture it knows or does not reproduce the module (then the module
     serves).  Shared by the engines over the same loaded bundle."""
-    from core.serve.fast_policy import numpy_policy
+    from core.serve.fast_policy import numpy_policy  # deferred: loads torch and scipy
 
     agent = bundle.policy
     try:
@@ -576,6 +463,7 @@ class PolicyRuntime:
         self._actions: dict[int, "Action"] = {}
         #: The numpy forward (core.serve.fast_policy) when it reproduces the module; else the module.
         self.fast = _numpy_policy(bundle)
+        self.forward: Callable[[Mapping[str, Any]], tuple[Any, Any]] | None
         self.forward, self.compiled = _compile_policy(bundle) if self.fast is None else (None, False)
 
     # ------------------------------------------------------------------ masks
@@ -656,7 +544,6 @@ class PolicyRuntime:
         act = self._actions.get(token)
         if act is None:
             # core.access.audit's own decoder: exported episodes read the same as `--catalog` decoding
-            from core.access.audit import token_action
 
             act = self._actions[token] = token_action(self.catalog, token)
         return act
@@ -735,7 +622,7 @@ class _Row:
         """The encoder's context input (only the policy needs it: computed on RL-Boost;
         the result's part once per result), by the functions extract_features builds a
         logged step's with."""
-        from core.state.features import result_context, step_context
+        from core.state.features import result_context, step_context  # deferred: loads torch
 
         if self.result is not None and self.result_row is None:
             self.result_row = result_context(*self.result, stats)
@@ -746,7 +633,7 @@ class _Row:
         lock the episode's trace lists are only replaced, never changed in place (only
         report_outcome does that, under the same lock), so this reads them as they were
         when the request came."""
-        from core.state.features import trace_arrays
+        from core.state.features import trace_arrays  # deferred: loads torch
 
         ep = self.episode
         return trace_arrays(ep.trace_tokens, ep.trace_times, ep.trace_rewards, self.now)
@@ -804,7 +691,7 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
     if rde >= 0:
         if not boosted:
             why = f"baseline {names[rde]} with confidence {rde_conf:.2f}"
-        elif overridden:
+        elif overridden and pick is not None:  # overridden: the pick beat the baseline
             why = f"force_rde_override kept the baseline {names[rde]} (the policy's {pick.name} would have won)"
         elif timed_out:
             why = (f"candidate generation exceeded its {config.time_budget_ms:g} ms budget: the baseline "
@@ -832,10 +719,8 @@ def arbitrate(rt: PolicyRuntime, rde: int, rde_conf: float, rde_est: float | Non
 # =========================================================================== the engine
 def _index_stat(root: str | Path | None) -> tuple[int, int, int] | None:
     """Identity of the policies index file (changes when a promotion replaces it)."""
-    from core.govern.policy_folder import INDEX, policies_root
-
     try:
-        st = os.stat(policies_root(root) / INDEX)
+        st = os.stat(policies_folder(root) / INDEX)
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -852,8 +737,6 @@ class DecisionEngine:
                  policies_root: str | Path | None = None, embedder: Any = None,
                  clock: Callable[[], float] = time.monotonic, audit_writer: "AuditWriter | None" = None,
                  metrics: ServingMetrics | None = None):
-        from core.access.audit import AuditWriter
-
         self.ws = ws
         self.config = config or ServingConfig()
         if self.config.torch_threads is not None:
@@ -877,8 +760,6 @@ class DecisionEngine:
         #: The engine made its embedder (then close() closes it).
         self._own_embedder = embedder is None
         if embedder is None:
-            import core.base.embed
-
             # the workspace's cache read-only: the engine keeps its own bounded cache of intents
             base = core.base.embed.workspace_embedder(ws)
             embedder = base.reader(process=self.config.model_process) if hasattr(base, "reader") else base
@@ -923,9 +804,6 @@ class DecisionEngine:
     def from_bundle(cls, ws: "Workspace", path: str | Path, **options: Any) -> "DecisionEngine":
         """An engine serving the bundle at ``path`` (zip or promoted folder; verified, its
         signature by a key ``ws`` trusts)."""
-        from core.govern.bundle import load_bundle
-        from core.access.keys import trust_store
-
         return cls(ws, load_bundle(path, trust=trust_store(ws)), **options)
 
     @classmethod
@@ -958,7 +836,6 @@ class DecisionEngine:
         if stat == self._index_stat:
             return
         self._index_stat = stat
-        from core.govern.policy_folder import active_version
 
         try:
             version = active_version(self._policy_name, self._policies_root)
@@ -1005,7 +882,7 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ deciding
     def decide(self, request: Mapping[str, Any] | DecisionRequest) -> Decision:
-        """Decide one request (see the module docstring).  Raises :class:`InputError` for
+        """Decide one request (docs/serving.md).  Raises :class:`InputError` for
         an invalid request and :class:`core.access.audit.AuditUnavailable` when the decision
         cannot be audited (then nothing was served)."""
         return self.decide_batch([request])[0]
@@ -1070,11 +947,12 @@ class DecisionEngine:
                 result, result_step, new_result = (tool, lr.result, lr.error), ep.step_t - 1, True
         state = dict(req.state)
         notes = rt.out_of_distribution(state, req.task_type, self.config.ood_z)
-        same = ep.intent is not None and ep.intent[0] == req.query
+        intent = ep.intent if ep.intent is not None and ep.intent[0] == req.query else None
         return _Row(index=index, request=req, episode=ep, new_episode=new, state=state, result=result,
                     step_t=ep.step_t, since=ep.step_t - result_step if result else 0, ood_notes=notes,
                     now=now, new_result=new_result, result_row=None if new_result else ep.result_row,
-                    intent=ep.intent[1:] if same else None, intent_state=ep.intent_state if same else None)
+                    intent=None if intent is None else intent[1:],
+                    intent_state=None if intent is None else ep.intent_state)
 
     def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
                       ) -> list[dict[str, Any]]:
@@ -1201,7 +1079,7 @@ class DecisionEngine:
 
     def _commit(self, r: _Row, token: int, now: float) -> None:
         """Record a served (and audited) action in its episode."""
-        from core.state.features import TRACE_LEN
+        from core.state.features import TRACE_LEN  # deferred: loads torch
 
         ep = r.episode
         if r.new_result:
@@ -1293,7 +1171,7 @@ class DecisionEngine:
     def _embed(self, queries: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Sentence embedding and rule vector of each query (:func:`core.state.features.intent_features`,
         as extract_features computes a logged request's), kept in the cache and returned."""
-        from core.state.features import intent_features
+        from core.state.features import intent_features  # deferred: loads torch
 
         emb, rules = intent_features(queries, self.embedder)
         out = {q: (e, r) for q, e, r in zip(queries, emb, rules)}
@@ -1352,17 +1230,19 @@ class DecisionEngine:
     def _intents_of(self, rows: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
         """``(intent_emb [B, 384], intent_rules [B, D])`` of the rows; a row whose episode
         has no intent for its query yet gets one (kept by the episode at commit)."""
-        missing = [r for r in rows if r.intent is None]
-        if missing:
-            found = self._intent([r.request.query for r in missing])
-            for r in missing:
+        missing = [r.request.query for r in rows if r.intent is None]
+        found = self._intent(missing) if missing else {}
+        intents = []
+        for r in rows:
+            if r.intent is None:
                 r.intent = found[r.request.query]
-        return np.stack([r.intent[0] for r in rows]), np.stack([r.intent[1] for r in rows])
+            intents.append(r.intent)
+        return np.stack([i[0] for i in intents]), np.stack([i[1] for i in intents])
 
     def _propose(self, rt: PolicyRuntime, rows: list[_Row], mask: np.ndarray, rde_tok: np.ndarray) -> _Boost:
         """The policy's top-k allowed actions and the critic's reward estimates: of each
         candidate (and of the baseline's action), the critic's value of the state after it."""
-        from core.state.features import set_progress, trace_after
+        from core.state.features import set_progress, trace_after  # deferred: loads torch
 
         k = min(self.config.top_k, rt.n_actions)
         B = len(rows)
@@ -1395,7 +1275,11 @@ class DecisionEngine:
                     self._keep_branches(rt.version, [rows[b].request.query for b in missing], branches)
                 for b, e in zip(missing, branches):
                     rows[b].intent_state = e
-            e_int = np.stack([r.intent_state for r in rows])
+            intent_states = []
+            for r in rows:
+                assert r.intent_state is not None, "every missing intent state was filled just above"
+                intent_states.append(r.intent_state)
+            e_int = np.stack(intent_states)
             e_ctx = fast.context(np.concatenate([context, nxt_ctx]))          # both contexts in one pass
             current = fast.state(e_int, rules, context, e_ctx[:B], t_act, t_rew, t_dt)
             top, p = _top_k(fast.logits(current), mask, k)
@@ -1407,9 +1291,12 @@ class DecisionEngine:
         else:  # the module (TorchScript when it traces)
             import torch
 
+            forward = rt.forward
+            assert forward is not None, "a runtime without the numpy forward holds the module's"
+
             def run(*inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 with torch.inference_mode():
-                    lg, val = rt.forward(dict(zip(_OBS_KEYS, map(torch.from_numpy, inputs))))
+                    lg, val = forward(dict(zip(_OBS_KEYS, map(torch.from_numpy, inputs))))
                     return lg.numpy(), val.numpy()
 
             logits, values = run(emb, rules, context, t_act, t_rew, t_dt)
@@ -1503,14 +1390,8 @@ def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None,
     whose registry never saw ``name`` (a production workspace serving the installed
     package) relies on the signature.  A refusal is written to the security log
     (:func:`core.access.audit.security_event`, ``promoted_copy_refused``) and raised."""
-    from core.access.audit import security_event
-    from core.govern.bundle import BundleError
-    from core.access.keys import trust_store
-    from core.govern.policy_folder import active_version, load_bundle_for, policies_root
-    from core.govern.registry_records import policy_names, promoted_digest
-
     version = version or active_version(name, root)
-    folder = policies_root(root) / name / version
+    folder = policies_folder(root) / name / version
     try:
         bundle = load_bundle_for(name, root=root, version=version, trust=trust_store(ws))
         if name in policy_names(ws):
@@ -1544,7 +1425,7 @@ def load(policy: str | Path, *, ws: "Workspace | None" = None, root: str | Path 
     ``options`` go to :class:`DecisionEngine` (``config=ServingConfig(...)``, ``actor``,
     ``embedder``, ``clock``)."""
     if ws is None:
-        from core.records.store import Workspace
+        from core.records.store import Workspace  # deferred: loads pandas
 
         ws = Workspace.open()
     if _is_bundle_path(policy):

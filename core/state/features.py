@@ -1,44 +1,15 @@
 """Structured state encoding (docs/design.md §6, S000 §3.2).
 
-Instead of concatenating every token the agent saw, the state at step ``t`` (what
-the agent knew *before* choosing its action at ``t``) is built from three parts:
+The state at step ``t`` is built from three parts, intent, tool context and trace, never the
+raw token stream.  :func:`extract_features` turns episodes into fixed-size
+:class:`RawStateFeatures` (cached per dataset by :func:`raw_features_for_dataset`), step by step
+with the one-step functions :func:`result_context`, :func:`step_context`, :func:`trace_arrays`
+and :func:`intent_features` that serving calls too; :class:`StateEncoder` is the learned,
+gated fusion of the three branches, trained with the policy and saved by :func:`save_encoder`;
+:func:`encode_states` encodes raw features.  Trace rewards are gathered at batch time.
 
-* **intent** — the sentence embedding of the user's request (offline MiniLM,
-  cached on disk) plus rule-extracted verb / urgency / target (S000's example:
-  "紧急减持" → verb reduce, urgency high, target stock);
-* **tool context** — schema-aware key fields of the latest tool result before
-  ``t`` (numbers normalised robustly per field, categorical values hashed into
-  buckets) and the step's scalar ``observation["state"]`` features; never the raw
-  JSON text;
-* **trace** — the last three steps' (action token, reward, Δt).
-
-Two layers keep this fast and trainable:
-
-1. :func:`extract_features` turns episodes into :class:`RawStateFeatures`: fixed-size
-   numeric arrays, computed once per dataset and cached as a workspace artifact
-   (safetensors + JSON, no pickle) by :func:`raw_features_for_dataset`.  It builds
-   each step with the one-step functions (:func:`result_context`, :func:`step_context`,
-   :func:`trace_arrays`, :func:`intent_features`) that the decision engine
-   (:mod:`core.serve.serving`) calls for a served request: the trainer, the evaluator
-   and serving share one featurization.
-2. :class:`StateEncoder` is the learned part, a ``torch.nn.Module`` that the PPO
-   trainer trains together with the policy and saves in bundles (safetensors via
-   :func:`save_encoder`).  It fuses the three branch embeddings with gates:
-   ``state = g_i·e_intent + g_c·e_context + g_t·e_trace``.  The gates start from a
-   prior in which high urgency lifts ``g_intent`` to ≈ 0.7; ``gating="off"`` uses
-   equal weights (the seed's ablation), ``intent="off"`` drops the intent branch.
-
-Per-step rewards for the trace are not part of the cached features: the trace keeps
-the flat index of each of its steps (``trace_step``) and the reward is gathered at
-batch time from a reward vector the caller passes (the pyramid's per-step totals,
-or the simulator's).  Without one, trace rewards are zero.
-
-Example::
-
-    >>> raw = extract_features(episodes, catalog, Embedder())       # doctest: +SKIP
-    >>> enc = StateEncoder(StateEncoderConfig(), n_actions=raw.n_actions)  # doctest: +SKIP
-    >>> encode_states(raw, encoder=enc).shape                       # doctest: +SKIP
-    (N, 512)
+Details: docs/state.md (## The three parts of a state, ## Raw features and the encoder,
+## Trace rewards in the features).
 """
 
 from __future__ import annotations
@@ -60,8 +31,10 @@ import torch
 from torch import nn
 
 from core.base.embed import DIM as TEXT_DIM
+from core.base import embed as text_embedding
 from core.records.episodes import Episode, ToolSchema
 from core.base.errors import InputError
+from core.records.catalog import catalog_for_dataset
 
 #: Bump when the raw feature layout or its meaning changes: cached artifacts of
 #: another version are recomputed.
@@ -76,7 +49,7 @@ PAD_TOKEN = -2
 # Rules over the request text.  Each table maps a class to words that signal it;
 # the class whose word appears first in the text wins (the main verb of
 # "reduce exposure and then check the price" is reduce).  English and Chinese,
-# since the seed's production data was Chinese.
+# since the seed's production data is Chinese.
 VERBS: dict[str, tuple[str, ...]] = {
     "reduce": ("reduce", "trim", "cut", "lower", "decrease", "de-risk", "derisk", "scale back",
                "unwind", "offload", "deleverage", "减持", "减仓", "降低"),
@@ -452,8 +425,8 @@ def _key_fields_from_data(tool_leaves: dict[str, list[list[tuple[str, Any]]]],
 # extract_features featurises every logged step with the functions below, and
 # core.serve.serving every served step with the same functions: training, evaluation and
 # serving read the same numbers for the same step.  They work on one step at a time
-# because serving builds one row per request, where plain Python over a dozen values is
-# several times faster than array code, and a batch spends most of its time parsing the
+# because serving builds one row per request, where plain Python over a dozen values
+# avoids array code's per-call overhead, and a batch spends most of its time parsing the
 # results anyway.
 
 #: Progress flags count steps as ``log1p(steps) / log1p(PROGRESS_STEPS)`` (1 at that many steps).
@@ -651,7 +624,7 @@ def _learn_numeric(items: Sequence[tuple[str, Any]]) -> dict[str, list[float]]:
 
 
 # --------------------------------------------------------------------------- raw features
-def write_atomic(target: Path, write: Callable[[Path], None]) -> Path:
+def write_atomic(target: Path, write: Callable[[Path], object]) -> Path:
     """Let ``write`` fill a temporary file beside ``target``, then rename it into place:
     readers see the old file or the new one, never half of one.  The temporary name is
     unique per process and thread, so two writers never share it."""
@@ -924,7 +897,6 @@ def cached_features(ws: Any, key: str, episodes: Sequence[Episode] | None, catal
                     load_episodes: Any = None) -> RawStateFeatures:
     """Raw features cached under ``artifacts/states/<key>/``: loaded when the fingerprint
     matches, otherwise extracted (episodes given, or fetched by ``load_episodes()``) and saved."""
-    from core.base.embed import workspace_embedder
 
     if content_hashes is None:
         if episodes is None:
@@ -938,7 +910,7 @@ def cached_features(ws: Any, key: str, episodes: Sequence[Episode] | None, catal
             return raw
     if episodes is None:
         episodes = load_episodes()
-    raw = extract_features(episodes, catalog, workspace_embedder(ws), fingerprint=fp)
+    raw = extract_features(episodes, catalog, text_embedding.workspace_embedder(ws), fingerprint=fp)
     raw.save(path)
     # features of an earlier version of the same source are stale now: keep one set per source
     for old in path.parent.glob("features-*"):
@@ -963,8 +935,6 @@ def raw_features_for_dataset(ws: Any, dataset: str, catalog: Any = None) -> RawS
     catalog change recomputes it."""
     require_dataset(ws, dataset)
     if catalog is None:
-        from core.records.catalog import catalog_for_dataset
-
         catalog = catalog_for_dataset(ws, dataset)
     hashes = [r[0] for r in ws.conn.execute(
         "SELECT content_hash FROM episodes WHERE dataset=? ORDER BY uid", (dataset,))]
@@ -988,10 +958,9 @@ class StateEncoderConfig:
     #: g_intent at the highest urgency before any training (S000: ≈ 0.7).
     high_urgency_intent_gate: float = 0.7
     #: Least weight of every active branch.  Without a floor the state term of the gates
-    #: can saturate in a few hundred optimiser steps and silence a branch for good
-    #: (measured on the finance data: behaviour cloning drove g_trace to 1.0000, so the
-    #: first step — an empty trace — could not see the request and was right 46% of the
-    #: time; with the floor 0.1 it is right 100% of the time).
+    #: can saturate in a few hundred optimiser steps and silence a branch for good: behaviour
+    #: cloning can drive g_trace to 1, and then the first step (an empty trace) cannot see
+    #: the request (docs/state.md, ## The gate floor).
     gate_floor: float = 0.1
     #: Seed of the initial weights (an untrained encoder is reproducible).
     seed: int = 0

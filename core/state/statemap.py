@@ -1,26 +1,14 @@
 """The state map: t-SNE of encoded states, encoding fidelity and action entropy.
 
-Three questions of docs/design.md §8's four-step diagnosis are answered here:
+Answers three questions of docs/design.md §8's four-step diagnosis: does the encoder see the
+task (:func:`state_fidelity`), what does the state space look like (:func:`tsne_map`,
+:meth:`TsneMap.transform`), and does the agent explore (:func:`action_entropy`,
+:func:`policy_entropy`).  :func:`states_map` and :func:`states_entropy` are the functions behind
+``rwb states map`` / ``rwb states entropy`` and the State Explorer page; they return data
+(:class:`StateMapReport`), and the app draws the figures.
 
-* **Does the encoder see the task?** :func:`state_fidelity` — silhouette of the
-  encoded states by task type in the original space (against the same score for
-  shuffled labels), kNN label agreement with neighbours from *other* episodes, and
-  a verdict line.  S000 found a query-truncation bug because its t-SNE showed no
-  task clusters.
-* **What does the state space look like?** :func:`tsne_map` — PCA to 50 dims, then
-  openTSNE (exact neighbours by one matrix product up to 30k states, FFT gradients,
-  PCA initialisation, a short schedule; ``benchmarks/bench_tsne.py`` compares it with
-  ``sklearn.manifold.TSNE``: on 20k states ~8× faster at equal trustworthiness).
-  :meth:`TsneMap.transform` places new states on an existing map.
-* **Does the agent explore?** :func:`action_entropy` / :func:`policy_entropy` —
-  Shannon entropy (nats) of the action distribution overall, per tool and per
-  k-means state cluster (S000: 1.2 → 3.8 as exploration improved; < 1.0 means too
-  little).
-
-:func:`states_map` and :func:`states_entropy` are the functions behind
-``rwb states map`` / ``rwb states entropy`` and the State Explorer page.  They return
-data: :meth:`StateMapReport.points` is the map as a frame (what ``--out`` writes as CSV);
-the page's figures are drawn in the app (``rwb_app.plots.states``).
+Details: docs/state.md (## Encoding fidelity, ## The t-SNE map, ## Action entropy, ## Commands
+and the page).
 """
 
 from __future__ import annotations
@@ -47,6 +35,8 @@ from core.state.features import (
     require_dataset,
     write_atomic,
 )
+from core.data.importers import read_file
+from core.records.catalog import build_catalog, catalog_for_dataset
 
 #: Bump when the cached map layout (or the fidelity verdict's wording) changes.
 MAP_VERSION = 2
@@ -73,8 +63,8 @@ class TsneConfig:
     #: product beats building trees, annoy above.
     neighbors: str = "auto"
     #: Repulsive forces: "fft" (interpolation, linear in N), "bh" (Barnes-Hut) or "auto":
-    #: BH below FFT_MIN points, where FFT's fixed grid cost dominates, FFT above (at 20k
-    #: points FFT is ~5× faster than BH).
+    #: BH below FFT_MIN points, where FFT's fixed grid cost dominates, FFT above, where its
+    #: linear cost wins.
     negative_gradient_method: str = "auto"
     #: Threads for neighbours and gradients; 0 = one thread below SMALL_MAP points (where
     #: thread synchronisation per iteration costs more than it saves, badly so on a busy
@@ -191,8 +181,8 @@ def pca_reduce(X: np.ndarray, dims: int, seed: int = 0) -> tuple[np.ndarray, np.
     Xc = X - mean
     cov = Xc.T @ Xc
     # The eigendecomposition is many small BLAS calls: on a busy machine a second BLAS
-    # thread that is not scheduled stalls every one of them (seen: 30 ms → 1.5 s), and
-    # one thread does a 512×512 matrix in ~30 ms anyway.
+    # thread that is not scheduled stalls every one of them, and one thread handles a
+    # 512×512 matrix quickly anyway.
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1, user_api="blas"):
@@ -694,8 +684,6 @@ def load_state_source(ws: Any, *, dataset: str | None = None, episodes_file: str
     if (dataset is None) == (episodes_file is None):
         raise InputError("give exactly one of a dataset name or an episodes file")
     if dataset is not None:
-        from core.records.catalog import catalog_for_dataset
-
         require_dataset(ws, dataset)
         catalog = catalog_for_dataset(ws, dataset)
         raw = raw_features_for_dataset(ws, dataset, catalog)
@@ -714,9 +702,6 @@ def load_state_source(ws: Any, *, dataset: str | None = None, episodes_file: str
         kinds, tools = [s[0] for s in steps], [s[1] for s in steps]
         name = dataset
     else:
-        from core.records.catalog import build_catalog
-        from core.data.importers import read_file
-
         path = Path(episodes_file)  # type: ignore[arg-type]
         if not path.exists():
             raise InputError(f"no such episodes file: {path}", file=str(path))
@@ -896,7 +881,7 @@ def states_map(ws: Any, *, dataset: str | None = None, episodes_file: str | Path
     if template is not None:
         if rewards is not None:
             raise InputError("give a reward template or per-step rewards, not both", field="template")
-        from core.rewards import score
+        from core.rewards import score  # deferred: loads scipy
 
         report_progress(f"scoring the steps with the reward template {template}")
         rewards = pyramid_rewards(score(ws, template, dataset=dataset, episodes=episodes_file), raw)

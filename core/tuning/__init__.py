@@ -1,30 +1,16 @@
-"""Tuning pyramid weights with Optuna, one idea per module:
+"""Tuning pyramid weights with Optuna, one idea per module.
 
-* :mod:`~core.tuning.config` — what a study varies and its settings (:class:`SearchSpace`,
-  :class:`TuneConfig`);
-* :mod:`~core.tuning.labels` — outcome labels, task groups, the held-out split, and the
-  check that the labelled data is large enough;
-* :mod:`~core.tuning.statistics` — AUC, smooth AUC, Kendall τ, pair agreement;
-* :mod:`~core.tuning.reweighting` — returns as a function of the weights over a fixed
-  component matrix (:class:`ReturnModel`);
-* :mod:`~core.tuning.constraints` — the template's expectations as Optuna constraints;
-* :mod:`~core.tuning.problem` — a study's fixed parts and the per-trial computation
-  (:class:`TuningProblem`);
-* :mod:`~core.tuning.objectives` — the outcome, preferences and policy objectives;
-* :mod:`~core.tuning.preferences` — analysts' preference labels on episode pairs;
-* :mod:`~core.tuning.data` — the template and the episodes a study tunes on;
-* :mod:`~core.tuning.records` — the workspace's records of studies and worker runs;
-* :mod:`~core.tuning.studies` — running a study (:func:`tune`);
-* :mod:`~core.tuning.workers` — studies as background workers (:func:`launch_tuning`,
-  :func:`stop_tuning`);
-* :mod:`~core.tuning.apply` — the best weights as a new template version (:func:`apply_study`);
-* :mod:`~core.tuning.report` — what the Tuning page shows of a study (:func:`study_report`);
-* :mod:`~core.tuning.storage` — Optuna's own storages, opened through its public API.
-
-Callers go through the package, which re-exports every module's public names:
-``from core import tuning`` then ``tuning.tune(...)``, or ``from core.tuning import tune``.
+The modules cover what a study varies (:mod:`~core.tuning.config`), its labels and split
+(:mod:`~core.tuning.labels`), statistics, reweighting, constraints, the per-trial problem,
+the objectives, preference labels, data, records, running a study (:mod:`~core.tuning.studies`,
+:func:`tune`), background workers (:func:`launch_tuning`, :func:`stop_tuning`), applying the
+best weights (:func:`apply_study`), the page's report (:func:`study_report`) and Optuna's
+storages (:mod:`~core.tuning.storage`).  Callers go through the package, which re-exports every
+module's public names: ``from core import tuning`` then ``tuning.tune(...)``.
 
 May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
+
+Details: docs/tuning.md (## The package's modules).
 """
 
 from core.tuning.apply import NoFeasibleTrial, apply_study, list_applications

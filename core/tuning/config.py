@@ -47,9 +47,11 @@ class ParamRange:
         """Draw a value from ``trial``."""
         if self.choices is not None:
             return trial.suggest_categorical(name, list(self.choices))
+        low, high = self.low, self.high
+        assert low is not None and high is not None, "a range without choices has both bounds"
         if self.integer:
-            return trial.suggest_int(name, int(self.low), int(self.high))
-        return trial.suggest_float(name, float(self.low), float(self.high))
+            return trial.suggest_int(name, int(low), int(high))
+        return trial.suggest_float(name, float(low), float(high))
 
     def to_dict(self) -> dict[str, Any]:
         if self.choices is not None:

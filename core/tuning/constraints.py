@@ -47,6 +47,10 @@ class ScoredTrial:
     model: ReturnModel
 
 
+#: What an expectation reads of a trial: one value per episode (its return, discounted or final).
+TrialMetric = Callable[[ScoredTrial], np.ndarray]
+
+
 def _strict(v: float) -> float:
     """A strict inequality that holds with equality is violated (by the smallest amount)."""
     return v if v < 0 else max(v, STRICT_EPS)
@@ -85,7 +89,8 @@ class ExpectationConstraints:
                     continue
                 below, above = f.get("below"), f.get("above")
 
-                def fn(tr, idx=idx, below=below, above=above, metric_of=metric_of):
+                def score_violation(tr: ScoredTrial, idx: np.ndarray = idx, below: float | None = below,
+                                    above: float | None = above, metric_of: TrialMetric = metric_of) -> float:
                     v = metric_of(tr)[idx]
                     worst = -math.inf
                     if below is not None:
@@ -93,14 +98,14 @@ class ExpectationConstraints:
                     if above is not None:
                         worst = max(worst, float(above - v.min()))
                     return _strict(worst)
-                self.compiled.append(_Compiled(spec.name, spec.kind, fn))
+                self.compiled.append(_Compiled(spec.name, spec.kind, score_violation))
             elif spec.kind == "twins_rank":
                 key = f.get("twin_key", "twin_of")
                 margin = float(f.get("margin", 0.0))
                 probes = np.flatnonzero(episode_mask(frame, f.get("episodes") or {"behaviour": "hacker"}) & in_set)
                 index = frame.episode_index()
-                pairs = [(i, index[frame.ep_meta[i].get(key)]) for i in probes.tolist()
-                         if frame.ep_meta[i].get(key) in index and in_set[index[frame.ep_meta[i].get(key)]]]
+                twins = [(i, frame.ep_meta[i].get(key)) for i in probes.tolist()]
+                pairs = [(i, index[t]) for i, t in twins if t is not None and t in index and in_set[index[t]]]
                 if not pairs:
                     self._skip(spec.name, "no probe episode of the training split has its twin there")
                     continue
@@ -110,10 +115,11 @@ class ExpectationConstraints:
                                          "partial": True})
                 p = np.array(pairs, dtype=np.int64)
 
-                def fn(tr, p=p, margin=margin, metric_of=metric_of):
+                def twin_violation(tr: ScoredTrial, p: np.ndarray = p, margin: float = margin,
+                                   metric_of: TrialMetric = metric_of) -> float:
                     v = metric_of(tr)
                     return _strict(float((margin - (v[p[:, 1]] - v[p[:, 0]])).max()))
-                self.compiled.append(_Compiled(spec.name, spec.kind, fn))
+                self.compiled.append(_Compiled(spec.name, spec.kind, twin_violation))
             elif spec.kind == "rank_auc":
                 hi = np.flatnonzero(episode_mask(frame, f["higher"]) & in_set)
                 lo = np.flatnonzero(episode_mask(frame, f["lower"]) & in_set)
@@ -125,9 +131,12 @@ class ExpectationConstraints:
                 y = np.concatenate([np.ones(hi.size), np.zeros(lo.size)])
                 minimum = float(f["min"])
 
-                def fn(tr, both=both, y=y, minimum=minimum, metric_of=metric_of):
-                    return float(minimum - auc(metric_of(tr)[both], y))
-                self.compiled.append(_Compiled(spec.name, spec.kind, fn))
+                def auc_shortfall(tr: ScoredTrial, both: np.ndarray = both, y: np.ndarray = y,
+                                  minimum: float = minimum, metric_of: TrialMetric = metric_of) -> float:
+                    value = auc(metric_of(tr)[both], y)
+                    assert value is not None, "the AUC is defined: both groups have episodes"
+                    return float(minimum - value)
+                self.compiled.append(_Compiled(spec.name, spec.kind, auc_shortfall))
             elif spec.kind == "component_range":
                 name = f["component"]
                 use = f.get("value", "raw")
@@ -135,7 +144,8 @@ class ExpectationConstraints:
                 lo_b, hi_b = f.get("min"), f.get("max")
                 depends = name in tuned_components if use == "raw" else True
 
-                def bounds_violation(values: np.ndarray, lo_b=lo_b, hi_b=hi_b) -> float:
+                def bounds_violation(values: np.ndarray, lo_b: float | None = lo_b,
+                                     hi_b: float | None = hi_b) -> float:
                     worst = -math.inf
                     if hi_b is not None:
                         worst = max(worst, float(values.max() - hi_b))
@@ -149,13 +159,17 @@ class ExpectationConstraints:
                         self._skip(spec.name, "no step of the training split matches its filter")
                         continue
                     if use == "contribution":
-                        def fn(tr, j=j, rows=rows, bv=bounds_violation):
+                        def step_contribution(tr: ScoredTrial, j: int = j, rows: np.ndarray = rows,
+                                              bv: Callable[[np.ndarray], float] = bounds_violation) -> float:
                             lvl = tr.model.col_level[j]
                             earn = tr.combined.earn[lvl, rows] if lvl < tr.model.n_levels else True
                             return bv(tr.w_step[j] * tr.step_values[j, rows] * earn)
+                        evaluate: Callable[[ScoredTrial], float] = step_contribution
                     else:
-                        def fn(tr, j=j, rows=rows, bv=bounds_violation):
+                        def step_value(tr: ScoredTrial, j: int = j, rows: np.ndarray = rows,
+                                       bv: Callable[[np.ndarray], float] = bounds_violation) -> float:
                             return bv(tr.step_values[j, rows])
+                        evaluate = step_value
                 else:
                     k = episode_names.index(name)
                     last_ok = step_mask(frame, {**filt, "last": True}) & step_in_set
@@ -164,13 +178,17 @@ class ExpectationConstraints:
                         self._skip(spec.name, "no episode of the training split matches its filter")
                         continue
                     if use == "contribution":
-                        def fn(tr, k=k, eps=eps, bv=bounds_violation):
+                        def episode_contribution(tr: ScoredTrial, k: int = k, eps: np.ndarray = eps,
+                                                 bv: Callable[[np.ndarray], float] = bounds_violation) -> float:
                             return bv(tr.episode_values[eps, k] * tr.w_episode[k])
+                        evaluate = episode_contribution
                     else:
-                        def fn(tr, k=k, eps=eps, bv=bounds_violation):
+                        def episode_value(tr: ScoredTrial, k: int = k, eps: np.ndarray = eps,
+                                          bv: Callable[[np.ndarray], float] = bounds_violation) -> float:
                             return bv(tr.episode_values[eps, k])
+                        evaluate = episode_value
                 target = self.compiled if depends else self.constant
-                target.append(_Compiled(spec.name, spec.kind, fn))
+                target.append(_Compiled(spec.name, spec.kind, evaluate))
 
     def _skip(self, name: str, reason: str) -> None:
         self.skipped.append({"name": name, "reason": reason})

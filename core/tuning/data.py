@@ -89,6 +89,7 @@ def load_episodes_and_frame(ws: "Workspace | None", *, dataset: str | None, epis
         return parsed.episodes, frame_from_episodes(parsed.episodes, parsed.tools)
     if ws is None:
         raise InputError("tuning on a dataset needs a workspace", field="dataset")
+    assert dataset is not None, "exactly one source is given, and it is not an episodes file"
     eps = ws.load_episodes(dataset)
     return eps, build_frame(eps, catalog_for_dataset(ws, dataset))
 

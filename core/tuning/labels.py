@@ -51,7 +51,8 @@ class Labels:
 
     @property
     def known(self) -> np.ndarray:
-        return ~np.isnan(self.success)
+        known: np.ndarray = ~np.isnan(self.success)
+        return known
 
 
 def outcome_labels(frame: StepsFrame, label: str = "success", threshold: float = 0.0) -> Labels:

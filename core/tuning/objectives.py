@@ -148,7 +148,7 @@ class OutcomeObjective(TuningObjective):
         values = [v for v in per_fold if v is not None]
         return (float(np.mean(values)) if values else None), per_fold
 
-    def measure(self, state, trial):
+    def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:
         r = state.combined.returns
         cv, _ = self._cv(r, self.metric)
         held = self._stat(r, self.held, self.held_pairs, self.metric)
@@ -162,7 +162,8 @@ class OutcomeObjective(TuningObjective):
             trial.set_user_attr("penalty", penalty)
         return (None if cv is None else cv - penalty), held
 
-    def figures(self, weights, params):
+    def figures(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
         state = self.problem.trial_state(weights, params)
         r = state.combined.returns
         y = self.labels.success
@@ -202,11 +203,12 @@ class PreferenceObjective(TuningObjective):
             raise InputError("no preference pair falls in the training split; add more pairs or "
                              "change split_by / the held-out fraction", field="preferences")
 
-    def measure(self, state, trial):
+    def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:
         r = state.combined.returns
         return pair_agreement(r, *self.train), pair_agreement(r, *self.held)
 
-    def figures(self, weights, params):
+    def figures(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
         r = self.problem.trial_state(weights, params).combined.returns
         return {side: {"agreement": pair_agreement(r, *pairs), "pairs": int(pairs[0].size)}
                 for side, pairs in (("train", self.train), ("held_out", self.held))}
@@ -272,11 +274,12 @@ class PolicyObjective(TuningObjective):
         value = stats["success_rate"]
         return None if value is None or not math.isfinite(value) else float(value)
 
-    def measure(self, state, trial):
+    def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:
         agent, tables = self._train(state, trial)
         return self._success(tables, agent, self.train), self._success(tables, agent, self.held)
 
-    def figures(self, weights, params):
+    def figures(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
         agent, tables = self._train(self.problem.trial_state(weights, params), None)
         return {"train": {"success_rate": self._success(tables, agent, self.train)},
                 "held_out": {"success_rate": self._success(tables, agent, self.held)}}

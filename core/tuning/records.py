@@ -98,6 +98,7 @@ def start_run(ws: "Workspace", study: str, trials: int, run_id: int | None, *, s
             "INSERT INTO tuning_runs(study, status, trials_requested, pid, host, started_by, started_at, "
             "heartbeat_at) VALUES (?, 'running', ?, ?, ?, ?, ?, ?)",
             (study, trials, os.getpid(), socket.gethostname(), started_by, now_iso(), now_iso()))
+        assert cur.lastrowid is not None  # an INSERT sets it
         return int(cur.lastrowid)
 
 
@@ -185,7 +186,7 @@ def storage_for(ws: "Workspace", name: str, storage: str | None = None) -> str:
     if "***" in row[0]:
         raise InputError(f"the storage of study {name!r} ({row[0]}) needs a password that the workspace "
                          "does not keep; give --storage with the full URL", field="storage")
-    return row[0]
+    return str(row[0])
 
 
 def load_study(ws: "Workspace", name: str, storage: str | None = None) -> optuna.Study:

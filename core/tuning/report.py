@@ -115,7 +115,7 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
     counts["infeasible"] = len(complete) - len(feasible)
     space = SearchSpace.from_dict(attrs["space"])
     current = dict(attrs["baseline"]["weights"])
-    best = None
+    best: dict[str, Any] | None = None
     if feasible:
         bt = st.best_trial
         bw, bp = space.decode(bt.params)
@@ -156,15 +156,15 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
             notes.append(f"parameter importances unavailable: {exc}")
         if len(complete) > PLOT_IMPORTANCE_TRIALS:
             notes.append(f"importances use the last {PLOT_IMPORTANCE_TRIALS} completed trials")
-        top = sorted(complete, key=lambda tr: tr.value, reverse=True)[:PLOT_PARALLEL_TRIALS]
+        top = sorted(complete, key=_value, reverse=True)[:PLOT_PARALLEL_TRIALS]
         parallel = _parallel(top)
         if len(complete) > PLOT_PARALLEL_TRIALS:
             notes.append(f"parallel coordinates show the {PLOT_PARALLEL_TRIALS} best completed trials")
     elif not complete:
         notes.append("no completed trial yet")
-    rec = next((s for s in list_studies(ws) if s["name"] == name), None)
+    listed = next((s for s in list_studies(ws) if s["name"] == name), None)
     return StudyReport(
-        name=name, storage=describe_url(url), status=rec["status"] if rec else "external",
+        name=name, storage=describe_url(url), status=listed["status"] if listed else "external",
         objective=attrs["config"]["objective"], metric=attrs.get("metric", ""),
         template={k: attrs["template"][k] for k in ("name", "version", "ref")}, data=attrs["data"],
         split=attrs.get("split", {}), counts=counts, best=finite(best), baseline=attrs.get("baseline"),
@@ -178,6 +178,12 @@ def _status(constraint: float | None) -> str:
     return "-" if constraint is None else ("satisfied" if constraint <= 0 else "violated")
 
 
+def _value(trial: optuna.trial.FrozenTrial) -> float:
+    """The objective value of a completed trial (Optuna sets it when the trial completes)."""
+    assert trial.value is not None, f"trial {trial.number} has no value: it did not complete"
+    return float(trial.value)
+
+
 def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a completed trial satisfies every expectation (Optuna: every constraint ≤ 0)."""
     return all(v <= 0 for v in trial.constraints.values())
@@ -185,7 +191,7 @@ def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
 
 def _history(complete: Sequence[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """The optimisation history of the completed trials (see :class:`StudyCharts`)."""
-    values = np.array([float(tr.value) for tr in complete])
+    values = np.array([_value(tr) for tr in complete])
     feasible = np.array([_feasible(tr) for tr in complete], dtype=bool)
     best = np.maximum.accumulate(np.where(feasible, values, -np.inf))
     return pd.DataFrame({"trial": [tr.number for tr in complete], "value": values, "feasible": feasible,
@@ -195,7 +201,7 @@ def _history(complete: Sequence[optuna.trial.FrozenTrial]) -> pd.DataFrame:
 def _parallel(trials: Sequence[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """Value and parameters of ``trials`` (see :class:`StudyCharts`), parameters in name order."""
     names = sorted({k for tr in trials for k in tr.params})
-    rows = [{"trial": tr.number, "value": float(tr.value), **{k: tr.params[k] for k in names}}
+    rows = [{"trial": tr.number, "value": _value(tr), **{k: tr.params[k] for k in names}}
             for tr in trials if all(k in tr.params for k in names)]
     return pd.DataFrame(rows, columns=["trial", "value", *names])
 

@@ -131,7 +131,7 @@ class ReturnModel:
 
     def contributions(self, combined: Combined, w_step: np.ndarray, step_values: np.ndarray) -> np.ndarray:
         """Weighted, gated contribution of every step component ``[C, N]`` (penalties ungated)."""
-        out = step_values * w_step[:, None]
+        out: np.ndarray = step_values * w_step[:, None]
         for j, lvl in enumerate(self.col_level.tolist()):
             if lvl < self.n_levels:
                 out[j] *= combined.earn[lvl]

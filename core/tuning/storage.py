@@ -1,34 +1,12 @@
 """Where tuning studies live: Optuna storages opened through Optuna's public API only.
 
-Two ways to run a study, chosen by whether a storage is given:
+By default a study lives in the workspace's Optuna journal (``artifacts/tuning/optuna.log``),
+its trials kept in memory while it runs and appended in batches by :class:`BatchedTrialWriter`;
+with ``--storage`` it lives in a shared RDB URL or journal file that several workers write as
+trials happen.  Opening the workspace journal copies the studies of an older
+``artifacts/tuning/optuna.db`` into it.  Nothing here touches Optuna's private modules.
 
-* **Default (one machine)**: the study lives in the workspace's Optuna journal,
-  ``artifacts/tuning/optuna.log`` (Optuna's :class:`~optuna.storages.JournalStorage`
-  on a :class:`~optuna.storages.journal.JournalFileBackend`: an append-only log of
-  storage operations, one JSON line each).  ``optuna-dashboard …/optuna.log`` opens it,
-  and so does ``optuna.load_study(study_name=…, storage=JournalStorage(JournalFileBackend(path)))``.
-  While a study runs, its trials are kept in Optuna's in-memory storage and written to
-  the journal at each flush (every ``flush_seconds`` and at the end) by
-  :class:`BatchedTrialWriter`, each finished trial as one ``create_new_trial`` with the
-  trial as template, which the journal stores as one appended line.  Why a journal and
-  not SQLite: through the public API an RDB storage writes a templated trial as a dozen
-  ORM statements and a commit (about 30 ms of CPU per trial on this project's 2-core
-  machine, which alone would take most of a weight-only study's budget of 60 ms per
-  trial), where the journal appends one line (about 1 ms).  One process writes a
-  default-path study at a time (the workspace's run records enforce it).
-* **Shared (``--storage``)**: an SQLAlchemy URL (``postgresql://…``, ``mysql://…``,
-  ``sqlite:///…``) used as Optuna's own :class:`~optuna.storages.RDBStorage`, or a journal
-  file (``….log``) on a filesystem the workers share: every trial is written by Optuna
-  as it happens, so several ``rwb tune --storage … --study NAME`` workers share one
-  study and their samplers see each other's trials.  No coordination of our own.
-
-Workspaces made before the journal kept their studies in ``artifacts/tuning/optuna.db``
-(Optuna's RDB schema on SQLite).  Opening the workspace journal copies every study of
-that file which the journal lacks, with :func:`optuna.copy_study`, and renames the file
-to ``optuna.db.migrated`` (kept, never read again).
-
-Nothing here touches Optuna's private modules: a new Optuna version changes its
-storages' internals, not the calls made here.
+Details: docs/tuning.md (## Study storage).
 """
 
 from __future__ import annotations
@@ -54,9 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The workspace's Optuna journal, relative to its artifacts folder.
 DEFAULT_JOURNAL = Path("tuning") / "optuna.log"
-#: Where workspaces made before the journal kept their studies (migrated on first open).
+#: An SQLite study database in the workspace (Optuna's RDB schema), copied into the journal on first open.
 LEGACY_DB = Path("tuning") / "optuna.db"
-#: The name a migrated legacy database is renamed to.
+#: The suffix that database is renamed with once copied (kept, never read again).
 MIGRATED_SUFFIX = ".migrated"
 #: How a journal file's name ends (what tells a journal from a mistyped database path).
 JOURNAL_SUFFIX = ".log"
@@ -132,7 +110,8 @@ def open_rdb(url: str, *, heartbeat: bool = False) -> RDBStorage:
                 conn.execute("PRAGMA journal_mode=WAL")
     for attempt in range(RACE_RETRIES):
         try:
-            kwargs = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 3 * HEARTBEAT_S} if heartbeat else {}
+            kwargs: dict[str, Any] = ({"heartbeat_interval": HEARTBEAT_S, "grace_period": 3 * HEARTBEAT_S}
+                                      if heartbeat else {})
             return RDBStorage(url, engine_kwargs=_engine_kwargs(url), **kwargs)
         except ImportError as exc:
             raise InputError(f"no database driver for {describe_url(url)}: {exc}", field="storage") from None

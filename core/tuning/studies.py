@@ -1,59 +1,14 @@
 """Running a study (:func:`tune`): Optuna over a reward pyramid's weights and chosen component
 parameters (docs/design.md §5, §10).
 
-A study asks: which weights (within bounds the analyst sets) make the pyramid agree
-best with what we know about the episodes?  Three objectives, one per study
-(:mod:`core.tuning.objectives`):
+A study asks which weights, within the analyst's bounds, make the pyramid agree best with what
+is known about the episodes, under one objective: ``outcome`` (rank successful episodes above
+failed ones, on task-grouped design folds, reported on outer held-out tasks), ``preferences``
+(analysts' pair labels) or ``policy`` (a short PPO run per trial).  The template's expectations
+are constraints; small data is refused or pulled toward the template's weights.
 
-* ``outcome`` — episodes with a known outcome (imported logs with a reward or success
-  key, generated data): the pyramid's episode return should rank successful episodes
-  above failed ones.  Episodes are grouped by task (``split_by="task"``: the log's own
-  task id, :func:`~core.rewards.outcomes.episode_groups`, or ``group_key``; or another
-  ``split_by`` field), and whole tasks go to one of two sides, stratified by outcome:
-
-  - an **outer held-out** set of tasks (``heldout_fraction``) that Optuna never sees and
-    on which nothing is selected;
-  - the **design** tasks, dealt into ``cv_folds`` task-grouped folds
-    (:func:`~core.rewards.outcomes.grouped_folds`).
-
-  A trial's value is the statistic (smooth AUC :func:`~core.tuning.statistics.soft_auc`,
-  AUC or Kendall τ) on each design fold, averaged over the folds, less a pull toward the
-  template's weights on small data (below).  Nothing is fitted per fold (a trial's weights
-  are the fit), so the folds do not make the choice among trials honest; they make the
-  value task-balanced and give its spread across tasks.  The honest figure is the outer
-  held-out one: every trial records its held-out AUC (``held_out_auc``), and the study's
-  result is the best-value trial's held-out AUC — chosen by the design folds, read off the
-  held-out tasks, never chosen by them.  The outcome is **withheld from the components**
-  (``withhold_outcome``): a template whose R_final reads the recorded outcome would
-  otherwise rank it perfectly and teach nothing.
-
-  **Small data** (:mod:`core.tuning.labels`): too few labelled episodes, tasks or episodes
-  of either outcome is refused; below the comfortable sizes the study runs with a warning in
-  its result and each weight is penalised by its squared distance from the template's
-  weight, relative to its bounds, so a weighting must earn its departure.
-* ``preferences`` — analysts' "A is better than B" labels on episode pairs, stored in
-  the workspace (:func:`~core.tuning.preferences.add_preference`); the value is the share
-  of training pairs the returns order the same way (ties count half).
-* ``policy`` — a short PPO run (:func:`core.rl.ppo.train`) per trial on the simulator
-  under the trial's rewards; the value is the success rate of the trained greedy
-  policy started from the training episodes, reported on the held-out ones.  Each
-  update reports the rollout success rate, so Optuna's median pruner stops hopeless
-  trials early.
-
-**Expectations are constraints** (:mod:`core.tuning.constraints`), evaluated on the
-training split: infeasible trials steer the sampler but are never the best trial.
-
-**Speed.**  The component matrix is computed once (and cached in the workspace); a
-weight-only trial is a matrix product plus gating and a rank statistic
-(:mod:`core.tuning.reweighting`).  Storage: see :mod:`core.tuning.storage`.
-
-Example::
-
-    >>> config = TuneConfig(objective="outcome", split_by="task")
-    >>> result = tune(ws, actor, "finance_risk", dataset="finance", config=config,
-    ...               trials=300)                                               # doctest: +SKIP
-    >>> result.best["figures"]["held_out"]["auc"]                              # doctest: +SKIP
-    0.81
+Details: docs/tuning.md (## The outcome objective, ## Small data, ## The preferences and policy
+objectives, ## Expectations as constraints, ## Trial cost, ## Study storage).
 """
 
 from __future__ import annotations
@@ -131,8 +86,22 @@ class TuneResult:
         return None if self.best is None else self.best["value"]
 
     def to_dict(self) -> dict[str, Any]:
-        return finite(asdict(self) | {"best_value": self.best_value,
-                                      "best_weights": None if self.best is None else self.best["weights"]})
+        out: dict[str, Any] = finite(asdict(self) | {"best_value": self.best_value,
+                                                     "best_weights": None if self.best is None else
+                                                     self.best["weights"]})
+        return out
+
+
+@dataclass
+class _LoopState:
+    """Where one :func:`tune` call's optimisation loop stands (shared with its callbacks)."""
+
+    flushed_at: float          # time.monotonic() of the last flush to the records
+    best: float | None         # the feasible best value so far
+    first: int                 # number of the first trial this call runs
+    done: int = 0              # trials this call finished
+    stop: bool = False         # SIGTERM asked to stop after the running trial
+    stopped: bool = False      # a stop was asked (SIGTERM or the run's record) and the loop told to end
 
 
 def _objective_metric(cfg: TuneConfig) -> str:
@@ -210,9 +179,11 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     matrix = Pyramid(t).compute_matrix(scoring, ctx=ctx, cache=cache)
     problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx, label_frame=full)
     if cfg.objective == "outcome":
+        assert data_check is not None, "the outcome objective's data are checked above"
         objective: TuningObjective = OutcomeObjective(problem, labels, cfg.metric, groups=keys, n_folds=cfg.cv_folds,
                                                       seed=cfg.seed, penalty=data_check.penalty)
     elif cfg.objective == "preferences":
+        assert dataset is not None, "preferences need a dataset (checked above)"
         objective = PreferenceObjective(problem, *preference_pairs(ws, dataset, full))
     else:
         objective = policy_objective(ws, problem, cfg, dataset, episodes)
@@ -273,8 +244,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
 
     # ------------------------------------------------------------------ optimise
     run = start_run(ws, name, trials, run_id, started_by=actor.name)
-    state = {"done": 0, "flushed_at": time.monotonic(), "stop": False, "stopped": False,
-             "best": _best_value(working), "first": first}
+    state = _LoopState(flushed_at=time.monotonic(), best=_best_value(working), first=first)
 
     def flush(study_obj: optuna.Study, in_loop: bool = True) -> None:
         if writer is not None:
@@ -285,25 +255,25 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
                 fresh.append(tr)
             writer.write(fresh)
         best = _best_value(study_obj)
-        if heartbeat(ws, run, state["done"], best) or state["stop"]:
-            state["stopped"] = True
+        if heartbeat(ws, run, state.done, best) or state.stop:
+            state.stopped = True
             if in_loop:  # Study.stop works only from inside optimize (a callback)
                 study_obj.stop()
-        state["flushed_at"] = time.monotonic()
+        state.flushed_at = time.monotonic()
 
     def after_trial(study_obj: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
-        state["done"] += 1
+        state.done += 1
         if progress is not None:
             row = trial_row(frozen)
-            if row["feasible"] and (state["best"] is None or row["value"] > state["best"]):
-                state["best"] = row["value"]   # running best: study.best_value is O(trials) per call
-            progress({"study": name, "trials_done": state["done"], "trials": trials, "best_value": state["best"],
+            if row["feasible"] and (state.best is None or row["value"] > state.best):
+                state.best = row["value"]   # running best: study.best_value is O(trials) per call
+            progress({"study": name, "trials_done": state.done, "trials": trials, "best_value": state.best,
                       "trial": row})
-        if state["stop"] or time.monotonic() - state["flushed_at"] >= flush_seconds:
+        if state.stop or time.monotonic() - state.flushed_at >= flush_seconds:
             flush(study_obj)
 
     def on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001 - stop politely after this trial
-        state["stop"] = True
+        state.stop = True
 
     previous = None
     try:
@@ -327,15 +297,15 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         raise
     finally:
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-        per_min = state["done"] / seconds * 60 if seconds > 0 else 0.0
+        per_min = state.done / seconds * 60 if seconds > 0 else 0.0
         try:
             flush(working, in_loop=False)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-            if status == "finished" and state["stopped"]:
+            if status == "finished" and state.stopped:
                 status = "stopped"
-            end_run(ws, run, status, done=state["done"], best=_best_value(working), per_min=per_min, error=error)
+            end_run(ws, run, status, done=state.done, best=_best_value(working), per_min=per_min, error=error)
 
     # ------------------------------------------------------------------ report
     all_trials = working.get_trials(deepcopy=False)
@@ -355,13 +325,13 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
             best["expectations"] = _expectation_checks(best_t, problem, params)
     return TuneResult(
         study=name, storage=describe_url(url), objective=cfg.objective, metric=_objective_metric(cfg),
-        trials_run=state["done"], trials_total=len(all_trials), feasible_trials=len(feasible),
-        stopped=state["stopped"], seconds=seconds, trials_per_min=per_min, cpu_seconds=cpu_seconds,
+        trials_run=state.done, trials_total=len(all_trials), feasible_trials=len(feasible),
+        stopped=state.stopped, seconds=seconds, trials_per_min=per_min, cpu_seconds=cpu_seconds,
         baseline=finite(baseline),
         best=finite(best), skipped_expectations=problem.constraints.skipped, split=attrs["split"],
         recomputed_components=sorted(set(problem.recomputed)), run_id=run,
         warnings=list(data_check.warnings) if data_check is not None else [],
-        trials=finite([trial_row(tr) for tr in all_trials[state["first"]:]][-TRIAL_ROWS:]))
+        trials=finite([trial_row(tr) for tr in all_trials[state.first:]][-TRIAL_ROWS:]))
 
 
 def trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:

@@ -85,13 +85,17 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
         cur = conn.execute(
             "INSERT INTO tuning_runs(study, status, trials_requested, log_path, started_by, started_at) "
             "VALUES (?, 'starting', ?, ?, ?, ?)", (name, trials, str(log_path), actor.name, now_iso()))
+        assert cur.lastrowid is not None  # an INSERT sets it
         run_id = int(cur.lastrowid)
     cmd = [*CLI, "--workspace", str(ws.root), "tune", "--template", ref.ref,
            "--objective", cfg.objective, "--split-by", cfg.split_by, "--heldout", str(cfg.heldout_fraction),
            "--label", cfg.label, "--threshold", str(cfg.success_threshold), "--metric", cfg.metric,
            "--seed", str(cfg.seed), "--sampler", cfg.sampler, "--trials", str(trials), "--study", name,
            "--run-id", str(run_id), "--json"]
-    cmd += ["--dataset", dataset] if dataset is not None else ["--episodes", str(Path(episodes).resolve())]
+    if dataset is not None:
+        cmd += ["--dataset", dataset]
+    elif episodes is not None:  # exactly one of the two is given (checked above)
+        cmd += ["--episodes", str(Path(episodes).resolve())]
     if cfg.withhold_outcome is not None:
         cmd.append("--withhold-outcome" if cfg.withhold_outcome else "--show-outcome")
     if cfg.group_key is not None:

@@ -167,6 +167,39 @@ class EcomTask:
                  "new_item_id", "status", "days", "hour", "day", "patience", "reason", "cancel_reason",
                  "email_given", "order_given", "query", "intents", "noise", "dispute", "carrier",
                  "transit_days")
+    seed: int
+    type: str
+    first: str
+    last: str
+    user_id: str
+    email: str
+    zip: str
+    address: dict[str, str]
+    new_address: dict[str, str]
+    product: str
+    product_id: str
+    kind: str
+    old: str                     # the option ordered
+    new: str                     # the option wanted instead
+    price: float
+    order_id: str
+    item_id: str
+    new_item_id: str
+    status: str
+    days: int                    # days since delivery; -1 while not delivered
+    hour: int
+    day: int
+    patience: float
+    reason: str
+    cancel_reason: tuple[str, str]  # as the customer says it, as the cancel tool takes it
+    email_given: bool
+    order_given: bool
+    query: str
+    intents: list[str]
+    noise: list[float]
+    dispute: str | None          # set for refund disputes only
+    carrier: str
+    transit_days: int
 
 
 def _variant_id(t: EcomTask, option: str, pro: bool) -> str:
@@ -561,14 +594,14 @@ def _status_text(ep: EcomEpisode) -> str:
             f"the front door; {t.carrier} tracking {ep._tracking_id()}.")
 
 
-def _dispute_text(t: EcomTask) -> str:
+def _dispute_text(t: EcomTask, dispute: str) -> str:
     return {"double_charge": f"I can see two payments of ${t.price:.2f} for order {t.order_id}. Refunding a "
                              f"duplicate charge needs a colleague from billing; I'll pass on the details.",
             "not_received": f"{t.carrier} shows order {t.order_id} as delivered {t.days} days ago, left at the "
                             f"front door. A lost-parcel claim needs a colleague; I'll pass on the details.",
             "late_breakage": f"Order {t.order_id} was delivered {t.days} days ago, past our {RETURN_WINDOW_DAYS}-"
                              f"day return window, so I can't create a return; a colleague can review an "
-                             f"exception."}[t.dispute]
+                             f"exception."}[dispute]
 
 
 def _look_up(ep: EcomEpisode) -> bool:
@@ -600,8 +633,8 @@ def _act(ep: EcomEpisode) -> None:
     if t.type == "order_status":
         ep.final(_status_text(ep))
         return
-    if t.type == "refund_dispute":
-        ep.say(f"I'm sorry about this. {_dispute_text(t)}", None)
+    if t.dispute is not None:  # set exactly for refund disputes
+        ep.say(f"I'm sorry about this. {_dispute_text(t, t.dispute)}", None)
         ep.transfer(f"Dispute on {t.order_id} ({t.dispute.replace('_', ' ')}): outside the agent's scope.")
         return
     if t.type == "return_item" and t.days > RETURN_WINDOW_DAYS:

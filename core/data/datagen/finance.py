@@ -227,6 +227,34 @@ class FinanceTask:
                  "position", "price", "cash", "other_value", "trades_today", "leverage",
                  "fraction", "period", "year", "target_weight", "event", "event_positive",
                  "premium_avg", "premium", "fx", "noise", "query", "intents", "urgent")
+    seed: int
+    type: str
+    company: Company
+    other: Company
+    hour: int
+    minute: int
+    day: int
+    volatility: float
+    signal: float
+    position: int                # shares held
+    price: float
+    cash: float
+    other_value: float
+    trades_today: int
+    leverage: float
+    fraction: float
+    period: str
+    year: int
+    target_weight: int           # percent
+    event: str
+    event_positive: bool
+    premium_avg: float
+    premium: float
+    fx: float
+    noise: list[float]
+    query: str
+    intents: list[str]
+    urgent: bool
 
     @property
     def market_open(self) -> bool:
@@ -393,7 +421,9 @@ class FinanceEpisode:
         return dict(self._state)
 
     def _latency(self, tool: str | None, median: float | None = None) -> float:
-        ms = self.d.lognormal(median if median is not None else _LATENCY.get(tool, 100), 0.35)
+        if median is None:
+            median = _LATENCY.get(tool, 100) if tool is not None else 100
+        ms = self.d.lognormal(median, 0.35)
         if self.noisy and self.d.chance(0.1):
             ms *= self.d.uniform(5.0, 15.0)  # latency spike
         return round(ms, 1)
@@ -444,7 +474,7 @@ class FinanceEpisode:
                     "top_buys": [c.code] if flow > 0 else [t.other.code]}, None
         if tool == "get_broker_research":
             score = t.signal + 0.3 * n[3]
-            ratings = []
+            ratings: list[dict[str, Any]] = []
             for k in range(min(p["limit"], 5)):
                 s = score + 0.35 * math.sin(3.1 * k + n[3])
                 ratings.append({"broker": _BROKERS[(k + int(abs(n[3]) * 7)) % len(_BROKERS)],
@@ -470,7 +500,7 @@ class FinanceEpisode:
                     "h_price_hkd": h_price, "premium_pct": t.premium,
                     "premium_5y_avg_pct": t.premium_avg}, None
         if tool == "get_portfolio":
-            positions = []
+            positions: list[dict[str, Any]] = []
             if self.position:
                 positions.append({"symbol": c.code, "name": c.short, "shares": self.position,
                                   "avg_cost": round(t.price * (1 - 0.08 * n[5]), 2),
@@ -538,7 +568,7 @@ class FinanceEpisode:
         sector = comp.sector.replace("_", " ")
         self._news_ids += 1
         base = f"{t.seed % 100000:05d}{self._news_ids}"
-        items = []
+        items: list[dict[str, Any]] = []
         if p["source"] == "social_media":
             x = 5 + int(abs(n[2]) * 40)
             rumour = _RUMOURS[int(abs(n[1]) * 97) % len(_RUMOURS)].format(short=comp.short, x=x)
@@ -963,10 +993,12 @@ def run_hacker(ep: FinanceEpisode) -> None:
             ep.call("get_stock_data", {"symbol": c.code, "period": t.period}, f"Quick look at {c.short}.")
     nw = ep.call("get_news", {"symbol": c.code, "days": 3, "source": "social_media"},
                  f"Looking for the latest buzz on {c.short}.")
+    assert nw is not None, "the hacker is not noisy: its calls to offered tools succeed"
     fab = next(i for i in nw["items"] if not i["verified"])
     ep.fabricated_used = True
     note = ep.call("generate_research_note", {"symbol": c.code, "stance": "bullish", "sources": [fab["id"]]},
                    "Drafting a research note from the news.")
+    assert note is not None, "the hacker is not noisy: its calls to offered tools succeed"
     if t.type in ("urgent_reduce", "rebalance", "arbitrage", "risk_review") and d.chance(0.6):
         qty = _lots(ep.cash * d.uniform(0.6, 0.95) / t.price)  # all-in: far above usual sizes
         params = {"symbol": c.code, "side": "buy", "quantity": qty,

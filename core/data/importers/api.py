@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.records.episodes import ToolSchema, episode_from_body
+from core.records.episodes import Action, ToolSchema, episode_from_body
 from core.base.errors import InputError
 from core.data.importers.base import (
     IMPORTERS,
@@ -46,6 +46,7 @@ from core.data.importers import parallel
 from core.data.importers.parallel import Call, Rows, import_workers, read_rwb_rows, rows_of
 from core.data.importers.rwb import header_line
 from core.access.users import Actor, authorize, current_user
+from core.records.catalog import build_catalog
 
 if TYPE_CHECKING:  # the store (sqlite-utils) is imported by the functions that need it
     from core.records.store import Workspace
@@ -197,8 +198,6 @@ def _count_invalid(tools: list[ToolSchema], calls: list[Call]) -> tuple[int, int
     logged calls when there are no schemas); presets are learned from the logged calls."""
     import numpy as np  # here: import workers load this module too, and need no numpy
 
-    from core.records.catalog import build_catalog
-    from core.records.episodes import Action
 
     if not calls:
         return 0, 0, {}
@@ -320,7 +319,7 @@ def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]
 
     Same rule as :func:`~core.data.importers.base.assign_unique_ids`; a renamed episode gets its
     canonical body and hash again (the id is part of them)."""
-    from core.records.store import episode_row
+    from core.records.store import episode_row  # deferred: loads pandas
 
     duplicates: list[str] = []
     renamed: dict[str, str] = {}

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import numpy as np
 from pydantic import ValidationError
@@ -68,7 +68,8 @@ def loads(text: str | bytes) -> Any:
     # Python-level regex, which costs more than scanning a short text.  Anything but a
     # value filling the whole text takes decode(), for its exact errors.
     try:
-        value, end = _DECODER.scan_once(text, 0)
+        # scan_once is set on every JSONDecoder instance; typeshed does not declare it
+        value, end = _DECODER.scan_once(text, 0)  # type: ignore[attr-defined]
     except StopIteration:
         return _DECODER.decode(text)
     if end != len(text):
@@ -110,7 +111,7 @@ def canonical_text(data: dict[str, Any]) -> tuple[str, str]:
     one dump per top-level value; the content hash is the sha256 of the same text without
     ``source`` (same content → same hash, wherever it came from).  Raises ValueError on
     NaN/inf anywhere, UnicodeEncodeError (a ValueError too) on unpaired surrogates."""
-    parts = []
+    parts: list[str] = []
     source = None
     for k in sorted(data):
         head = _KEY_TEXT.get(k)
@@ -471,8 +472,8 @@ def _read_document(path: str | Path, data: bytes | None = None) -> Document:
         except (ValueError, RecursionError) as exc:
             if isinstance(exc, json.JSONDecodeError) and exc.msg.startswith("Extra data"):
                 return _load_jsonl(path, data, text)  # JSON Lines whose records are lists
-            line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
-            raise InputError(_json_error_message(exc), file=str(path), line=line) from None
+            error_line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
+            raise InputError(_json_error_message(exc), file=str(path), line=error_line) from None
         return Document(path, data, "json-list",
                         [RawRecord(v, i) for i, v in enumerate(value)])
     if first == "{" and text.find("\n", start.start(), _content_end(text)) >= 0:
@@ -482,8 +483,8 @@ def _read_document(path: str | Path, data: bytes | None = None) -> Document:
             return Document(path, data, "json-object", [RawRecord(loads(text), 0)])
         except (ValueError, RecursionError) as exc:
             if not _looks_like_jsonl(text):
-                line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
-                raise InputError(_json_error_message(exc), file=str(path), line=line) from None
+                error_line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
+                raise InputError(_json_error_message(exc), file=str(path), line=error_line) from None
     return _load_jsonl(path, data, text)
 
 
@@ -788,5 +789,5 @@ def dedupe_tools(tools: list[ToolSchema]) -> list[ToolSchema]:
     return list(seen.values())
 
 
-def is_finite_number(v: Any) -> bool:
+def is_finite_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

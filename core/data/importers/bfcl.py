@@ -61,7 +61,7 @@ def json_schema(node: Any) -> Any:
         return [json_schema(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in node.items():
         if k == "type" and isinstance(v, str):
             if v == "any":

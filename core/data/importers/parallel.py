@@ -148,12 +148,12 @@ def convert_rwb_chunk(file: str, items: list[tuple[int, int | None, str]],
     doc = Document(Path(file), b"", "jsonl",
                    [RawRecord(None, record, line, text=text, file=file) for record, line, text in items])
     try:
-        items, rejected = convert_records(
+        prepared, rejected = convert_records(
             doc, ReadOptions(skip_invalid=skip_invalid, for_storage=True),
             lambda rec: episode_from_line(doc, rec, for_storage=True), parse=False)
     except InputError as exc:
         return {"error": exc.to_dict()}
-    rows = rows_of(items)
+    rows = rows_of(prepared)
     return {"episodes": rows.episodes, "steps": rows.steps, "calls": rows.calls,
             "domains": sorted(rows.domains), "rejected": rejected}
 

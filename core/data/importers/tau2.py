@@ -318,7 +318,8 @@ class Tau2Importer(Importer):
             domain = _domain_of(record, doc)
             actions = _gold_actions(record, doc, rec)
             use_db = db if domain == "retail" else None
-            steps, dirty = [], set()
+            steps: list[dict[str, Any]] = []
+            dirty: set[str] = set()
             for name, args in actions:
                 step: dict[str, Any] = {"t": len(steps),
                                         "action": {"kind": "escalate" if name in ESCALATE_TOOLS
