@@ -102,6 +102,26 @@ def test_a_finished_run_is_recorded(ws, finished):
     assert listed[0]["id"] == finished and listed[0]["last"]["mask_violations"] == 0
 
 
+def test_runs_created_in_the_same_second_list_newest_first(tmp_path, monkeypatch):
+    """Creation times have one-second resolution: ties are broken by insertion order, never by
+    the id's random suffix (the Training page's table and picker read this order)."""
+    from core.data.importers import import_file
+
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    subset = tmp_path / "finance.jsonl"
+    subset.write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
+    w = Workspace.open(tmp_path / "ws")
+    try:
+        import_file(w, subset, dataset="finance")
+        template, _ = runs.resolve_run_template(w, "finance_risk")
+        monkeypatch.setattr(runs, "_now_iso", lambda: "2026-12-03T12:00:00Z")
+        created = [runs.create_run(w, LOCAL_ADMIN, template=template, config=tiny(seed=seed), dataset="finance")
+                   for seed in range(6)]
+        assert [r["id"] for r in runs.list_runs(w)] == created[::-1]
+    finally:
+        w.close()
+
+
 def test_curves_and_comparison(ws, finished):
     curves = runs.run_curves(ws, [finished])
     assert list(curves["return_mean"].columns) == [finished]

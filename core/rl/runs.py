@@ -114,7 +114,7 @@ def _row_dict(row: Sequence[Any]) -> dict[str, Any]:
 def _get_row(ws: "Workspace", run_id: str) -> tuple[Any, ...]:
     row = ws.conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
-        known = [r[0] for r in ws.conn.execute("SELECT id FROM runs ORDER BY created_at DESC LIMIT 5")]
+        known = [r[0] for r in ws.conn.execute("SELECT id FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 5")]
         raise InputError(f"no run {run_id!r} in the workspace"
                          + (f" (latest: {', '.join(known)})" if known else " (no runs yet: `rwb train`)"),
                          field="run")
@@ -142,7 +142,7 @@ def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None
         where.append("dataset=?")
         args.append(dataset)
     sql = (f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs"
-           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at DESC, id DESC LIMIT ?")
+           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at DESC, rowid DESC LIMIT ?")
     out = []
     for row in ws.conn.execute(sql, [*args, int(limit)]).fetchall():
         d = _row_dict(row)
@@ -285,7 +285,7 @@ def in_flight_twin(ws: "Workspace", *, template_hash: str, dataset: str | None, 
     recent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - LAUNCH_GRACE_S))
     rows = ws.conn.execute(
         "SELECT id, pid, host, created_at FROM runs WHERE status='running' AND template_hash=? AND dataset IS ? "
-        "AND episodes_file IS ? AND masks_yaml IS ? AND config=? ORDER BY created_at DESC, id DESC",
+        "AND episodes_file IS ? AND masks_yaml IS ? AND config=? ORDER BY created_at DESC, rowid DESC",
         (template_hash, dataset, episodes_file, masks_yaml, config)).fetchall()
     for run_id, pid, host, created_at in rows:
         if pid is None and created_at >= recent:

@@ -137,7 +137,7 @@ def list_studies(ws: "Workspace") -> list[dict[str, Any]]:
     out = []
     rows = ws.conn.execute("SELECT name, storage, objective, template_name, template_version, dataset, "
                            "episodes_file, created_by, created_at FROM tuning_studies ORDER BY created_at DESC, "
-                           "name").fetchall()
+                           "rowid DESC").fetchall()
     for r in rows:
         d = dict(zip(("name", "storage", "objective", "template_name", "template_version", "dataset",
                       "episodes_file", "created_by", "created_at"), r))
