@@ -311,7 +311,8 @@ def _type_ok(value: Any, types: tuple[str, ...]) -> bool:
     return False
 
 
-def _json_type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """The JSON-schema type name of a decoded JSON value (``null`` for None; a tuple is an array)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -335,7 +336,7 @@ def _short(value: Any, n: int = 60) -> str:
 def _check_value(c: _ParamCheck, value: Any) -> str | None:
     if c.types is not None and not _type_ok(value, c.types):
         return (f"type mismatch: param '{c.name}' expects {'|'.join(c.types)}, "
-                f"got {_json_type_name(value)} {_short(value, 40)}")
+                f"got {json_type_name(value)} {_short(value, 40)}")
     if c.enum is not None:
         try:
             ok = value_key(value) in c.enum
@@ -511,7 +512,7 @@ def _collect_stats(calls: Iterable[tuple[str, Mapping[str, Any]]]
         for name, value in params.items():
             s = stats[tool][name]
             s.n += 1
-            s.types[_json_type_name(value)] += 1
+            s.types[json_type_name(value)] += 1
             if isinstance(value, str):
                 s.strings[value] += 1
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -835,7 +836,7 @@ class Catalog:
                                   spec.tool_id)
             if not isinstance(parsed, dict):
                 return Normalized(-1, False, f"unparsable arguments: expected a JSON object, got "
-                                  f"{_json_type_name(parsed)}", True, False, spec.tool_id)
+                                  f"{json_type_name(parsed)}", True, False, spec.tool_id)
             params = parsed
         reason, idx = spec.map_call(params or {})
         if reason is None:

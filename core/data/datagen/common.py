@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from core.records.catalog import json_type_name
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -127,24 +129,8 @@ _PY_TYPES = {"string": "string", "integer": "integer", "number": "number", "bool
              "array": "array", "object": "object"}
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null" if value is None else type(value).__name__
-
-
 def _type_ok(expected: str, value: Any) -> bool:
-    got = _json_type(value)
+    got = json_type_name(value)
     return got == expected or (expected == "number" and got == "integer")
 
 
@@ -152,7 +138,7 @@ def check_value(spec: dict[str, Any], value: Any, where: str) -> str | None:
     """Why ``value`` does not fit the JSON-schema ``spec`` of parameter ``where`` (None = fits)."""
     expected = spec.get("type")
     if expected in _PY_TYPES and not _type_ok(expected, value):
-        return f"type mismatch: param '{where}' expects {expected}, got {_json_type(value)}"
+        return f"type mismatch: param '{where}' expects {expected}, got {json_type_name(value)}"
     if "enum" in spec and value not in spec["enum"]:
         return f"out-of-range value: param '{where}' = {value!r} is not one of {spec['enum']}"
     if "minimum" in spec and value < spec["minimum"]:

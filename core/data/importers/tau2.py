@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.records.catalog import json_type_name
 from core.records.episodes import Episode, ToolSchema
 from core.base.errors import InputError
 from core.data.importers.base import (
@@ -149,22 +150,6 @@ def tool_type(name: str, described: dict[str, Any] | None) -> str:
 
 
 # --------------------------------------------------------------------------- schemas
-def _json_type(v: Any) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return "null"
-
-
 def _merge_types(types: set[str]) -> str | None:
     if len(types) == 1:
         return next(iter(types))
@@ -185,10 +170,10 @@ def infer_schema(name: str, calls: list[dict[str, Any]], described: dict[str, An
             if k not in types:
                 order.append(k)
                 types[k], item_types[k], counts[k] = set(), set(), 0
-            types[k].add(_json_type(v))
+            types[k].add(json_type_name(v))
             counts[k] += 1
             if isinstance(v, list):
-                item_types[k].update(_json_type(x) for x in v)
+                item_types[k].update(json_type_name(x) for x in v)
     doc_params = {p.get("name"): p for p in (described or {}).get("parameters", [])
                   if isinstance(p, dict)}
     properties: dict[str, Any] = {}
