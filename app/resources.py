@@ -35,7 +35,7 @@ def show_flash(key: str) -> None:
         {"error": st.error, "info": st.info}.get(kept[0], st.success)(kept[1])
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.access.audit import AuditStats
+    from core.access.audit import AuditRecord, AuditStats
     from core.access.users import Actor, Session
     from core.guard.review import ReviewQueueStats
     from core.rewards import ScoreResult, StepsFrame, Template
@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from core.rewards.calibration import CalibrationReport
     from core.rewards.views import PyramidReport
+    from core.rl.doctor import Diagnosis
+    from core.rl.evaluation import EvaluationReport
     from core.state.statemap import StateMapReport
     from core.tuning import StudyReport
 
@@ -369,35 +371,36 @@ def run_curves(run_ids: tuple[str, ...]) -> dict:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _diagnosis(path: str, run_id: str, checkpoint: int | None) -> dict:
+def _diagnosis(path: str, run_id: str, checkpoint: int | None) -> "Diagnosis":
     # Keyed by the run's latest checkpoint: a new checkpoint is a new policy to diagnose.
     from core.rl.doctor import diagnose
 
     return diagnose(_workspace(path), run_id)
 
 
-def diagnosis(run_id: str) -> dict:
+def diagnosis(run_id: str) -> "Diagnosis":
     """The four-step diagnosis of ``run_id`` (core.rl.doctor.diagnose), once per checkpoint."""
     from core.rl.runs import latest_checkpoint
 
     ckpt = latest_checkpoint(workspace(), run_id)
-    return _diagnosis(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"])
+    return _diagnosis(_session_path(), run_id, None if ckpt is None else ckpt.update_idx)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int, dataset: str | None) -> dict:
+def _evaluation(path: str, run_id: str, checkpoint: int | None, repeats: int,
+                dataset: str | None) -> "EvaluationReport":
     from core.rl.evaluation import evaluate
 
     return evaluate(_workspace(path), run_id, repeats=repeats, dataset=dataset)
 
 
-def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> dict:
+def evaluation(run_id: str, repeats: int = 3, dataset: str | None = None) -> "EvaluationReport":
     """The held-out evaluation of ``run_id`` (core.rl.evaluation.evaluate), once per checkpoint:
     on its own held-out split, or on every episode of another workspace ``dataset``."""
     from core.rl.runs import latest_checkpoint
 
     ckpt = latest_checkpoint(workspace(), run_id)
-    return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt["update_idx"], repeats, dataset)
+    return _evaluation(_session_path(), run_id, None if ckpt is None else ckpt.update_idx, repeats, dataset)
 
 
 # --------------------------------------------------------------------------- review queue and audit
@@ -433,7 +436,7 @@ def audit_summary() -> "AuditStats":
 
 @st.cache_data(show_spinner=False, ttl=5, max_entries=32)
 def _audit_records(path: str, episode_id: str | None, policy_version: str | None, since: str | None,
-                   until: str | None, final_action: int | str | None, limit: int) -> list[dict]:
+                   until: str | None, final_action: int | str | None, limit: int) -> list[AuditRecord]:
     from core.access.audit import list_records
 
     return list_records(_workspace(path), episode_id=episode_id, policy_version=policy_version, since=since,
@@ -441,7 +444,8 @@ def _audit_records(path: str, episode_id: str | None, policy_version: str | None
 
 
 def audit_records(*, episode_id: str | None = None, policy_version: str | None = None, since: str | None = None,
-                  until: str | None = None, final_action: int | str | None = None, limit: int = 200) -> list[dict]:
+                  until: str | None = None, final_action: int | str | None = None,
+                  limit: int = 200) -> list[AuditRecord]:
     """Audit records matching the filters, newest first (core.access.audit.list_records); the trail
     only grows, so a few seconds of caching never shows a changed record."""
     return _audit_records(_session_path(), episode_id, policy_version, since, until, final_action, limit)
@@ -468,7 +472,7 @@ def tuning_report(name: str) -> "StudyReport":
 def _runs_of(ws: Workspace, name: str) -> list:
     from core.tuning import study_runs
 
-    return [(r["id"], r["status"], r["trials_done"]) for r in study_runs(ws, name)]
+    return [(r.id, r.status, r.trials_done) for r in study_runs(ws, name)]
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

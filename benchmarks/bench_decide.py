@@ -153,7 +153,7 @@ def build_bundle(work: Path, n_train: int, size: str = "small") -> Path:
                     device="cpu", checkpoint_every=100, seed=0, **SIZES[size])
     print(f"training a {size} policy on {n_train} episodes …", flush=True)
     result = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=cfg)
-    path = export_bundle(ws, LOCAL_ADMIN, result["run_id"], work / "finance_risk-bench.zip")
+    path = export_bundle(ws, LOCAL_ADMIN, result.run_id, work / "finance_risk-bench.zip")
     ws.close()
     return path
 

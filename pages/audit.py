@@ -10,6 +10,7 @@ import streamlit as st
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.access import audit
+from core.base.results import to_jsonable
 
 USER_ERRORS = resources.USER_ERRORS
 
@@ -62,17 +63,16 @@ except USER_ERRORS as exc:
 if not records:
     st.info("No record matches these filters.")
 else:
-    st.dataframe([{"time": r["timestamp"], "episode": r["episode_id"], "policy": r["policy_version"],
-                   "baseline action": r["rde_action"], "final action": r["final_action"],
-                   "candidates": ", ".join(f"{c['id']} (p {c['prob']:.2f}, est {c['reward_est']:.2f})"
-                                           for c in r["rl_candidates"]) or "—",
-                   "reward components": ", ".join(f"{c['name']} {c['value']:+.3f}"
-                                                  for c in r["reward_components"]) or "—",
-                   "decision": r["decision_id"]} for r in records], hide_index=True, width="stretch")
-    picked = st.selectbox("Record", [r["decision_id"] for r in records], key="audit_record",
-                          format_func=lambda d: next(f"{r['timestamp']} · {r['episode_id']} · {d}"
-                                                     for r in records if r["decision_id"] == d))
-    st.json(next(r for r in records if r["decision_id"] == picked))
+    st.dataframe([{"time": r.timestamp, "episode": r.episode_id, "policy": r.policy_version,
+                   "baseline action": r.rde_action, "final action": r.final_action,
+                   "candidates": ", ".join(f"{c.id} (p {c.prob:.2f}, est {c.reward_est:.2f})"
+                                           for c in r.rl_candidates) or "—",
+                   "reward components": ", ".join(f"{c.name} {c.value:+.3f}" for c in r.reward_components) or "—",
+                   "decision": r.decision_id} for r in records], hide_index=True, width="stretch")
+    picked = st.selectbox("Record", [r.decision_id for r in records], key="audit_record",
+                          format_func=lambda d: next(f"{r.timestamp} · {r.episode_id} · {d}"
+                                                     for r in records if r.decision_id == d))
+    st.json(to_jsonable(next(r for r in records if r.decision_id == picked)))
 
 # --------------------------------------------------------------------------- export
 st.subheader("Export")

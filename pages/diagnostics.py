@@ -31,16 +31,16 @@ st.caption("When a run does not learn, check four things in order: are the rewar
            "and the number behind it.")
 
 ws = resources.workspace()
-with_checkpoint = [r for r in runs.list_runs(ws, limit=200) if r["updates"] > 0]
+with_checkpoint = [r for r in runs.list_runs(ws, limit=200) if r.updates > 0]
 if not with_checkpoint:
     st.info("No run with a recorded update yet: launch one on the Training page, then diagnose it here.")
     cli_equivalent("rwb train --template NAME --dataset NAME")
     st.stop()
 
-labels = {r["id"]: f"{r['id']} · {r['display_status']} · {r['dataset'] or 'file'} · {r['template_name']}"
+labels = {r.id: f"{r.id} · {r.display_status} · {r.dataset or 'file'} · {r.template_name}"
           for r in with_checkpoint}
 # the latest finished run first (runs come newest first); a stopped or failed one only when none finished
-finished = [r["id"] for r in with_checkpoint if r["display_status"] == "finished"]
+finished = [r.id for r in with_checkpoint if r.display_status == "finished"]
 ids = list(labels)
 run_id = st.selectbox("Run", ids, index=ids.index(finished[0]) if finished else 0, format_func=labels.get,
                       key="diag_run")
@@ -62,15 +62,15 @@ with diagnose_tab:
         except USER_ERRORS as exc:
             st.error(str(exc))
         else:
-            SHOW[report["verdict"]](f"Overall: **{report['plain_verdict']}** · checkpoint of update "
-                                    f"{report['checkpoint_update']}. Next: {report['next_action']}")
-            for step in report["steps"]:
-                SHOW[step["verdict"]](f"**{step['step']}. {step['name'].capitalize()}** "
-                                      f"{step['plain_verdict']}: {step['message']}")
-                st.metric(f"{step['figure']} ({UNITS.get(step['unit'], step['unit'])})",
-                          figure(step["value"], step["unit"]), help=f"Threshold: {step['threshold']}.")
-                st.caption(f"Threshold: {step['threshold']}. Next: {step['action']}")
-                details = {k: v for k, v in step["details"].items() if not isinstance(v, dict)}
+            SHOW[report.verdict](f"Overall: **{report.plain_verdict}** · checkpoint of update "
+                                 f"{report.checkpoint_update}. Next: {report.next_action}")
+            for step in report.steps:
+                SHOW[step.verdict](f"**{step.step}. {step.name.capitalize()}** "
+                                   f"{step.plain_verdict}: {step.message}")
+                st.metric(f"{step.figure} ({UNITS.get(step.unit, step.unit)})",
+                          figure(step.value, step.unit), help=f"Threshold: {step.threshold}.")
+                st.caption(f"Threshold: {step.threshold}. Next: {step.action}")
+                details = {k: v for k, v in step.details.items() if not isinstance(v, dict)}
                 if details:
                     with st.expander("The numbers"):
                         st.json(details)
@@ -96,29 +96,30 @@ with evaluate_tab:
         except USER_ERRORS as exc:
             st.error(str(exc))
         else:
-            cov = ev["catalog_coverage"]
+            cov = ev.catalog_coverage
             st.caption(f"Off-catalog: {cov['off_catalog']} of {cov['tool_calls']} tool calls "
                        f"({cov['share_of_tool_calls']:.1%}) cannot be expressed in the run's action catalog "
-                       f"{ev['catalog_version']}.")
-            best = ev["best_logged"]
+                       f"{ev.catalog_version}.")
+            best = ev.best_logged
             if best is not None:
-                (st.success if ev["beats_best_logged"] else st.warning)(
-                    f"The policy {'beats' if ev['beats_best_logged'] else 'does not beat'} the best logged "
-                    f"behaviour ({best['behaviour']}) on its own held-out requests: "
-                    f"{ev['paired'][best['behaviour']]['policy']:.3f} vs {ev['paired'][best['behaviour']]['logged']:.3f}"
-                    f"; over all held-out requests {ev['policy']['return_mean']:.3f}, random-in-mask "
-                    f"{ev['random_in_mask']['return_mean']:.3f}.")
-            if ev["mask_violations"]:
-                st.error(f"{ev['mask_violations']} mask violations in the evaluation: masked actions were taken.")
-            rows = [{"who": "policy (greedy)", **{k: ev["policy"][k] for k in ("return_mean", "success_rate",
-                                                                             "off_support_rate", "episodes")}},
-                    {"who": "random-in-mask", **{k: ev["random_in_mask"][k] for k in
-                                                ("return_mean", "success_rate", "off_support_rate", "episodes")}}]
-            rows += [{"who": f"logged {name}", "return_mean": value} for name, value in ev["logged"].items()]
+                pair = ev.paired[best.behaviour]
+                (st.success if ev.beats_best_logged else st.warning)(
+                    f"The policy {'beats' if ev.beats_best_logged else 'does not beat'} the best logged "
+                    f"behaviour ({best.behaviour}) on its own held-out requests: "
+                    f"{pair.policy:.3f} vs {pair.logged:.3f}"
+                    f"; over all held-out requests {ev.policy.return_mean:.3f}, random-in-mask "
+                    f"{ev.random_in_mask.return_mean:.3f}.")
+            if ev.mask_violations:
+                st.error(f"{ev.mask_violations} mask violations in the evaluation: masked actions were taken.")
+            rows: list[dict[str, object]] = [
+                {"who": who, "return_mean": pooled.return_mean, "success_rate": pooled.success_rate,
+                 "off_support_rate": pooled.off_support_rate, "episodes": pooled.episodes}
+                for who, pooled in (("policy (greedy)", ev.policy), ("random-in-mask", ev.random_in_mask))]
+            rows += [{"who": f"logged {name}", "return_mean": value} for name, value in ev.logged.items()]
             st.markdown("**Simulator's estimate** (a model built from the recorded episodes)")
             st.dataframe(rows, hide_index=True, width="stretch")
-            st.caption(f"{ev['episodes']} held-out episodes ({ev['source']}), {ev['repeats']} passes.")
-            ope = ev["ope"]
+            st.caption(f"{ev.episodes} held-out episodes ({ev.source}), {ev.repeats} passes.")
+            ope = ev.ope
             st.markdown(f"**Off-policy estimate on the logged episodes** ({ope['method']})")
             if ope["reliable"]:
                 low, high = ope["policy_success_ci90"]

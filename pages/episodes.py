@@ -224,7 +224,7 @@ with browse_tab:
         else:
             resources.refresh_review_queue()
             resources.flash(SEND_FLASH, "success", f"Step t={picked} is on the Review Queue as item "
-                                                   f"#{item['id']}.")
+                                                   f"#{item.id}.")
         st.rerun()
 
     for step in detail.steps:

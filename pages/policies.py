@@ -43,9 +43,9 @@ def _run_action(flash: str, what: str, done: str, fn: Any, *args: Any, **kwargs:
     except USER_ERRORS as exc:
         resources.flash(flash, "error", f"Could not {what}: {user_message(exc)}")
         return
-    if isinstance(result, dict) and result.get("name") and result.get("version"):
-        st.session_state["policies_name"] = result["name"]
-        st.session_state["policies_version"] = result["version"]
+    if isinstance(result, registry.PolicyVersion):
+        st.session_state["policies_name"] = result.name
+        st.session_state["policies_version"] = result.version
     resources.flash(flash, "success", done)
 
 
@@ -69,33 +69,35 @@ with registry_tab:
     else:
         name = st.selectbox("Policy", names, key="policies_name")
         aliases = registry.aliases(ws, name)
-        installed = read_index()["policies"].get(name) or {}
+        installed = read_index().policies.get(name)
         c1, c2, c3 = st.columns(3)
         c1.metric("Production", aliases["production"] or "—")
         c2.metric("Approved", aliases["approved"] or "—")
         c3.metric("Candidate", aliases["candidate"] or "—")
-        st.caption(f"Installed in `{policies_root()}`: active {installed.get('active') or '—'}, "
-                   f"previous {', '.join(installed.get('previous') or []) or '—'}.")
+        active, previous = (installed.active, installed.previous) if installed is not None else (None, [])
+        st.caption(f"Installed in `{policies_root()}`: active {active or '—'}, "
+                   f"previous {', '.join(previous) or '—'}.")
         versions = registry.list_versions(ws, name)
-        st.dataframe([{k: v[k] for k in ("version", "stage", "return_mean", "best_logged", "heldout_episodes",
-                                         "run_id", "created_by", "trained_by", "registered_at")}
-                      | {"approved by": ", ".join(a["by"] for a in v["approvals"])} for v in versions],
+        st.dataframe([{"version": v.version, "stage": v.stage, "return_mean": v.return_mean,
+                       "best_logged": v.best_logged, "heldout_episodes": v.heldout_episodes, "run_id": v.run_id,
+                       "created_by": v.created_by, "trained_by": v.trained_by, "registered_at": v.registered_at,
+                       "approved by": ", ".join(a.by for a in v.approvals)} for v in versions],
                      hide_index=True)
-        version = st.selectbox("Version", [v["version"] for v in reversed(versions)], key="policies_version")
-        chosen = next(v for v in versions if v["version"] == version)
-        st.write(f"**{name} {version}** is *{chosen['stage']}* — trained by {chosen['trained_by']}, "
-                 f"exported by {chosen['created_by']}, template {chosen['template']}, dataset "
-                 f"{chosen['dataset'] or '—'}.")
-        for a in chosen["approvals"]:
-            st.caption(f"Approved by {a['by']} at {a['at']}: {a['comment']}")
+        version = st.selectbox("Version", [v.version for v in reversed(versions)], key="policies_version")
+        chosen = next(v for v in versions if v.version == version)
+        st.write(f"**{name} {version}** is *{chosen.stage}* — trained by {chosen.trained_by}, "
+                 f"exported by {chosen.created_by}, template {chosen.template}, dataset "
+                 f"{chosen.dataset or '—'}.")
+        for a in chosen.approvals:
+            st.caption(f"Approved by {a.by} at {a.at}: {a.comment}")
 
-        if _can("approve") and chosen["stage"] in ("candidate", "rolled_back"):
+        if _can("approve") and chosen.stage in ("candidate", "rolled_back"):
             st.text_input("Why you approve", key="policies_comment",
                           placeholder="e.g. beats production on 50 held-out episodes")
             st.button("Approve", type="primary", key="policies_approve", on_click=lambda: _run_action(
                 REGISTRY_FLASH, f"approve {name} {version}", f"Approved {name} {version}: it may now be promoted.",
                 registry.approve, ws, actor, name, version, st.session_state.get("policies_comment", "")))
-        if _can("promote") and chosen["stage"] == "approved":
+        if _can("promote") and chosen.stage == "approved":
             st.button("Promote", type="primary", key="policies_promote", on_click=lambda: _run_action(
                 REGISTRY_FLASH, f"promote {name} {version}", f"Promoted {name} {version}: it is production now.",
                 registry.promote, ws, actor, name, version))
@@ -125,11 +127,11 @@ with runs_tab:
         st.info("No training runs yet: train one on the **Training** page.")
         cli_equivalent("rwb train")
     else:
-        st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"],
-                       "template": f"{r['template_name']} v{r['template_version']}", "env steps": r["env_steps"],
-                       "return (last update)": r["last"].get("return_mean"), "trained by": r["created_by"],
-                       "created": r["created_at"]} for r in runs], hide_index=True)
-    done = [r["id"] for r in runs if r["status"] in ("finished", "stopped")]
+        st.dataframe([{"run": r.id, "status": r.display_status, "dataset": r.dataset,
+                       "template": f"{r.template_name} v{r.template_version}", "env steps": r.env_steps,
+                       "return (last update)": r.last.return_mean, "trained by": r.created_by,
+                       "created": r.created_at} for r in runs], hide_index=True)
+    done = [r.id for r in runs if r.status in ("finished", "stopped")]
     if _can("export_bundle") and done:
         with st.form("policies_export"):
             run_id = st.selectbox("Run to export", done, key="policies_export_run")
@@ -153,29 +155,31 @@ with runs_tab:
     if not bundles:
         st.caption("None in this workspace yet.")
     else:
-        st.dataframe([{k: b.get(k) for k in ("file", "name", "version", "run_id", "created_by", "return_mean",
-                                             "expert_return", "problem")} for b in bundles],
+        st.dataframe([{"file": b.file, "name": b.name, "version": b.version, "run_id": b.run_id,
+                       "created_by": b.created_by, "return_mean": b.return_mean, "expert_return": b.expert_return,
+                       "problem": b.problem} for b in bundles],
                      hide_index=True)
-        file = st.selectbox("Bundle", [b["file"] for b in bundles], key="policies_bundle_file")
-        picked = next(b for b in bundles if b["file"] == file)
+        file = st.selectbox("Bundle", [b.file for b in bundles], key="policies_bundle_file")
+        picked = next(b for b in bundles if b.file == file)
         if _can("export_bundle"):
             st.button("Register as candidate", key="policies_register", on_click=lambda: _run_action(
                 BUNDLES_FLASH, f"register {file}", f"Registered {file}: it is a candidate in the Registry tab.",
-                registry.register, ws, actor, picked["path"]))
+                registry.register, ws, actor, picked.path))
             resources.show_flash(BUNDLES_FLASH)
         st.download_button("Download this bundle", data=exported_bundle_bytes(ws, file), file_name=file,
                            mime="application/zip", key="policies_download_export")
 
 # --------------------------------------------------------------------------- compare
 with compare_tab:
-    every = [(v["name"], v["version"]) for v in registry.list_versions(ws)]
+    every = [(v.name, v.version) for v in registry.list_versions(ws)]
     if not every:
         st.info("Register bundles to compare their evaluation reports.")
     else:
         picked_versions = st.multiselect("Versions", every, default=every[-2:], key="policies_compare",
                                          format_func=lambda nv: f"{nv[0]} {nv[1]}")
         if picked_versions:
-            st.dataframe(registry.compare_versions(ws, list(picked_versions)), hide_index=True)
+            st.dataframe([c.row() for c in registry.compare_versions(ws, list(picked_versions))],
+                         hide_index=True)
             st.caption("Returns are mean template returns on each bundle's held-out episodes; compare bundles "
                        "evaluated on the same held-out set (same 'held-out set' fingerprint).")
 
@@ -185,6 +189,6 @@ with history_tab:
     if not events:
         st.info("No registry events yet.")
     else:
-        st.dataframe([{"at": e["at"], "policy": f"{e['name']} {e['version']}", "event": e["event"],
-                       "by": f"{e['actor']} ({e['role']})", "why": e["comment"]} for e in reversed(events)],
+        st.dataframe([{"at": e.at, "policy": f"{e.name} {e.version}", "event": e.event,
+                       "by": f"{e.actor} ({e.role})", "why": e.comment} for e in reversed(events)],
                      hide_index=True)

@@ -38,16 +38,16 @@ def _act(label: str, fn: Any, *args: Any, **kwargs: Any) -> None:
         if result is None:
             resources.flash(FLASH, "info", "Nothing to claim: the queue has no open items.")
             return
-        st.session_state[CURRENT] = result["id"]
-        resources.flash(FLASH, "success", f"Claimed item #{result['id']}.")
+        st.session_state[CURRENT] = result.id
+        resources.flash(FLASH, "success", f"Claimed item #{result.id}.")
     elif fn is review.decide:
         st.session_state.pop(CURRENT, None)
-        outcome = ("labelled as reasonable exploration (training data)" if result["decision"] == "approve"
+        outcome = ("labelled as reasonable exploration (training data)" if result.decision == "approve"
                    else "now a mask rule")
-        resources.flash(FLASH, "success", f"Item #{result['id']} {result['decision']}d: {outcome}.")
+        resources.flash(FLASH, "success", f"Item #{result.id} {result.decision}d: {outcome}.")
     else:
         st.session_state.pop(CURRENT, None)
-        resources.flash(FLASH, "success", f"Item #{result['id']} is back in the queue.")
+        resources.flash(FLASH, "success", f"Item #{result.id} is back in the queue.")
 
 
 if actor is None:
@@ -74,47 +74,47 @@ c5.metric("Oldest open", "—" if stats.oldest_pending_age_s is None
 if can_review:
     mine = review.list_items(ws, status="claimed", claimed_by=actor.name)
     current = st.session_state.get(CURRENT)
-    if current not in {i["id"] for i in mine}:
-        current = mine[0]["id"] if mine else None
+    if current not in {i.id for i in mine}:
+        current = mine[0].id if mine else None
     st.button("Claim next item", type="primary" if current is None else "secondary", key="review_claim",
               on_click=lambda: _act("claim", review.claim, ws, actor))
     if len(mine) > 1:
-        current = st.selectbox("Your claimed items", [i["id"] for i in mine], key="review_pick",
-                               index=[i["id"] for i in mine].index(current), format_func=lambda i: f"#{i}")
+        current = st.selectbox("Your claimed items", [i.id for i in mine], key="review_pick",
+                               index=[i.id for i in mine].index(current), format_func=lambda i: f"#{i}")
     if current is None:
         st.info("You hold no item. **Claim next item** takes the oldest open one for five minutes.")
     else:
         item = review.get_item(ws, current)
-        st.subheader(f"#{item['id']}: {item['action_label'] or item['token_name'] or item['token_id']}")
-        st.write(f"**Why it is here:** {item['reason']}")
-        if item["origin"] == "serving":
-            where = f"serving, decision `{item['decision_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
-        elif item["run_id"] is None:
-            where = (f"dataset `{item['dataset']}`, recorded episode `{item['episode_id']}`, step {item['step_t']}"
-                     f" (sent by {item['created_by']})")
+        st.subheader(f"#{item.id}: {item.action_label or item.token_name or item.token_id}")
+        st.write(f"**Why it is here:** {item.reason}")
+        if item.origin == "serving":
+            where = f"serving, decision `{item.decision_id}`, episode `{item.episode_id}`, step {item.step_t}"
+        elif item.run_id is None:
+            where = (f"dataset `{item.dataset}`, recorded episode `{item.episode_id}`, step {item.step_t}"
+                     f" (sent by {item.created_by})")
         else:
-            where = f"training run `{item['run_id']}`, episode `{item['episode_id']}`, step {item['step_t']}"
-        st.caption(f"From {where}. Claimed until {item['claim_expires']}.")
+            where = f"training run `{item.run_id}`, episode `{item.episode_id}`, step {item.step_t}"
+        st.caption(f"From {where}. Claimed until {item.claim_expires}.")
         a1, a2, a3, a4 = st.columns(4)
-        a1.metric("Action token", item["token_name"] or str(item["token_id"]))
-        a2.metric("Tool", item["tool"] or "—")
-        a3.metric("Risk", item["risk"] or "—")
-        a4.metric("Confidence", "—" if item["confidence"] is None else f"{item['confidence']:.2f}")
+        a1.metric("Action token", item.token_name or str(item.token_id))
+        a2.metric("Tool", item.tool or "—")
+        a3.metric("Risk", item.risk or "—")
+        a4.metric("Confidence", "—" if item.confidence is None else f"{item.confidence:.2f}")
         left, right = st.columns(2)
         with left:
             st.write("**State** (task type "
-                     f"`{item['task_type'] or '—'}`)")
-            st.dataframe([{"feature": k, "value": str(v)} for k, v in item["state"].items()], hide_index=True,
+                     f"`{item.task_type or '—'}`)")
+            st.dataframe([{"feature": k, "value": str(v)} for k, v in item.state.items()], hide_index=True,
                          use_container_width=True)
         with right:
             st.write("**Reward components**")
-            if item["reward_components"]:
-                st.dataframe(item["reward_components"], hide_index=True, use_container_width=True)
+            if item.reward_components:
+                st.dataframe(item.reward_components, hide_index=True, use_container_width=True)
             else:
                 st.caption("None recorded for this step.")
-            if item["meta"]:
+            if item.meta:
                 with st.expander("More context"):
-                    st.json(item["meta"], expanded=False)
+                    st.json(item.meta, expanded=False)
         with st.form("review_decide"):
             comment = st.text_area("Comment", key="review_comment",
                                    placeholder="Why — required to reject: it stays with the mask rule")
@@ -122,10 +122,10 @@ if can_review:
             approve = b1.form_submit_button("Approve: reasonable exploration")
             reject = b2.form_submit_button("Reject: never in this state", type="primary")
         if approve or reject:
-            _act("decide", review.decide, ws, actor, item["id"], "approve" if approve else "reject", comment)
+            _act("decide", review.decide, ws, actor, item.id, "approve" if approve else "reject", comment)
             st.rerun()
         st.button("Release (back to the queue, undecided)", key="review_release",
-                  on_click=lambda: _act("release", review.release, ws, actor, item["id"]))
+                  on_click=lambda: _act("release", review.release, ws, actor, item.id))
 
 # --------------------------------------------------------------------------- the queue
 st.subheader("Queue")
@@ -138,9 +138,9 @@ if not items:
             "the **Episodes** page — or check another status.")
     cli_equivalent("rwb serve decide --policy NAME --request JSON", "serves a request")
 else:
-    st.dataframe([{"id": i["id"], "status": i["status"] + (" (expired)" if i["claim_expired"] else ""),
-                   "origin": i["origin"] if i["origin"] == "serving" or i["run_id"] else "recorded episode",
-                   "action": i["action_label"] or i["token_name"], "risk": i["risk"],
-                   "task type": i["task_type"], "reason": i["reason"], "age (min)": round(i["age_s"] / 60, 1),
-                   "claimed by": i["claimed_by"], "decision": i["decision"], "comment": i["comment"]}
+    st.dataframe([{"id": i.id, "status": i.status + (" (expired)" if i.claim_expired else ""),
+                   "origin": i.origin if i.origin == "serving" or i.run_id else "recorded episode",
+                   "action": i.action_label or i.token_name, "risk": i.risk,
+                   "task type": i.task_type, "reason": i.reason, "age (min)": round(i.age_s / 60, 1),
+                   "claimed by": i.claimed_by, "decision": i.decision, "comment": i.comment}
                   for i in items], hide_index=True, use_container_width=True)

@@ -82,9 +82,9 @@ with st.expander("Launch a run", expanded=open_at_first, key="train_launch_panel
                 st.session_state[LAUNCH_NOTICE] = ("error", f"Could not launch: {user_message(exc)}")
             else:
                 st.session_state[LAUNCH_NOTICE] = (
-                    "success", f"Started run {started['run_id']} (process {started['pid']}): it is shown below, "
+                    "success", f"Started run {started.run_id} (process {started.pid}): it is shown below, "
                                "its curves fill in as it trains.")
-                st.session_state["train_show"] = started["run_id"]
+                st.session_state["train_show"] = started.run_id
         # kept until the next launch: a rerun of the page (a run ending) must not wipe it
         if LAUNCH_NOTICE in st.session_state:
             kind, text = st.session_state[LAUNCH_NOTICE]
@@ -99,11 +99,11 @@ if not all_runs:
 
 st.subheader("Runs")
 #: What the rest of this page was drawn from: when a run starts, ends or dies, the page reruns.
-drawn = {r["id"]: r["display_status"] for r in all_runs}
+drawn = {r.id: r.display_status for r in all_runs}
 
 
-def _steps(r: dict) -> str:
-    return f"{r['env_steps']:,} / {r['total_steps']:,}"
+def _steps(r: runs.RunRecord) -> str:
+    return f"{r.env_steps:,} / {r.total_steps:,}"
 
 
 @st.fragment(run_every=REFRESH_S if "running" in drawn.values() else None)
@@ -111,25 +111,25 @@ def runs_table() -> None:
     """The runs with their progress, read again on every refresh while one runs (the same
     record the panel below reads, so the two never disagree)."""
     now = runs.list_runs(ws, limit=200)
-    if {r["id"]: r["display_status"] for r in now} != drawn:
+    if {r.id: r.display_status for r in now} != drawn:
         st.rerun()  # the pickers, the panel and the comparison change too
-    st.dataframe([{"run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or "file",
-                   "template": f"{r['template_name']} {r['template_version']}", "device": r["device"],
-                   "env steps": _steps(r), "updates": r["updates"], "level": r["last"].get("curriculum_level"),
-                   "return": r["last"].get("return_mean"), "by": r["created_by"], "created": r["created_at"]}
+    st.dataframe([{"run": r.id, "status": r.display_status, "dataset": r.dataset or "file",
+                   "template": f"{r.template_name} {r.template_version}", "device": r.device,
+                   "env steps": _steps(r), "updates": r.updates, "level": r.last.curriculum_level,
+                   "return": r.last.return_mean, "by": r.created_by, "created": r.created_at}
                   for r in now], hide_index=True, width="stretch")
 
 
 runs_table()
 
-ids = [r["id"] for r in all_runs]
+ids = [r.id for r in all_runs]
 wanted = st.session_state.pop("train_show", None)
 if wanted in ids:
     st.session_state["train_run"] = wanted
 run_id = st.selectbox("Run", ids, key="train_run")
 
 
-@st.fragment(run_every=REFRESH_S if runs.get_run(ws, run_id)["status"] == "running" else None)
+@st.fragment(run_every=REFRESH_S if runs.get_run(ws, run_id).status == "running" else None)
 def live_run(run_id: str) -> None:
     """The shown run's status, stop button and every curve; refreshes itself while it runs."""
     try:
@@ -138,35 +138,35 @@ def live_run(run_id: str) -> None:
     except USER_ERRORS as exc:
         st.error(str(exc))
         return
-    status = run["display_status"]
+    status = run.display_status
     left, right = st.columns([4, 1])
     left.markdown(f"**{run_id}** · {status} · {_steps(run)} env steps · "
-                  f"{run['updates']} updates · {run['device']}")
-    if run["interrupted"]:
+                  f"{run.updates} updates · {run.device}")
+    if run.interrupted:
         st.warning("Its trainer process is gone (killed?). It resumes from its last checkpoint with the "
                    "command below.")
         cli_equivalent(f"rwb train --resume {run_id}")
-    if run["error"] and run["status"] == "failed":
-        st.error(f"The run failed: {run['error']}")
-    elif run["error"]:  # a note on how it ended (e.g. stopped after its trainer was gone), not a failure
-        st.info(f"It ended {run['status']}: {run['error']}.")
-    if run["status"] == "running" and actor is not None and actor.can("train"):
-        if right.button("Stop", key=f"train_stop_{run_id}", disabled=run["stop_requested"],
+    if run.error and run.status == "failed":
+        st.error(f"The run failed: {run.error}")
+    elif run.error:  # a note on how it ended (e.g. stopped after its trainer was gone), not a failure
+        st.info(f"It ended {run.status}: {run.error}.")
+    if run.status == "running" and actor is not None and actor.can("train"):
+        if right.button("Stop", key=f"train_stop_{run_id}", disabled=run.stop_requested,
                         help="Stops after the current update, with a checkpoint."):
             try:
                 stopped = runs.stop_run(ws, actor, run_id)
             except USER_ERRORS as exc:
                 st.error(user_message(exc))
             else:
-                if stopped["status"] == "stopped":
+                if stopped.run.status == "stopped":
                     st.session_state[f"train_stop_notice_{run_id}"] = (
                         "success", f"Stopped {run_id} (its trainer process was already gone).")
                     st.rerun()  # it no longer runs: the table, the picker and the refresh change
-                run = stopped
+                run = stopped.run
     if f"train_stop_notice_{run_id}" in st.session_state:
         kind, text = st.session_state[f"train_stop_notice_{run_id}"]
         SHOW[kind](text)
-    if run["status"] == "running" and run["stop_requested"]:
+    if run.status == "running" and run.stop_requested:
         # shown on every refresh until the trainer ends, so the request is never silent
         st.info(f"Stop requested for {run_id}: it stops after the current update, with a checkpoint.")
     if not curves:

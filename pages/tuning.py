@@ -9,6 +9,7 @@ from rwb_app.messages import cli_equivalent, user_message
 from rwb_app.plots import tuning as study_plots
 from core import tuning
 from core.base.errors import ConflictError
+from core.base.results import to_jsonable
 
 USER_ERRORS = resources.USER_ERRORS
 #: Seconds between refreshes of a running study.
@@ -114,12 +115,12 @@ with prefs_tab:
                     except USER_ERRORS as exc:
                         st.error(str(exc))
                     else:
-                        st.success(f"Label #{added['id']}: {added['better']} better than {added['worse']}.")
+                        st.success(f"Label #{added.id}: {added.better} better than {added.worse}.")
         else:
             st.info("Adding labels needs the analyst or admin role.")
         prefs = tuning.list_preferences(ws, pdataset)
         if prefs:
-            st.dataframe(prefs, hide_index=True, width="stretch")
+            st.dataframe(to_jsonable(prefs), hide_index=True, width="stretch")
         else:
             st.caption("No labels yet in this dataset. The preferences objective needs some.")
 
@@ -130,19 +131,19 @@ with studies_tab:
         st.info("No study yet: start one in the next tab.")
         cli_equivalent("rwb tune --template finance_risk --dataset NAME")
         st.stop()
-    names = [s["name"] for s in studies]
+    names = [s.name for s in studies]
     wanted = st.session_state.pop("tune_show", None)
     if wanted in names:
         st.session_state["tune_name"] = wanted
     #: Each study's status as this page run drew it (in the picker): when one changes, the page reruns.
-    drawn = {s["name"]: s["status"] for s in studies}
+    drawn = {s.name: s.status for s in studies}
     name = st.selectbox("Study", names, key="tune_name", format_func=lambda n: f"{n} ({drawn[n]})")
     running = drawn[name] == "running"
 
     @st.fragment(run_every=REFRESH_S if running else None)
     def live_study(name: str) -> None:
         """The study's progress, best vs template weights, constraints and Optuna's figures."""
-        if {s["name"]: s["status"] for s in tuning.list_studies(ws)} != drawn:
+        if {s.name: s.status for s in tuning.list_studies(ws)} != drawn:
             st.rerun()  # a study started, ended or died: the picker and this report change
         try:
             report = resources.tuning_report(name)
@@ -165,12 +166,12 @@ with studies_tab:
                 except USER_ERRORS as exc:
                     st.error(user_message(exc))
                 else:
-                    if stopped["status"] != "running":
+                    if stopped.status != "running":
                         st.session_state[f"tune_stop_notice_{name}"] = (
                             "success", f"Stopped {name} (its worker process was already gone).")
                         st.rerun()  # it no longer runs: the picker and the refresh change
         show_notice(f"tune_stop_notice_{name}")
-        if any(r["stop_requested"] and r["status"] in ("starting", "running") and r["process_alive"] is not False
+        if any(r.stop_requested and r.status in ("starting", "running") and r.process_alive is not False
                for r in tuning.study_runs(ws, name)):
             # shown on every refresh until the workers end, so the request is never silent
             st.info(f"Stop requested for {name}: its workers stop after their current trial.")

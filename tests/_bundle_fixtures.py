@@ -103,13 +103,13 @@ def _build(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     result = train(ws, ana, template="finance_risk", dataset="finance", config=tiny_config())
     from core.govern.bundle import export_bundle
 
-    bundle = export_bundle(ws, ana, result["run_id"], root.parent / "finance_risk-0.1.0.zip")
+    bundle = export_bundle(ws, ana, result.run_id, root.parent / "finance_risk-0.1.0.zip")
     ws.close()
     import shutil
 
     # What trained_copy hands out: the workspace as built, before any module registers in it.
     shutil.copytree(root, root.parent / "bundle-ws-as-built")
-    return Trained(root=root, run_id=result["run_id"], bundle=bundle)
+    return Trained(root=root, run_id=result.run_id, bundle=bundle)
 
 
 def trained_copy(tmp_path_factory: pytest.TempPathFactory) -> Trained:

@@ -1,23 +1,58 @@
 """Suite-wide pytest fixtures and hooks: a fresh workspace per test, the shared tiny
 trained run and its bundle (built once per test process), background launches replaced by
-``sleep`` children, and the fuzz tests' case counts in the terminal summary."""
+``sleep`` children, the fuzz tests' case counts in the terminal summary, and one shared
+embedding store for the whole run (``RWB_EMBEDDING_CACHE``, a temporary folder every
+worker and every process a test starts inherits): each distinct text is run through the
+sentence model once per test run, however many workspaces embed it."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 
+#: The shared embedding store this process created (removed when the run ends).
+_EMBEDDING_STORE: list[str] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist each worker computes with one thread: the workers already fill the
     cores, and a second intra-op thread per worker only makes them contend (children
-    started by tests inherit the setting)."""
+    started by tests inherit the setting).  The first process of the run (the controller
+    under xdist, which starts the workers after this hook) names the run's shared
+    embedding store, unless the caller named one."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ.setdefault(name, "1")
+    elif not os.environ.get("RWB_EMBEDDING_CACHE"):
+        folder = tempfile.mkdtemp(prefix="rwb-test-embeddings-")
+        _EMBEDDING_STORE.append(folder)
+        os.environ["RWB_EMBEDDING_CACHE"] = folder
+
+
+#: Test files that take minutes each (a fixture that trains a policy or drives a browser,
+#: mypy over core, a whole demo): run first, so that the parallel workers do not end the
+#: run waiting on one of them started last (longest first evens out the workers' loads).
+LONG_FILES = ("test_browser.py", "test_typing.py", "test_browser_pages.py", "test_demo.py",
+              "test_notebooks.py", "test_browser_actions.py", "test_tuning_policy.py",
+              "test_browser_sessions.py")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The long files' tests first, in :data:`LONG_FILES` order; the rest as collected."""
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _EMBEDDING_STORE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

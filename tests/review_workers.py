@@ -32,19 +32,19 @@ def reviewer_process(root: str, name: str, seed: int, start: Any, results: Any) 
             continue
         roll = rng.random()
         if roll < 0.05:
-            abandoned.append(item["id"])
+            abandoned.append(item.id)
             continue
         other = rng.randint(1, 200)
-        if roll < 0.15 and review.get_item(ws, other)["claimed_by"] != name:
+        if roll < 0.15 and review.get_item(ws, other).claimed_by != name:
             try:  # racing for an item this process does not hold
                 review.decide(ws, me, other, "approve")
                 raise AssertionError("decided an item without holding its claim")
             except ConflictError:
                 refused += 1
-        decision = "reject" if item["id"] % 3 == 0 else "approve"
+        decision = "reject" if item.id % 3 == 0 else "approve"
         try:
-            review.decide(ws, me, item["id"], decision, f"{name} says {decision}")
-            decided.append(item["id"])
+            review.decide(ws, me, item.id, decision, f"{name} says {decision}")
+            decided.append(item.id)
         except ConflictError:  # lease ran out under us: someone else may have it now
             refused += 1
     ws.close()

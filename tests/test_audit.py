@@ -21,6 +21,7 @@ from core.records.catalog import build_catalog
 from core.cli import root
 from core.records.episodes import Action, Episode, ToolSchema
 from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.base.results import to_jsonable
 from core.records.store import DB_NAME, Workspace
 from core.access.users import LOCAL_ADMIN, Actor
 
@@ -62,7 +63,8 @@ def test_record_has_exactly_the_seed_schema(ws):
     assert d["reward_components"][1] == {"name": "risk", "value": -0.1}
     assert d["timestamp"].endswith("Z") and len(d["decision_id"]) == 32
     audit.write_record(ws, ENGINE, rec)
-    assert list(audit.tail(ws, 1)[0]) == list(audit.RECORD_KEYS)
+    stored = ws.conn.execute("SELECT record FROM audit").fetchone()[0]
+    assert list(json.loads(stored)) == list(to_jsonable(audit.tail(ws, 1)[0])) == list(audit.RECORD_KEYS)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -96,8 +98,8 @@ def test_the_database_refuses_to_change_or_delete_records(ws):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             con.execute(sql)
     con.close()
-    assert [r["decision_id"] for r in audit.tail(ws, 10)] == ids
-    assert audit.tail(ws, 10)[0]["final_action"] == 7
+    assert [r.decision_id for r in audit.tail(ws, 10)] == ids
+    assert audit.tail(ws, 10)[0].final_action == 7
 
 
 def test_rewriting_a_decision(ws):
@@ -107,7 +109,7 @@ def test_rewriting_a_decision(ws):
     assert _count(ws) == 1
     with pytest.raises(ConflictError):
         audit.write_record(ws, ENGINE, {**rec.to_dict(), "final_action": 3})
-    assert audit.tail(ws)[0]["final_action"] == 7
+    assert audit.tail(ws)[0].final_action == 7
 
 
 # --------------------------------------------------------------------------- batching
@@ -177,7 +179,7 @@ def test_a_failed_commit_keeps_the_records(ws):
     blocker.close()
     w.write(_record(5))
     assert w.flush() == 6
-    assert [r["input_hash"] for r in audit.tail(ws, 10)] == [f"h{i}" for i in range(6)]
+    assert [r.input_hash for r in audit.tail(ws, 10)] == [f"h{i}" for i in range(6)]
     w.close()
 
 
@@ -234,7 +236,7 @@ def test_exit_handlers_commit_or_spill_and_recover(tmp_path):
         audit.recover_unflushed(locked, Actor("rex", "reviewer"))
     assert audit.recover_unflushed(locked, LOCAL_ADMIN) == {
         "files": 1, "inserted": 7, "already": 0, "conflicts": 0}
-    assert [r["input_hash"] for r in audit.tail(locked, 10)] == [f"spill{i}" for i in range(7)]
+    assert [r.input_hash for r in audit.tail(locked, 10)] == [f"spill{i}" for i in range(7)]
     assert not list((locked.artifacts / audit.UNFLUSHED_DIR).glob("*.jsonl"))
     ok.close()
     locked.close()
@@ -244,11 +246,11 @@ def test_exit_handlers_commit_or_spill_and_recover(tmp_path):
 def test_tail_list_and_stats(ws):
     for i in range(6):
         audit.write_record(ws, ENGINE, _record(i, policy_version="p@1" if i < 4 else "p@2"))
-    assert [r["input_hash"] for r in audit.tail(ws, 2)] == ["h4", "h5"]
-    assert [r["input_hash"] for r in audit.tail(ws, 5, episode_id="s0")] == ["h0", "h3"]
+    assert [r.input_hash for r in audit.tail(ws, 2)] == ["h4", "h5"]
+    assert [r.input_hash for r in audit.tail(ws, 5, episode_id="s0")] == ["h0", "h3"]
     assert len(audit.list_records(ws, policy_version="p@2")) == 2
     first = audit.list_records(ws, newest_first=False, limit=1)[0]
-    assert audit.list_records(ws, since=first["timestamp"], until=first["timestamp"]) == []
+    assert audit.list_records(ws, since=first.timestamp, until=first.timestamp) == []
     assert len(audit.list_records(ws, final_action=7)) == 6
     with pytest.raises(InputError, match="time zone"):
         audit.list_records(ws, since="2025-01-01T00:00:00")
@@ -350,7 +352,8 @@ def test_cli_tail_and_export(ws, tmp_path):
     runner = CliRunner()
     r = runner.invoke(root, ["-w", str(ws.root), "audit", "tail", "-n", "3", "--json"])
     assert r.exit_code == 0, r.output
-    assert len(json.loads(r.output)["records"]) == 3
+    stored = [json.loads(text) for (text,) in ws.conn.execute("SELECT record FROM audit ORDER BY timestamp, seq")]
+    assert json.loads(r.output)["records"] == stored[-3:]           # the records as they were written
     out = tmp_path / "cli.jsonl"
     r = runner.invoke(root, ["-w", str(ws.root), "audit", "export", str(out), "--as-episodes",
                              "--json"])

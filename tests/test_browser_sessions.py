@@ -51,7 +51,7 @@ def workspace(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("sessions")
     ws = Workspace.open(base / "ws")
     data = datasets.generate_file("finance", 12, 7, base / "finance.jsonl")
-    import_file(ws, data["out"], dataset="finance-tiny")
+    import_file(ws, data.out, dataset="finance-tiny")
     ws.close()
     return base / "ws"
 

@@ -66,7 +66,7 @@ def test_export_writes_a_bundle_a_person_can_open(run):
     ws = run.workspace()
     record = get_run(ws, run.run_id)
     assert manifest["name"] == "finance_risk" and manifest["version"] == "0.1.0"
-    assert manifest["created_by"] == "ana" and manifest["trained_by"] == record["created_by"] == "ana"
+    assert manifest["created_by"] == "ana" and manifest["trained_by"] == record.created_by == "ana"
     assert manifest["run_id"] == run.run_id and manifest["approvals"] == []
     assert manifest["template"]["sha256"] == template_hash(run_template(ws, run.run_id))
     assert manifest["template"]["name"] == "finance_risk"
@@ -106,8 +106,8 @@ def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_pat
 
     data = datasets.generate_file("finance", 90, 5, tmp_path / "agent.jsonl", behaviours="noisy,hacker")
     ws = Workspace.open(tmp_path / "ws")
-    import_file(ws, data["out"], dataset="agent")
-    run_id = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="agent", config=tiny_config())["run_id"]
+    import_file(ws, data.out, dataset="agent")
+    run_id = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="agent", config=tiny_config()).run_id
     from core.rl.runs import open_run
     from core.rl.sim import logged_returns
 

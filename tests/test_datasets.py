@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -161,8 +162,9 @@ def test_streamed_file_equals_the_in_memory_one(domain, tmp_path, monkeypatch):
                                      progress=lambda done, total: seen.append((done, total)))
     assert (tmp_path / "streamed.jsonl").read_bytes() == whole.read_bytes()
     assert seen[-1] == (45, 45) and len(seen) == 7
-    assert {k: v for k, v in summary.items() if k not in ("seconds", "out", "bytes", "sha256")} == \
-        {k: v for k, v in datasets.summarize(datasets.generate(domain, 45, seed=2)).items() if k != "seconds"}
+    in_memory = datasets.summarize(datasets.generate(domain, 45, seed=2))
+    figures = [f.name for f in dataclasses.fields(datasets.DatasetSummary) if f.name != "seconds"]
+    assert [getattr(summary, k) for k in figures] == [getattr(in_memory, k) for k in figures]
 
 
 @pytest.mark.parametrize("spec", datasets.SAMPLES, ids=lambda s: s.domain)
@@ -427,10 +429,12 @@ def test_cli_generate_prints_one_json_summary(tmp_path, capsys):
     assert rwb(["datasets", "generate", "--domain", "finance", "--episodes", "40", "--seed", "5",
                 "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
+    assert list(summary) == ["domain", "seed", "episodes", "steps", "tool_calls", "tool_errors", "tools", "behaviours",
+                             "task_types", "twins", "outcome_by_behaviour", "seconds", "out", "bytes", "sha256"]
     assert summary["episodes"] == 40 and summary["domain"] == "finance" and summary["out"] == str(out)
     assert set(summary["outcome_by_behaviour"]) == {"expert", "noisy", "hacker"}
     assert summary["steps"] == sum(len(json.loads(x)["steps"]) for x in out.read_text().splitlines()[1:])
-    assert summary["sha256"] == datasets.generate_file("finance", 40, 5, tmp_path / "again.jsonl")["sha256"]
+    assert summary["sha256"] == datasets.generate_file("finance", 40, 5, tmp_path / "again.jsonl").sha256
 
     assert rwb(["datasets", "generate", "--domain", "ecommerce", "-n", "12", "--out", str(tmp_path / "e.jsonl")]) == 0
     assert "Wrote 12 ecommerce episodes" in capsys.readouterr().out
@@ -481,8 +485,8 @@ def test_good_behaviours_pass_the_shipped_masks(domain, good):
 def test_behaviours_keeps_only_the_named_ones(tmp_path):
     full = datasets.generate_file("finance", 40, 5, tmp_path / "all.jsonl")
     part = datasets.generate_file("finance", 40, 5, tmp_path / "part.jsonl", behaviours=["noisy", "hacker"])
-    assert set(part["behaviours"]) == {"noisy", "hacker"}
-    assert part["behaviours"] == {b: n for b, n in full["behaviours"].items() if b != "expert"}
+    assert set(part.behaviours) == {"noisy", "hacker"}
+    assert part.behaviours == {b: n for b, n in full.behaviours.items() if b != "expert"}
     # the kept episodes are byte-identical to the same episodes of the full file
     lines = lambda p: (tmp_path / p).read_text().splitlines()[1:]  # noqa: E731
     kept = [line for line in lines("all.jsonl") if json.loads(line)["behaviour"] != "expert"]
@@ -492,7 +496,7 @@ def test_behaviours_keeps_only_the_named_ones(tmp_path):
     assert not (tmp_path / "x.jsonl").exists()
     same = datasets.generate_file("finance", 40, 5, tmp_path / "same.jsonl", behaviours="noisy, hacker")
     assert (tmp_path / "same.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()
-    assert same["behaviours"] == part["behaviours"]
+    assert same.behaviours == part.behaviours
     assert rwb(["datasets", "generate", "--domain", "finance", "-n", "40", "--seed", "5", "--behaviours",
                 "noisy,hacker", "--out", str(tmp_path / "cli.jsonl"), "--json"]) == 0
     assert (tmp_path / "cli.jsonl").read_bytes() == (tmp_path / "part.jsonl").read_bytes()

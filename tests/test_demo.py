@@ -84,14 +84,14 @@ def test_figures_match_the_workspace(demo):
 
     training = _step(report, "training")["figures"]
     run = get_run(ws, training["run"])
-    assert run["status"] == "finished" and run["created_by"] == "ana"
-    assert run["dataset"] == AGENT_DATASET                       # trained on the agent's own logs
+    assert run.status == "finished" and run.created_by == "ana"
+    assert run.dataset == AGENT_DATASET                       # trained on the agent's own logs
     assert training["mask_violations"] == 0
     assert training["curriculum_level"] == 3
 
     reviewed = review.list_items(ws, status="decided", origin="training")
     assert len(reviewed) == len(_step(report, "review")["figures"]["decided"]) >= 1
-    assert {i["decided_by"] for i in reviewed} == {"rae"}
+    assert {i.decided_by for i in reviewed} == {"rae"}
 
     tuned = _step(report, "tuning")["figures"]
     assert tuned["trials"] >= 1
@@ -108,13 +108,13 @@ def test_figures_match_the_workspace(demo):
     assert policies == Path(report["workspace"]) / "policies"
     assert not (ROOT / "core" / "policies" / reg["policy"] / reg["version"]).exists()
     if reg["gate_passed"]:
-        assert version["stage"] == "production"
-        assert [a["by"] for a in version["approvals"]] == ["bob"]       # not ana, who trained it
+        assert version.stage == "production"
+        assert [a.by for a in version.approvals] == ["bob"]       # not ana, who trained it
         index = json.loads((policies / "index.json").read_text())
         assert index["policies"][reg["policy"]]["active"] == reg["version"]
     else:
         # the gate held for the approver too: nothing approved, nothing promoted
-        assert version["stage"] == "candidate" and version["approvals"] == []
+        assert version.stage == "candidate" and version.approvals == []
         assert "does not beat" in reg["gate"]
         assert not (policies / "index.json").exists() or reg["policy"] not in json.loads(
             (policies / "index.json").read_text()).get("policies", {})

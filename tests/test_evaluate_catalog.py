@@ -143,7 +143,7 @@ def finance_ws(tmp_path_factory):
     ws = Workspace.open(root / "ws")
     import_file(ws, root / "a.jsonl", dataset="a")
     import_file(ws, root / "b.jsonl", dataset="b")
-    run_id = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="a", config=tiny())["run_id"]
+    run_id = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="a", config=tiny()).run_id
     run_catalog = catalog_for_dataset(ws, "a")
     ws.close()
     yield root, run_id, run_catalog
@@ -201,7 +201,7 @@ def test_real_run_evaluated_on_another_agents_logs(tmp_path, capsys, monkeypatch
     ws_path = tmp_path / "ws"
     rwb_import_labelled(str(ws_path), "tau2_whissle", "whissle")
     ws = Workspace.open(ws_path)
-    run_id = runs.train(ws, LOCAL_ADMIN, template="tool_agent", dataset="whissle", config=tiny())["run_id"]
+    run_id = runs.train(ws, LOCAL_ADMIN, template="tool_agent", dataset="whissle", config=tiny()).run_id
     run_catalog = catalog_for_dataset(ws, "whissle")
     ws.close()
     grok = REAL / "tau2_grok" / "episodes.jsonl"

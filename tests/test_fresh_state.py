@@ -160,7 +160,7 @@ def test_promote_shows_production_and_the_installed_version(policy_ws, tmp_path)
     at.button(key="policies_promote").click().run()
     _ok(at)
     assert [s.value for s in at.success] == ["Promoted fresh 0.1.0: it is production now."]
-    assert read_index()["policies"]["fresh"]["active"] == "0.1.0"
+    assert read_index().policies["fresh"].active == "0.1.0"
     assert [m.value for m in at.metric if m.label == "Production"] == ["0.1.0"]
     assert any("active 0.1.0" in c.value for c in at.caption)
     assert list(_table_with(at, "stage")["stage"]) == ["production"]
@@ -204,7 +204,7 @@ def _runs_table(at: AppTest) -> pd.DataFrame:
 
 def test_launch_lists_the_run_in_the_table_and_the_picker(fin_ws, children):
     first = runs.launch_run(fin_ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
-    runs.finish_run(fin_ws, first["run_id"], "finished")
+    runs.finish_run(fin_ws, first.run_id, "finished")
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
     at.selectbox(key="train_template").set_value("fin_fast@1")
     at.radio(key="train_device").set_value("cpu")
@@ -212,15 +212,15 @@ def test_launch_lists_the_run_in_the_table_and_the_picker(fin_ws, children):
     at.number_input(key="train_seed").set_value(1).run()
     at.button(key="train_launch").click().run()
     _ok(at)
-    new = next(r["id"] for r in runs.list_runs(fin_ws) if r["id"] != first["run_id"])
+    new = next(r.id for r in runs.list_runs(fin_ws) if r.id != first.run_id)
     assert any(s.value.startswith(f"Started run {new}") for s in at.success)
     at.run()  # the table's own refresh (every 2 s while a run runs): it settles on what the launch wrote
     assert any(s.value.startswith(f"Started run {new}") for s in at.success)  # the notice stays
     table = _runs_table(at)
-    assert list(table["run"]) == [new, first["run_id"]]
+    assert list(table["run"]) == [new, first.run_id]
     assert table.set_index("run").loc[new, "status"] == "running"
     assert table.set_index("run").loc[new, "env steps"] == "0 / 3,000"
-    assert at.selectbox(key="train_run").options == [new, first["run_id"]]
+    assert at.selectbox(key="train_run").options == [new, first.run_id]
     assert at.selectbox(key="train_run").value == new
     assert new in at.multiselect(key="train_compare").options
 
@@ -229,14 +229,14 @@ def test_progress_is_the_same_in_the_table_and_the_panel(fin_ws, children):
     started = runs.launch_run(fin_ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
     assert _runs_table(at)["env steps"].tolist() == ["0 / 4,096"]
-    runs.record_update(fin_ws, started["run_id"], 3, 3 * 1024, {"return_mean": 0.5})   # the trainer writes
+    runs.record_update(fin_ws, started.run_id, 3, 3 * 1024, {"return_mean": 0.5})   # the trainer writes
     at.run()
     _ok(at)
     assert _runs_table(at)["env steps"].tolist() == ["3,072 / 4,096"]
     assert _runs_table(at)["updates"].tolist() == [3]
-    assert any(f"**{started['run_id']}** · running · 3,072 / 4,096 env steps · 3 updates" in m.value
+    assert any(f"**{started.run_id}** · running · 3,072 / 4,096 env steps · 3 updates" in m.value
                for m in at.markdown)
-    runs.finish_run(fin_ws, started["run_id"], "finished")
+    runs.finish_run(fin_ws, started.run_id, "finished")
     _end(children)
     at.run()
     assert _runs_table(at)["status"].tolist() == ["finished"]
@@ -248,9 +248,9 @@ def test_stop_of_a_dead_trainer_marks_the_run_stopped_at_once(fin_ws, children):
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
     assert _runs_table(at)["status"].tolist() == ["running"]
     _end(children)             # the trainer dies between the page's drawing and the click
-    at.button(key=f"train_stop_{started['run_id']}").click().run()
+    at.button(key=f"train_stop_{started.run_id}").click().run()
     _ok(at)
-    assert f"Stopped {started['run_id']} (its trainer process was already gone)." in [s.value for s in at.success]
+    assert f"Stopped {started.run_id} (its trainer process was already gone)." in [s.value for s in at.success]
     assert _runs_table(at)["status"].tolist() == ["stopped"]
     assert not any(b.label == "Stop" for b in at.button)
 

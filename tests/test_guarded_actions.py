@@ -39,11 +39,11 @@ def ws(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- core: training runs
 def test_identical_run_in_flight_is_refused_naming_it(ws, children):
     first = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
-    assert runs.get_run(ws, first["run_id"])["process_alive"] is True
+    assert runs.get_run(ws, first.run_id).process_alive is True
     with pytest.raises(ConflictError) as refused:
         runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=dict(SMALL))
-    assert f"run {first['run_id']} is already training fin_fast @1" in str(refused.value)
-    assert [r["id"] for r in runs.list_runs(ws)] == [first["run_id"]]
+    assert f"run {first.run_id} is already training fin_fast @1" in str(refused.value)
+    assert [r.id for r in runs.list_runs(ws)] == [first.run_id]
     assert len(children) == 1                                  # nothing was spawned for the refused one
 
 
@@ -52,20 +52,20 @@ def test_a_run_that_differs_is_not_a_duplicate(ws, children):
     other_seed = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config={**SMALL, "seed": 1})
     more_steps = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin",
                                  config={**SMALL, "total_steps": 4096})
-    ids = {first["run_id"], other_seed["run_id"], more_steps["run_id"]}
-    assert len(ids) == 3 and {r["id"] for r in runs.list_runs(ws)} == ids
+    ids = {first.run_id, other_seed.run_id, more_steps.run_id}
+    assert len(ids) == 3 and {r.id for r in runs.list_runs(ws)} == ids
 
 
 def test_ended_or_dead_runs_do_not_block_a_relaunch(ws, children):
     first = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
-    runs.finish_run(ws, first["run_id"], "stopped")
+    runs.finish_run(ws, first.run_id, "stopped")
     second = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     # its process killed (the run still says running): interrupted, not in flight
     children[-1].kill()
     children[-1].wait()
-    assert runs.get_run(ws, second["run_id"])["interrupted"] is True
+    assert runs.get_run(ws, second.run_id).interrupted is True
     third = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
-    assert len({first["run_id"], second["run_id"], third["run_id"]}) == 3
+    assert len({first.run_id, second.run_id, third.run_id}) == 3
 
 
 def test_a_run_launched_but_not_yet_recorded_counts_as_queued(ws, children):
@@ -73,11 +73,11 @@ def test_a_run_launched_but_not_yet_recorded_counts_as_queued(ws, children):
     LAUNCH_GRACE_S seconds; after that a row without a process no longer blocks."""
     first = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     with ws.transaction() as conn:
-        conn.execute("UPDATE runs SET pid=NULL WHERE id=?", (first["run_id"],))
-    with pytest.raises(ConflictError, match=first["run_id"]):
+        conn.execute("UPDATE runs SET pid=NULL WHERE id=?", (first.run_id,))
+    with pytest.raises(ConflictError, match=first.run_id):
         runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     with ws.transaction() as conn:
-        conn.execute("UPDATE runs SET created_at='2000-01-01T00:00:00Z' WHERE id=?", (first["run_id"],))
+        conn.execute("UPDATE runs SET created_at='2000-01-01T00:00:00Z' WHERE id=?", (first.run_id,))
     runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     assert len(runs.list_runs(ws)) == 2
 
@@ -90,7 +90,7 @@ def test_study_already_running_is_refused_naming_its_run(ws, children):
     assert f"study {first['study']!r} is already running (tuning run {first['run_id']}" in str(refused.value)
     with pytest.raises(ConflictError, match=f"tuning run {first['run_id']}"):   # same name given explicitly
         tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=50, study=first["study"])
-    assert [len(tuning.study_runs(ws, s["name"])) for s in tuning.list_studies(ws)] == [1]
+    assert [len(tuning.study_runs(ws, s.name)) for s in tuning.list_studies(ws)] == [1]
     # other settings make another study, which may run beside it
     other = tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=5,
                                  config=tuning.TuneConfig(seed=1))
@@ -119,8 +119,8 @@ def test_training_page_launches_only_on_the_button(ws, children):
     at.button(key="train_launch").click().run()
     assert not at.exception, at.exception
     launched = runs.list_runs(ws)
-    assert len(launched) == 1 and launched[0]["total_steps"] == 5000
-    run_id = launched[0]["id"]
+    assert len(launched) == 1 and launched[0].total_steps == 5000
+    run_id = launched[0].id
     assert [s.value for s in at.success if s.value.startswith("Started run")] == [
         f"Started run {run_id} (process {children[0].pid}): it is shown below, its curves fill in as it trains."]
     assert at.selectbox(key="train_run").value == run_id
@@ -134,10 +134,10 @@ def test_training_page_launches_only_on_the_button(ws, children):
 def test_training_page_stop_is_acknowledged(ws, children):
     started = runs.launch_run(ws, LOCAL_ADMIN, template="fin_fast@1", dataset="fin", config=SMALL)
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
-    at.button(key=f"train_stop_{started['run_id']}").click().run()
+    at.button(key=f"train_stop_{started.run_id}").click().run()
     assert not at.exception, at.exception
-    assert runs.get_run(ws, started["run_id"])["stop_requested"] is True
-    ack = f"Stop requested for {started['run_id']}: it stops after the current update, with a checkpoint."
+    assert runs.get_run(ws, started.run_id).stop_requested is True
+    ack = f"Stop requested for {started.run_id}: it stops after the current update, with a checkpoint."
     assert ack in [i.value for i in at.info]
     at = AppTest.from_file(TRAINING, default_timeout=120).run()  # still said on a later visit
     assert ack in [i.value for i in at.info]
@@ -155,10 +155,10 @@ def test_tuning_page_starts_only_on_the_button(ws, children):
     assert any("Start runs **7** trials" in m.value and "**guarded**" in m.value for m in at.markdown)
     at.button(key="tune_start").click().run()
     assert not at.exception, at.exception
-    run_id = tuning.study_runs(ws, "guarded")[0]["id"]
+    run_id = tuning.study_runs(ws, "guarded")[0].id
     assert any(s.value.startswith(f"Started study guarded (tuning run {run_id}, worker process") for s in at.success)
     at.button(key="tune_start").click().run()
-    assert [len(tuning.study_runs(ws, s["name"])) for s in tuning.list_studies(ws)] == [1]
+    assert [len(tuning.study_runs(ws, s.name)) for s in tuning.list_studies(ws)] == [1]
     warnings = [w.value for w in at.warning]
     assert any(w.startswith(f"Not started: study 'guarded' is already running (tuning run {run_id}")
                for w in warnings), warnings
@@ -171,7 +171,7 @@ def test_tuning_page_stop_is_acknowledged(ws, children):
     at.run()
     at.button(key="tune_stop_halt").click().run()
     assert not at.exception, at.exception
-    assert tuning.study_runs(ws, "halt")[0]["stop_requested"] is True
+    assert tuning.study_runs(ws, "halt")[0].stop_requested is True
     ack = "Stop requested for halt: its workers stop after their current trial."
     assert ack in [i.value for i in at.info]
     # its worker gone, a stop ends the run at once and says so
@@ -180,4 +180,4 @@ def test_tuning_page_stop_is_acknowledged(ws, children):
     at = AppTest.from_file(TUNING, default_timeout=120)
     at.session_state["tune_name"] = "halt"
     at.run()
-    assert ack not in [i.value for i in at.info] and started["run_id"] == tuning.study_runs(ws, "halt")[0]["id"]
+    assert ack not in [i.value for i in at.info] and started["run_id"] == tuning.study_runs(ws, "halt")[0].id

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from core.base import package_data
+from core.base.embed_store import packaged_model_digest
 from core.data.datasets import SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,8 @@ def _shipped() -> dict[str, Path]:
     want = {f"core/bundled/reward_templates/{p.name}": p for p in (ROOT / "reward_templates").glob("*.yaml")}
     for spec in SAMPLES:
         folder = ROOT / "datasets" / spec.domain
-        want |= {f"core/bundled/datasets/{spec.domain}/{p.name}": p for p in folder.iterdir() if p.is_file()}
+        want |= {f"core/bundled/datasets/{spec.domain}/{p.relative_to(folder).as_posix()}": p
+                 for p in folder.rglob("*") if p.is_file()}   # the sample's embeddings store among them
     want |= {f"rwb_app/page_scripts/{p.name}": p for p in (ROOT / "pages").glob("*.py")}
     want |= {f"rwb_app/static/{p.name}": p for p in (ROOT / "app" / "static").iterdir()}
     want["rwb_app/.streamlit/config.toml"] = ROOT / ".streamlit" / "config.toml"
@@ -54,6 +56,8 @@ def test_the_wheel_carries_templates_samples_pages_static_and_settings(wheel_fil
     want = _shipped()
     assert {"core/bundled/reward_templates/tool_agent.yaml", "core/bundled/datasets/finance/sample.jsonl",
             "core/bundled/datasets/ecommerce/tools.json", "rwb_app/page_scripts/episodes.py",
+            *(f"core/bundled/datasets/{domain}/embeddings/{packaged_model_digest()[:32]}/sample.{kind}"
+              for domain in ("finance", "ecommerce") for kind in ("npy", "keys")),
             "rwb_app/static/reward_pyramid.png", "rwb_app/.streamlit/config.toml"} <= set(want)
     missing = sorted(set(want) - set(wheel_files))
     assert not missing, missing
@@ -75,7 +79,7 @@ def test_the_wheel_installs_only_core_and_rwb_app(wheel_files):
 def test_the_wheel_leaves_out_tests_and_the_real_logs(wheel_files):
     assert not [n for n in wheel_files if n.startswith(("tests/", "benchmarks/", "notebooks/", "datasets/"))]
     assert not [n for n in wheel_files if "/real/" in n or "test_" in n.rsplit("/", 1)[-1]]
-    assert sum(len(data) for data in wheel_files.values()) < 8_000_000  # the real logs alone are 17 MB
+    assert sum(len(data) for data in wheel_files.values()) < 12_000_000  # the real logs alone are 17 MB
 
 
 def test_the_base_install_needs_neither_streamlit_nor_plotly(wheel_files):

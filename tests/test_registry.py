@@ -11,6 +11,7 @@ promotion and rollback by reading ``index.json``; the event log by trying to cha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -88,10 +89,12 @@ def test_register_verifies_and_records_a_candidate(ws, run, tmp_path):
     ana = run.actor("ana")
     path = reseal(run.bundle, tmp_path / "reg.zip", name="reg")
     v = registry.register(ws, ana, path, comment="first export")
-    assert v["stage"] == "candidate" and not v["already_registered"]
-    assert v["created_by"] == "ana" and v["trained_by"] == "ana" and v["run_id"] == run.run_id
-    assert Path(v["bundle_path"]).is_file() and verify_bundle(v["bundle_path"]).ok
-    assert registry.register(ws, ana, path)["already_registered"]          # same bytes: a no-op
+    assert v.stage == "candidate" and not v.already_registered
+    assert v.created_by == "ana" and v.trained_by == "ana" and v.run_id == run.run_id
+    assert Path(v.bundle_path).is_file() and verify_bundle(v.bundle_path).ok
+    assert v.manifest["name"] == "reg" and v.manifest["digest"] == v.manifest_digest
+    again = registry.register(ws, ana, path)                              # same bytes: a no-op
+    assert again.already_registered and again.registered_at == v.registered_at
     other = reseal(run.bundle, tmp_path / "reg2.zip", name="reg", policy_return=1.0)
     with pytest.raises(ConflictError, match="already registered with other content"):
         registry.register(ws, ana, other)
@@ -103,11 +106,12 @@ def test_register_verifies_and_records_a_candidate(ws, run, tmp_path):
     with pytest.raises(BundleError):
         registry.register(ws, ana, bad)
     listed = registry.list_versions(ws, "reg")
-    assert [x["version"] for x in listed] == ["0.1.0"]
+    assert [x.version for x in listed] == ["0.1.0"]
     best = load_bundle(run.bundle).manifest.evaluation["best_logged"]   # shown on the Policies page
-    assert listed[0]["best_logged"] == f"{best['behaviour']} {best['return_mean']:.4f}"
+    assert listed[0].best_logged == f"{best['behaviour']} {best['return_mean']:.4f}"
     events = registry.history(ws, "reg")
-    assert [(e["event"], e["actor"], e["comment"]) for e in events] == [("registered", "ana", "first export")]
+    assert [(e.event, e.actor, e.comment) for e in events] == [("registered", "ana", "first export")]
+    assert events[0].detail["bundle_sha256"] == v.bundle_sha256
 
 
 def test_register_refuses_a_manifest_that_contradicts_the_run_record(ws, run, tmp_path):
@@ -158,7 +162,7 @@ def test_wrong_roles_are_refused_in_core(ws, run, tmp_path, policies):
         from core.access.users import LOCAL_ADMIN
 
         registry.promote(ws, LOCAL_ADMIN, "roles", "0.1.0")
-    assert not policies.exists() or read_index(policies)["policies"] == {}
+    assert not policies.exists() or read_index(policies).policies == {}
 
 
 def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
@@ -183,7 +187,9 @@ def test_self_approval_is_refused_four_eyes(ws, run, tmp_path):
         set_role(ws, ada, "ana", "analyst")
     with pytest.raises(InputError, match="comment"):
         registry.approve(ws, run.actor("bob"), "eyes", "0.1.0", "  ")
-    assert registry.approve(ws, run.actor("bob"), "eyes", "0.1.0", "independent check")["stage"] == "approved"
+    approved = registry.approve(ws, run.actor("bob"), "eyes", "0.1.0", "independent check")
+    assert approved.stage == "approved"
+    assert [(a.by, a.comment) for a in approved.approvals] == [("bob", "independent check")]
     with pytest.raises(ConflictError, match="only a candidate"):
         registry.approve(ws, run.actor("cy"), "eyes", "0.1.0", "again")  # another approver may, not twice
 
@@ -231,11 +237,11 @@ def test_gate_first_version_must_beat_the_logged_expert(ws, run, tmp_path):
     _registered(ws, run, tmp_path, "gate1", "0.1.0", expert - 0.01)
     with pytest.raises(registry.GateFailed, match=f"{expert - 0.01:.4f} vs {expert:.4f}"):
         registry.approve(ws, bob, "gate1", "0.1.0", "close enough")
-    assert registry.get_version(ws, "gate1", "0.1.0")["stage"] == "candidate"
+    assert registry.get_version(ws, "gate1", "0.1.0").stage == "candidate"
     _registered(ws, run, tmp_path, "gate1", "0.2.0", expert + 0.01)
     approved = registry.approve(ws, bob, "gate1", "0.2.0", "beats the expert")
-    gate = registry.history(ws, "gate1")[-1]["detail"]["gate"]
-    assert approved["stage"] == "approved" and gate["passed"] and gate["baseline_return"] == expert
+    gate = registry.history(ws, "gate1")[-1].detail["gate"]
+    assert approved.stage == "approved" and gate["passed"] and gate["baseline_return"] == expert
 
 
 def test_gate_later_versions_must_beat_production(ws, run, tmp_path, policies):
@@ -251,7 +257,7 @@ def test_gate_later_versions_must_beat_production(ws, run, tmp_path, policies):
     with pytest.raises(registry.GateFailed, match="does not beat production gate2@0.1.0"):
         registry.approve(ws, bob, "gate2", "0.2.0", "newer is better")
     _registered(ws, run, tmp_path, "gate2", "0.3.0", expert + 2.0)
-    assert registry.approve(ws, bob, "gate2", "0.3.0", "beats production")["stage"] == "approved"
+    assert registry.approve(ws, bob, "gate2", "0.3.0", "beats production").stage == "approved"
 
 
 def test_gate_reruns_production_on_the_candidates_heldout_episodes(ws, run, tmp_path, policies):
@@ -282,6 +288,10 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     entry = registry.promote(ws, cy, "prod", "0.1.0", "first release")
     index = json.loads((policies / "index.json").read_text())
     assert index["policies"]["prod"]["active"] == "0.1.0" and index["policies"]["prod"]["previous"] == []
+    # the file keeps its own form (no typed-only fields such as the entry's name)
+    assert set(index) == {"rwb_policies", "policies"}
+    assert set(index["policies"]["prod"]) == {"active", "previous", "versions", "updated_at"}
+    assert read_index(policies).policies["prod"] == entry
     assert entry.versions["0.1.0"]["promoted_by"] == "cy" and entry.versions["0.1.0"]["approved_by"] == ["bob"]
     installed = policies / "prod" / "0.1.0"
     assert sorted(p.name for p in installed.iterdir()) == sorted(["manifest.json", "signature.json", *__import__(
@@ -293,8 +303,8 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     _registered(ws, run, tmp_path, "prod", "0.2.0", expert + 2.0)
     registry.approve(ws, cy, "prod", "0.2.0", "beats 0.1.0")
     registry.promote(ws, bob, "prod", "0.2.0")
-    index = read_index(policies)["policies"]["prod"]
-    assert (index["active"], index["previous"]) == ("0.2.0", ["0.1.0"])
+    index = read_index(policies).policies["prod"]
+    assert (index.active, index.previous) == ("0.2.0", ["0.1.0"])
     assert load_bundle_for("prod").version == "0.2.0"
     assert registry.aliases(ws, "prod") == {"production": "0.2.0", "approved": "0.1.0", "candidate": None}
 
@@ -302,17 +312,23 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     assert (entry.active, entry.previous) == ("0.1.0", [])
     assert entry.rolled_back[-1]["version"] == "0.2.0"
     assert load_bundle_for("prod").version == "0.1.0"
-    stages = {v["version"]: v["stage"] for v in registry.list_versions(ws, "prod")}
+    stages = {v.version: v.stage for v in registry.list_versions(ws, "prod")}
     assert stages == {"0.1.0": "production", "0.2.0": "rolled_back"}
     with pytest.raises(ConflictError, match="no previous production version"):
         registry.rollback(ws, bob, "prod")
     with pytest.raises(ConflictError, match="only an approved version"):
         registry.promote(ws, bob, "prod", "0.2.0")  # rolled back: it needs a new approval
-    events = [(e["event"], e["version"], e["actor"]) for e in registry.history(ws, "prod")]
+    events = [(e.event, e.version, e.actor) for e in registry.history(ws, "prod")]
     assert events == [("registered", "0.1.0", "ana"), ("approved", "0.1.0", "bob"), ("promoted", "0.1.0", "cy"),
                       ("registered", "0.2.0", "ana"), ("approved", "0.2.0", "cy"), ("promoted", "0.2.0", "bob"),
                       ("rolled_back", "0.1.0", "bob")]
-    assert registry.history(ws, "prod")[-1]["detail"]["from"] == "0.2.0"
+    assert registry.history(ws, "prod")[-1].detail["from"] == "0.2.0"
+    index = json.loads((policies / "index.json").read_text())
+    assert [r["version"] for r in index["policies"]["prod"]["rolled_back"]] == ["0.2.0"]
+    compared = registry.compare_versions(ws, [("prod", "0.1.0"), ("prod", "0.2.0")])
+    assert [(c.policy, c.stage) for c in compared] == [("prod@0.1.0", "production"), ("prod@0.2.0", "rolled_back")]
+    assert compared[1].return_policy == expert + 2.0
+    assert list(compared[0].row())[:3] == ["policy", "stage", "run"]
 
 
 def test_rollback_reinstalls_a_damaged_previous_version_and_load_refuses_tampering(ws, run, tmp_path, policies):
@@ -330,7 +346,7 @@ def test_rollback_reinstalls_a_damaged_previous_version_and_load_refuses_tamperi
     # the previous copy is damaged too: rollback restores it from the registry's copy
     (policies / "heal" / "0.1.0" / "rde.json").unlink()
     entry = registry.rollback(ws, bob, "heal", "bad release")
-    assert entry.active == "0.1.0" and registry.history(ws, "heal")[-1]["detail"]["reinstalled"]
+    assert entry.active == "0.1.0" and registry.history(ws, "heal")[-1].detail["reinstalled"]
     assert load_bundle_for("heal").version == "0.1.0"
 
 
@@ -344,12 +360,18 @@ def test_events_and_versions_are_append_only(ws, run, tmp_path):
                 "INSERT OR REPLACE INTO policy_versions SELECT * FROM policy_versions LIMIT 1"):
         with pytest.raises(sqlite3.IntegrityError, match="append-only|never|already"):
             conn.execute(sql)
-    assert registry.history(ws, "log")[0]["actor"] == "ana"
+    assert registry.history(ws, "log")[0].actor == "ana"
 
 
 def test_fresh_checkout_has_an_index():
     index = read_index(ROOT / "core" / "policies")
-    assert index["rwb_policies"] == 1 and isinstance(index["policies"], dict)
+    assert index.rwb_policies == 1 and isinstance(index.policies, dict)
+
+
+def test_an_index_with_a_malformed_entry_is_refused(tmp_path):
+    (tmp_path / "index.json").write_text(json.dumps({"rwb_policies": 1, "policies": {"p": ["0.1.0"]}}))
+    with pytest.raises(InputError, match="entry of 'p' is not an object"):
+        read_index(tmp_path)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -369,9 +391,15 @@ def test_cli_register_approve_promote_rollback_history(run, tmp_path, policies, 
         assert code == 0, out.err
         return json.loads(out.out.strip().splitlines()[-1])
 
-    assert rwb("registry", "register", str(a), user="ana")["stage"] == "candidate"
+    registered = rwb("registry", "register", str(a), user="ana")
+    assert registered["stage"] == "candidate" and registered["already_registered"] is False
+    # every field of the version, in order, less the manifest, then already_registered
+    assert list(registered) == [f.name for f in dataclasses.fields(registry.PolicyVersion)] + ["already_registered"]
+    assert registered["approvals"] == []
     rwb("registry", "register", str(b), user="ana")
-    assert rwb("registry", "approve", "cli", "1.0.0", "-m", "beats the expert", user="bob")["stage"] == "approved"
+    approved = rwb("registry", "approve", "cli", "1.0.0", "-m", "beats the expert", user="bob")
+    assert approved["stage"] == "approved" and "manifest" not in approved
+    assert [(set(a), a["by"]) for a in approved["approvals"]] == [({"by", "at", "comment"}, "bob")]
     assert rwb("registry", "promote", "cli", "1.0.0", user="cy")["active"] == "1.0.0"
     rwb("registry", "approve", "cli", "1.1.0", "-m", "beats 1.0.0", user="cy")
     assert rwb("registry", "promote", "cli", "1.1.0", user="bob")["previous"] == ["1.0.0"]
@@ -383,6 +411,10 @@ def test_cli_register_approve_promote_rollback_history(run, tmp_path, policies, 
     listed = json.loads(capsys.readouterr().out)
     assert {v["version"]: v["stage"] for v in listed["versions"]} == {"1.0.0": "production", "1.1.0": "rolled_back"}
     assert listed["aliases"]["cli"]["production"] == "1.0.0"
+    assert main([*w, "registry", "history", "cli", "--json"]) == 0
+    logged = json.loads(capsys.readouterr().out)["events"]
+    assert list(logged[0]) == ["id", "name", "version", "event", "actor", "role", "at", "comment", "detail"]
+    assert [e["event"] for e in logged][-1] == "rolled_back"
     assert main([*w, "registry", "history", "cli"]) == 0
     text = capsys.readouterr().out
     assert "rolled_back" in text and "latency regression" in text and "bob (approver)" in text
@@ -441,10 +473,10 @@ def test_policies_page_shows_buttons_by_role_and_approves(ws, run, tmp_path, pol
     next(b for b in at.button if b.label == "Approve").click().run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    assert registry.get_version(ws, "page", "0.1.0")["stage"] == "approved"
+    assert registry.get_version(ws, "page", "0.1.0").stage == "approved"
     next(b for b in at.button if b.label == "Promote").click().run()
     assert not at.error, [e.value for e in at.error]
-    assert read_index(policies)["policies"]["page"]["active"] == "0.1.0"
+    assert read_index(policies).policies["page"].active == "0.1.0"
 
 
 def test_policies_page_empty_workspace_says_what_to_do(tmp_path, monkeypatch):

@@ -43,15 +43,15 @@ def _req(i: int = 0, **kw) -> ReviewRequest:
 def test_enqueue_keeps_everything_a_reviewer_needs(ws):
     item_id = review.enqueue(ws, ENGINE, _req(meta={"policy_version": "p@1"}))
     item = review.get_item(ws, item_id)
-    assert item["status"] == "pending" and item["origin"] == "serving"
-    assert item["state"] == {"hour": 14, "volatility": 0.83, "regime": "spike", "holding": True}
-    assert item["meta"] == {"policy_version": "p@1"}
-    assert item["reward_components"] == [{"name": "accuracy", "value": 0.5},
-                                         {"name": "risk", "value": -0.75}]
-    assert (item["token_id"], item["token_name"], item["action_label"], item["tool"]) == (
+    assert item.status == "pending" and item.origin == "serving"
+    assert item.state == {"hour": 14, "volatility": 0.83, "regime": "spike", "holding": True}
+    assert item.meta == {"policy_version": "p@1"}
+    assert item.reward_components == [{"name": "accuracy", "value": 0.5},
+                                      {"name": "risk", "value": -0.75}]
+    assert (item.token_id, item.token_name, item.action_label, item.tool) == (
         12, "A3T1", "sell(amount=all)", "sell")
-    assert item["decision_id"] == "d-0" and item["created_by"] == ENGINE.name
-    assert [e["event"] for e in item["events"]] == ["enqueued"]
+    assert item.decision_id == "d-0" and item.created_by == ENGINE.name
+    assert [e.event for e in item.events] == ["enqueued"]
 
 
 def test_enqueue_is_idempotent_per_source_step(ws):
@@ -82,13 +82,13 @@ def test_enqueue_refuses_bad_requests(ws, bad, field):
 # --------------------------------------------------------------------------- claim / decide
 def test_claim_is_exclusive_and_oldest_first(ws):
     a, b = review.enqueue_many(ws, ENGINE, [_req(1), _req(2)])
-    assert review.claim(ws, RITA)["id"] == a
-    assert review.claim(ws, ROB)["id"] == b
+    assert review.claim(ws, RITA).id == a
+    assert review.claim(ws, ROB).id == b
     assert review.claim(ws, ROB) is None
     with pytest.raises(ConflictError, match="claimed by rita"):
         review.claim(ws, ROB, a)
     renewed = review.claim(ws, RITA, a, lease_seconds=600)  # own claim: renewed
-    assert renewed["claimed_by"] == "rita"
+    assert renewed.claimed_by == "rita"
     s = review.stats(ws)
     assert (s.pending, s.claimed, s.decided) == (0, 2, 0)
 
@@ -105,7 +105,7 @@ def test_decide_exactly_once_and_only_by_the_holder(ws):
     with pytest.raises(InputError, match="comment"):
         review.decide(ws, RITA, a, "reject", "  ")
     item = review.decide(ws, RITA, a, "approve", "fine: hedging in a spike")
-    assert (item["status"], item["decision"], item["decided_by"]) == ("decided", "approve", "rita")
+    assert (item.status, item.decision, item.decided_by) == ("decided", "approve", "rita")
     with pytest.raises(ConflictError, match="already decided: approve by rita"):
         review.decide(ws, RITA, a, "reject", "changed my mind")
     with pytest.raises(ConflictError, match="already decided"):
@@ -116,8 +116,8 @@ def test_decide_exactly_once_and_only_by_the_holder(ws):
                 "UPDATE review_events SET actor='x'", "DELETE FROM review_events"):
         with pytest.raises(sqlite3.DatabaseError, match="final|never|append-only"):
             ws.conn.execute(sql)
-    assert review.get_item(ws, a)["decision"] == "approve"
-    events = [(e["event"], e["actor"]) for e in review.get_item(ws, a)["events"]]
+    assert review.get_item(ws, a).decision == "approve"
+    events = [(e.event, e.actor) for e in review.get_item(ws, a).events]
     assert events == [("enqueued", ENGINE.name), ("claimed", "rita"), ("decided", "rita")]
 
 
@@ -126,8 +126,8 @@ def test_release_puts_the_item_back(ws):
     review.claim(ws, RITA)
     with pytest.raises(ConflictError, match="not by you"):
         review.release(ws, ROB, a)
-    assert review.release(ws, RITA, a)["status"] == "pending"
-    assert review.claim(ws, ROB)["id"] == a
+    assert review.release(ws, RITA, a).status == "pending"
+    assert review.claim(ws, ROB).id == a
 
 
 def test_claim_expires_and_another_reviewer_decides(ws):
@@ -137,20 +137,20 @@ def test_claim_expires_and_another_reviewer_decides(ws):
     time.sleep(0.3)
     s = review.stats(ws)
     assert (s.claimed, s.expired_claims) == (0, 2)
-    assert [i["id"] for i in review.list_items(ws, status="open")] == [a, b]
+    assert [i.id for i in review.list_items(ws, status="open")] == [a, b]
     # rita's own expired claim: she must claim again
     with pytest.raises(ConflictError, match="expired.*claim it again"):
         review.decide(ws, RITA, b, "approve")
     # rob takes over a: rita can no longer decide it, rob can
     took = review.claim(ws, ROB)
-    assert took["id"] == a
-    assert review.item_events(ws, a)[-1]["detail"]["expired_claim_of"] == "rita"
+    assert took.id == a
+    assert review.item_events(ws, a)[-1].detail["expired_claim_of"] == "rita"
     with pytest.raises(ConflictError, match="claimed by rob"):
         review.decide(ws, RITA, a, "approve")
-    assert review.decide(ws, ROB, a, "reject", "too risky")["decided_by"] == "rob"
+    assert review.decide(ws, ROB, a, "reject", "too risky").decided_by == "rob"
     # rita re-claims b and decides it
     review.claim(ws, RITA, b)
-    assert review.decide(ws, RITA, b, "approve")["decision"] == "approve"
+    assert review.decide(ws, RITA, b, "approve").decision == "approve"
 
 
 def test_stats_and_list(ws):
@@ -158,15 +158,15 @@ def test_stats_and_list(ws):
     time.sleep(0.05)
     for decision in ("approve", "approve", "reject"):
         item = review.claim(ws, RITA)
-        review.decide(ws, RITA, item["id"], decision, "because")
+        review.decide(ws, RITA, item.id, decision, "because")
     review.claim(ws, ROB)
     s = review.stats(ws)
     assert (s.pending, s.claimed, s.decided, s.approved, s.rejected) == (1, 1, 3, 2, 1)
     assert s.approve_rate == pytest.approx(2 / 3) and s.open == 2
     assert s.oldest_pending_age_s is not None and s.oldest_pending_age_s >= 0.05
-    assert [i["id"] for i in review.list_items(ws, status="decided")] == ids[:3]
-    assert [i["id"] for i in review.list_items(ws, decision="reject")] == [ids[2]]
-    assert [i["id"] for i in review.list_items(ws, status="claimed", claimed_by="rob")] == [ids[3]]
+    assert [i.id for i in review.list_items(ws, status="decided")] == ids[:3]
+    assert [i.id for i in review.list_items(ws, decision="reject")] == [ids[2]]
+    assert [i.id for i in review.list_items(ws, status="claimed", claimed_by="rob")] == [ids[3]]
     assert review.stats(ws, "other-dataset").pending == 0
     with pytest.raises(InputError):
         review.list_items(ws, status="lost")
@@ -183,10 +183,10 @@ def test_approve_becomes_labelled_training_data(ws):
     rows = review.approved_examples(ws, "finance")
     assert len(rows) == 1
     row = rows[0]
-    assert row["label"] == review.EXPLORATION_LABEL
-    assert (row["token_id"], row["task_type"], row["episode_id"], row["step_t"]) == (
+    assert row.label == review.EXPLORATION_LABEL
+    assert (row.token_id, row.task_type, row.episode_id, row.step_t) == (
         12, "urgent_reduce", "e1", 4)
-    assert row["state"]["volatility"] == 0.83
+    assert row.state["volatility"] == 0.83
     assert len(review.approved_examples(ws)) == 2
     assert review.review_mask_rules(ws) == []
 
@@ -200,17 +200,17 @@ def test_reject_becomes_a_mask_rule(ws):
     review.decide(ws, RITA, b, "reject", "not at this hour")
     rules = review.review_mask_rules(ws, "finance")
     # default pattern: task type, text/booleans equal, numbers within ±10 %
-    assert rules[0]["when"] == {
+    assert rules[0].when == {
         "task_type": {"eq": "urgent_reduce"}, "hour": {"between": [12.6, 15.4]},
         "volatility": {"between": [0.747, 0.913]}, "regime": {"eq": "spike"},
         "holding": {"eq": True}}
-    assert rules[0]["targets"] == {"tokens": ["A3T1"]} and rules[0]["kind"] == "review"
-    assert "never sell everything" in rules[0]["message"]
-    assert rules[0]["meta"]["reviewer"] == "rita"
+    assert rules[0].targets == {"tokens": ["A3T1"]} and rules[0].kind == "review"
+    assert "never sell everything" in rules[0].message
+    assert rules[0].meta["reviewer"] == "rita"
     # key features given at enqueue time narrow the pattern; no token name: the token id
-    assert rules[1]["when"] == {"task_type": {"eq": "urgent_reduce"},
-                                "hour": {"between": [12.6, 15.4]}, "regime": {"eq": "spike"}}
-    assert rules[1]["targets"] == {"tokens": [4]}
+    assert rules[1].when == {"task_type": {"eq": "urgent_reduce"},
+                             "hour": {"between": [12.6, 15.4]}, "regime": {"eq": "spike"}}
+    assert rules[1].targets == {"tokens": [4]}
     stored = ws.conn.execute("SELECT item_id, token_id, comment, created_by "
                              "FROM mask_rules_from_reviews ORDER BY id").fetchall()
     assert stored == [(a, 12, "never sell everything in a spike", "rita"),
@@ -223,11 +223,11 @@ def test_a_reviewer_may_give_the_pattern(ws):
     a, b = review.enqueue_many(ws, ENGINE, [_req(1), _req(2)])
     review.claim(ws, RITA, a)
     review.decide(ws, RITA, a, "reject", "never in a spike", pattern={"regime": "spike"})
-    assert review.review_mask_rules(ws)[0]["when"] == {"regime": "spike"}
+    assert review.review_mask_rules(ws)[0].when == {"regime": "spike"}
     review.claim(ws, RITA, b)
     with pytest.raises(InputError, match="unknown test"):
         review.decide(ws, RITA, b, "reject", "bad pattern", pattern={"hour": {"gtt": 3}})
-    assert review.get_item(ws, b)["status"] == "claimed"  # refused whole: still undecided
+    assert review.get_item(ws, b).status == "claimed"  # refused whole: still undecided
 
 
 def _sell_catalog():
@@ -295,12 +295,12 @@ def test_exactly_once_with_four_processes(ws):
     # every decision was made under a claim by the same actor, the last claim before it
     for i in ids:
         events = review.item_events(ws, i)
-        last_claim = [e for e in events if e["event"] == "claimed"][-1]
-        assert events[-1]["event"] == "decided" and last_claim["actor"] == events[-1]["actor"]
+        last_claim = [e for e in events if e.event == "claimed"][-1]
+        assert events[-1].event == "decided" and last_claim.actor == events[-1].actor
     rejected = {i for i, d, _ in rows if d == "reject"}
     assert rejected == {i for i in ids if i % 3 == 0}
-    assert {r["name"] for r in review.review_mask_rules(ws)} == {f"review_{i}" for i in rejected}
-    assert {r["item_id"] for r in review.approved_examples(ws)} == set(ids) - rejected
+    assert {r.name for r in review.review_mask_rules(ws)} == {f"review_{i}" for i in rejected}
+    assert {r.item_id for r in review.approved_examples(ws)} == set(ids) - rejected
 
 
 def test_a_process_dying_mid_decision_loses_nothing(ws):
@@ -311,8 +311,8 @@ def test_a_process_dying_mid_decision_loses_nothing(ws):
     proc.join(60)
     assert proc.exitcode == 3
     item = review.get_item(ws, item_id)
-    assert (item["status"], item["claimed_by"], item["decision"]) == ("claimed", "dora", None)
-    assert [e["event"] for e in item["events"]] == ["enqueued", "claimed"]
+    assert (item.status, item.claimed_by, item.decision) == ("claimed", "dora", None)
+    assert [e.event for e in item.events] == ["enqueued", "claimed"]
     assert review.review_mask_rules(ws) == []
     time.sleep(0.35)
     review.claim(ws, ROB, item_id)
@@ -337,9 +337,19 @@ def test_cli_claim_decide_stats(tmp_path):
     assert item["claimed_by"] == "local"
     assert rwb("decide", str(item["id"]), "reject", "-m", "no",
                "--pattern", '{"regime": "spike"}')["decision"] == "reject"
-    assert review.review_mask_rules(Workspace.open(wsdir))[0]["when"] == {"regime": "spike"}
+    assert review.review_mask_rules(Workspace.open(wsdir))[0].when == {"regime": "spike"}
     assert rwb("stats")["rejected"] == 1
     assert [i["id"] for i in rwb("list", "--status", "pending")["items"]] == [2]
-    assert rwb("show", "1")["events"][-1]["event"] == "decided"
+    shown = rwb("show", "1")
+    assert shown["events"][-1]["event"] == "decided"
+    # the --json shape: the item's fields in this order, then its events
+    assert list(shown) == [
+        "id", "origin", "reason", "dataset", "task_type", "state", "key_features", "token_id",
+        "token_name", "action_label", "tool", "risk", "reward_components", "confidence", "run_id",
+        "episode_id", "step_t", "decision_id", "status", "created_at", "created_by", "claimed_by",
+        "claimed_at", "claim_expires", "decision", "decided_by", "decided_at", "comment", "meta",
+        "claim_expired", "age_s", "events"]
+    assert list(shown["events"][0]) == ["id", "event", "actor", "at", "detail"]
+    assert list(rwb("list")["items"][0]) == list(shown)[:-1]
     r = runner.invoke(root, ["-w", str(wsdir), "review", "decide", "1", "approve"])
     assert isinstance(r.exception, ConflictError)

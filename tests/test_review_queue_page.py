@@ -67,7 +67,7 @@ def test_claim_and_reject_an_item(queue_ws):
     assert "now a mask rule" in at.success[0].value
     assert review.stats(queue_ws).rejected == 1
     [rule] = review.review_mask_rules(queue_ws)
-    assert rule["targets"] == {"tokens": ["A13T0"]}
+    assert rule.targets == {"tokens": ["A13T0"]}
 
     _button(at, "Claim next item").click()
     at.run()
@@ -75,7 +75,7 @@ def test_claim_and_reject_an_item(queue_ws):
     at.run()
     assert not at.exception, at.exception
     assert review.stats(queue_ws).approved == 1
-    assert [e["token_name"] for e in review.approved_examples(queue_ws)] == ["A13T1"]
+    assert [e.token_name for e in review.approved_examples(queue_ws)] == ["A13T1"]
     _button(at, "Claim next item").click()
     at.run()
     assert "Nothing to claim" in at.info[0].value

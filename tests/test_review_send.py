@@ -72,30 +72,30 @@ def test_a_sent_step_carries_what_was_recorded(ws):
     episode_id, recorded = _recorded(SAMPLE)
     ana = Actor("ana", "analyst")
     item = review.send_step(ws, ana, DATASET, episode_id, recorded["t"], "  market order in a spike  ")
-    assert item["status"] == "pending" and item["origin"] == "training" and item["run_id"] is None
-    assert (item["dataset"], item["episode_id"], item["step_t"]) == (DATASET, episode_id, recorded["t"])
-    assert item["state"] == recorded["observation"]["state"]          # as written in the file
-    assert item["tool"] == recorded["action"]["tool"]
-    assert item["reason"] == "market order in a spike"
-    assert item["created_by"] == "ana" and item["meta"] == {"source": "recorded episode", "sent_by": "ana"}
-    token = catalog_for_dataset(ws, DATASET).tokens[item["token_id"]]
-    assert (item["token_name"], item["action_label"], item["risk"]) == (token.name, token.label, token.risk)
-    events = review.item_events(ws, item["id"])
-    assert [(e["event"], e["actor"]) for e in events] == [("enqueued", "ana")]
-    assert events[0]["detail"] == {"origin": "training", "source": "recorded episode", "dataset": DATASET}
+    assert item.status == "pending" and item.origin == "training" and item.run_id is None
+    assert (item.dataset, item.episode_id, item.step_t) == (DATASET, episode_id, recorded["t"])
+    assert item.state == recorded["observation"]["state"]          # as written in the file
+    assert item.tool == recorded["action"]["tool"]
+    assert item.reason == "market order in a spike"
+    assert item.created_by == "ana" and item.meta == {"source": "recorded episode", "sent_by": "ana"}
+    token = catalog_for_dataset(ws, DATASET).tokens[item.token_id]
+    assert (item.token_name, item.action_label, item.risk) == (token.name, token.label, token.risk)
+    events = review.item_events(ws, item.id)
+    assert [(e.event, e.actor) for e in events] == [("enqueued", "ana")]
+    assert events[0].detail == {"origin": "training", "source": "recorded episode", "dataset": DATASET}
     # without a reason the reviewer reads who sent it
     other_id, other = _recorded(SAMPLE, t=1)
-    assert review.send_step(ws, ana, DATASET, other_id, other["t"])["reason"] == "sent to review by ana"
+    assert review.send_step(ws, ana, DATASET, other_id, other["t"]).reason == "sent to review by ana"
 
 
 def test_a_step_already_on_the_queue_is_refused(ws):
     episode_id, recorded = _recorded(SAMPLE)
     first = review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"])
-    with pytest.raises(ConflictError, match=rf"already on the review queue as item #{first['id']}, pending"):
+    with pytest.raises(ConflictError, match=rf"already on the review queue as item #{first.id}, pending"):
         review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"], "again")
     rae = Actor("rae", "reviewer")
-    review.claim(ws, rae, first["id"])
-    review.decide(ws, rae, first["id"], "approve", "fine")
+    review.claim(ws, rae, first.id)
+    review.decide(ws, rae, first.id, "approve", "fine")
     with pytest.raises(ConflictError, match=r"decided \(approve by rae\): a decision is final"):
         review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"])
     assert review.stats(ws).pending == 0 and len(review.list_items(ws)) == 1
@@ -106,7 +106,7 @@ def test_the_same_episode_in_another_dataset_is_another_step(ws):
     episode_id, recorded = _recorded(SAMPLE)
     a = review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"])
     b = review.send_step(ws, LOCAL_ADMIN, "fin-copy", episode_id, recorded["t"])
-    assert a["id"] != b["id"] and b["dataset"] == "fin-copy"
+    assert a.id != b.id and b.dataset == "fin-copy"
 
 
 def test_bad_sends_name_the_field_and_write_nothing(ws):
@@ -126,7 +126,7 @@ def test_bad_sends_name_the_field_and_write_nothing(ws):
         assert info.value.field == field
     # the longest allowed reason goes through
     long = "y" * review.MAX_REASON_CHARS
-    assert review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"], long)["reason"] == long
+    assert review.send_step(ws, LOCAL_ADMIN, DATASET, episode_id, recorded["t"], long).reason == long
     assert len(review.list_items(ws)) == 1
 
 
@@ -178,8 +178,8 @@ def test_the_episodes_page_sends_the_chosen_step(ws, monkeypatch):
     _send_button(at).click().run()
     assert not at.exception, at.exception
     (item,) = review.list_items(ws)
-    assert (item["episode_id"], item["step_t"], item["reason"]) == (episode_id, recorded["t"], "odd quantity")
-    assert any(f"item #{item['id']}" in s.value for s in at.success)
+    assert (item.episode_id, item.step_t, item.reason) == (episode_id, recorded["t"], "odd quantity")
+    assert any(f"item #{item.id}" in s.value for s in at.success)
     # the same step again: refused in the page's words, nothing added
     _send_button(at).click().run()
     assert any("already on the review queue" in e.value for e in at.error)

@@ -8,6 +8,7 @@ model) is shared by the module; every run is tiny.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -74,18 +75,19 @@ def finished(ws_root):
     w.close()
     mp.undo()
     assert [m["update"] for m in seen] == [1, 2, 3, 4]
-    return result["run_id"]
+    assert isinstance(result, runs.RunResult) and result.status == "finished" and result.metrics["update"] == 4
+    return result.run_id
 
 
 # --------------------------------------------------------------------------- records
 def test_a_finished_run_is_recorded(ws, finished):
     run = runs.get_run(ws, finished)
-    assert run["status"] == "finished" and run["display_status"] == "finished"
-    assert run["env_steps"] == 2048 and run["updates"] == 4 and run["total_steps"] == 2048
-    assert run["template_name"] == "finance_risk" and len(run["template_hash"]) == 64
-    assert run["template_version"] == "@0" and run["masks_source"].endswith("finance/masks.yaml")
-    assert run["device"] == "cpu" and run["pid"] == os.getpid() and run["ended_at"]
-    assert PPOConfig.from_dict(run["config"]) == tiny()
+    assert run.status == "finished" and run.display_status == "finished"
+    assert run.env_steps == 2048 and run.updates == 4 and run.total_steps == 2048
+    assert run.template_name == "finance_risk" and len(run.template_hash) == 64
+    assert run.template_version == "@0" and run.masks_source.endswith("finance/masks.yaml")
+    assert run.device == "cpu" and run.pid == os.getpid() and run.ended_at
+    assert PPOConfig.from_dict(run.config) == tiny()
     metrics = runs.run_metrics(ws, finished)
     assert [m["update"] for m in metrics] == [1, 2, 3, 4]
     assert all(m["mask_violations"] == 0 for m in metrics)
@@ -94,12 +96,15 @@ def test_a_finished_run_is_recorded(ws, finished):
             "reward_components"} <= set(metrics[-1])
     # checkpoints: one per update, only the newest KEEP_CHECKPOINTS kept (rows and folders)
     kept = runs.checkpoints(ws, finished)
-    assert [c["update_idx"] for c in kept] == [3, 4]
+    assert [c.update_idx for c in kept] == [3, 4]
+    assert kept[-1] == runs.latest_checkpoint(ws, finished) and Path(kept[-1].path).name == "000004"
     folders = sorted(p.name for p in (runs.run_dir(ws, finished) / "checkpoints").iterdir())
     assert folders == ["000003", "000004"]
     assert runs.run_template(ws, finished).name == "finance_risk"
     listed = runs.list_runs(ws)
-    assert listed[0]["id"] == finished and listed[0]["last"]["mask_violations"] == 0
+    assert listed[0].id == finished and listed[0].last.mask_violations == 0
+    # a listed run is its record plus the last update's figures, field for field
+    assert {f.name: getattr(listed[0], f.name) for f in dataclasses.fields(runs.RunRecord)} == dataclasses.asdict(run)
 
 
 def test_runs_created_in_the_same_second_list_newest_first(tmp_path, monkeypatch):
@@ -117,7 +122,7 @@ def test_runs_created_in_the_same_second_list_newest_first(tmp_path, monkeypatch
         monkeypatch.setattr(runs, "_now_iso", lambda: "2026-12-03T12:00:00Z")
         created = [runs.create_run(w, LOCAL_ADMIN, template=template, config=tiny(seed=seed), dataset="finance")
                    for seed in range(6)]
-        assert [r["id"] for r in runs.list_runs(w)] == created[::-1]
+        assert [r.id for r in runs.list_runs(w)] == created[::-1]
     finally:
         w.close()
 
@@ -151,16 +156,20 @@ def test_stop_request_ends_the_run_after_the_update(ws):
     status ``stopped``; it can be resumed."""
     def stop_at_two(m):
         if m["update"] == 2:
-            runs.stop_run(ws, LOCAL_ADMIN, runs.list_runs(ws, limit=1)[0]["id"])
+            requested.append(runs.stop_run(ws, LOCAL_ADMIN, runs.list_runs(ws, limit=1)[0].id))
 
+    requested: list[runs.StopResult] = []
     result = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance",
                         config=tiny(total_steps=4096), progress=stop_at_two)
-    run = runs.get_run(ws, result["run_id"])
-    assert result["status"] == run["status"] == "stopped" and run["updates"] == 3
-    assert runs.latest_checkpoint(ws, result["run_id"])["update_idx"] == 3
-    resumed = runs.train(ws, LOCAL_ADMIN, resume=result["run_id"])
-    assert resumed["status"] == "finished"
-    assert [m["update"] for m in runs.run_metrics(ws, result["run_id"])] == list(range(1, 9))
+    # the trainer was alive: the request waits for it, the run still runs
+    [stop] = requested
+    assert not stop.stopped_now and stop.run.status == "running" and stop.run.stop_requested is True
+    run = runs.get_run(ws, result.run_id)
+    assert result.status == run.status == "stopped" and run.updates == 3
+    assert runs.latest_checkpoint(ws, result.run_id).update_idx == 3
+    resumed = runs.train(ws, LOCAL_ADMIN, resume=result.run_id)
+    assert resumed.status == "finished"
+    assert [m["update"] for m in runs.run_metrics(ws, result.run_id)] == list(range(1, 9))
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -179,85 +188,120 @@ def test_background_run_killed_with_sigkill_resumes_and_finishes(ws, finished):
     its last checkpoint with the metrics of every update exactly once."""
     started = runs.launch_run(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance",
                               config=tiny(total_steps=16384, checkpoint_every=1))
-    run_id, pid = started["run_id"], started["pid"]
+    run_id, pid = started.run_id, started.pid
     try:
-        ckpt = _wait(lambda: (c := runs.latest_checkpoint(ws, run_id)) and c["update_idx"] >= 2 and c,
+        ckpt = _wait(lambda: (c := runs.latest_checkpoint(ws, run_id)) and c.update_idx >= 2 and c,
                      240, f"two checkpoints of the background run (log: {runs.run_log(ws, run_id)[-2000:]})")
-        assert runs.get_run(ws, run_id)["process_alive"] is True
+        assert runs.get_run(ws, run_id).process_alive is True
     finally:
         os.kill(pid, signal.SIGKILL)
-    _wait(lambda: runs.get_run(ws, run_id)["process_alive"] is False, 30, "the killed process to be gone")
+    _wait(lambda: runs.get_run(ws, run_id).process_alive is False, 30, "the killed process to be gone")
     os.waitpid(pid, 0)
     run = runs.get_run(ws, run_id)
-    assert run["status"] == "running" and run["interrupted"] and run["display_status"] == "interrupted"
-    assert run["updates"] >= ckpt["update_idx"]
-    assert runs.get_run(ws, run_id)["status"] == "running"
+    assert run.status == "running" and run.interrupted and run.display_status == "interrupted"
+    assert run.updates >= ckpt.update_idx
+    assert runs.get_run(ws, run_id).status == "running"
     result = runs.train(ws, LOCAL_ADMIN, resume=run_id)
-    assert result["status"] == "finished"
+    assert result.status == "finished"
     run = runs.get_run(ws, run_id)
-    assert run["status"] == "finished" and run["env_steps"] == 16384 and run["pid"] == os.getpid()
+    assert run.status == "finished" and run.env_steps == 16384 and run.pid == os.getpid()
     updates = [m["update"] for m in runs.run_metrics(ws, run_id)]
     assert updates == list(range(1, 33))
-    assert "train.log" in started["log"] and Path(started["log"]).is_file()
+    assert "train.log" in started.log and Path(started.log).is_file()
 
 
 # --------------------------------------------------------------------------- diagnosis and evaluation
 def test_doctor_four_steps(ws, finished):
-    from core.rl.doctor import diagnose, exploration_quality, gradient_flow, reward_integrity
+    from core.base.results import to_jsonable
+    from core.rl.doctor import VERDICT_WORDS, diagnose, exploration_quality, gradient_flow, reward_integrity
 
     report = diagnose(ws, finished, episodes=64)
-    assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4]
-    assert [s["name"] for s in report["steps"]] == ["reward integrity", "state-encoding fidelity", "gradient flow",
-                                                   "exploration quality"]
-    assert all(s["verdict"] in ("ok", "warn", "fail") for s in report["steps"])
-    assert report["steps"][0]["details"]["non_finite"] == 0
-    assert report["steps"][1]["details"]["silhouette"] is not None
+    assert [s.step for s in report.steps] == [1, 2, 3, 4]
+    assert [s.name for s in report.steps] == ["reward integrity", "state-encoding fidelity", "gradient flow",
+                                              "exploration quality"]
+    assert all(s.verdict in ("ok", "warn", "fail") for s in report.steps)
+    assert report.steps[0].details["non_finite"] == 0
+    assert report.steps[1].details["silhouette"] is not None
+    # the overall verdict is the worst step's; the next action names the first step to fix
+    worst = max((s.verdict for s in report.steps), key=["ok", "warn", "fail"].index)
+    assert report.verdict == worst and report.plain_verdict == VERDICT_WORDS[worst]
+    first = next((s for s in report.steps if s.verdict == worst and worst != "ok"), None)
+    assert report.next_action == ("All four steps pass: if the run still does not learn, compare it with others on "
+                                  "the Training page." if first is None else
+                                  f"Step {first.step} ({first.name}): {first.action}")
+    # --json keeps the dict's keys and order: the report's fields, each step's fields
+    as_json = to_jsonable(report)
+    assert list(as_json) == ["run_id", "status", "updates", "checkpoint_update", "policy_allowed_actions", "steps",
+                             "verdict", "plain_verdict", "next_action"]
+    assert list(as_json["steps"][0]) == ["step", "name", "verdict", "plain_verdict", "value", "figure", "unit",
+                                         "threshold", "action", "message", "details"]
     # the verdict rules on hand-made numbers
-    assert reward_integrity([0.1, float("nan")], 5.0, 10)["verdict"] == "fail"
-    assert reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10)["verdict"] == "warn"
-    assert reward_integrity([0.1, 0.2, 0.3], 1.5, 10)["verdict"] == "fail"
-    assert reward_integrity([0.1, 0.2, 0.3, 0.4], 5.0, 10)["verdict"] == "ok"
-    assert gradient_flow({"actor.0": 0.1, "encoder.intent_net.0": 0.0})["verdict"] == "fail"
-    assert gradient_flow({"actor.0": 0.1, "critic.0": 5e3})["verdict"] == "warn"
-    assert gradient_flow({"actor.0": 0.1})["verdict"] == "ok"
-    assert exploration_quality(0.4, 0.1)["verdict"] == "fail"
-    assert exploration_quality(2.4, 0.5)["verdict"] == "ok"
+    assert reward_integrity([0.1, float("nan")], 5.0, 10).verdict == "fail"
+    assert reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10).verdict == "warn"
+    assert reward_integrity([0.1, 0.2, 0.3], 1.5, 10).verdict == "fail"
+    assert reward_integrity([0.1, 0.2, 0.3, 0.4], 5.0, 10).verdict == "ok"
+    assert gradient_flow({"actor.0": 0.1, "encoder.intent_net.0": 0.0}).verdict == "fail"
+    assert gradient_flow({"actor.0": 0.1, "critic.0": 5e3}).verdict == "warn"
+    assert gradient_flow({"actor.0": 0.1}).verdict == "ok"
+    assert exploration_quality(0.4, 0.1).verdict == "fail"
+    assert exploration_quality(2.4, 0.5).verdict == "ok"
 
 
 def test_evaluate_on_the_heldout_split_and_a_file(ws, finished, tmp_path):
+    from core.base.results import dumps
     from core.rl.evaluation import evaluate
 
     r = evaluate(ws, finished, repeats=2)
-    assert r["episodes"] > 0 and r["repeats"] == 2
-    assert r["policy"]["episodes"] == r["random_in_mask"]["episodes"] == 2 * r["episodes"]
-    assert r["mask_violations"] == 0 and r["random_in_mask"]["mask_violations"] == 0
-    assert set(r["logged"]) == {"expert", "noisy", "hacker"}
-    assert r["best_logged"]["behaviour"] == max(r["logged"], key=r["logged"].get)
-    assert r["margin_over_random"] > 0.5
+    assert r.episodes > 0 and r.repeats == 2
+    assert r.policy.episodes == r.random_in_mask.episodes == 2 * r.episodes
+    assert r.policy.passes == r.random_in_mask.passes == 2
+    assert r.mask_violations == 0 and r.random_in_mask.mask_violations == 0
+    assert set(r.logged) == {"expert", "noisy", "hacker"}
+    assert r.best_logged is not None and r.best_logged.behaviour == max(r.logged, key=r.logged.__getitem__)
+    assert r.best_logged.return_mean == r.logged[r.best_logged.behaviour]
+    assert r.margin_over_random == pytest.approx(r.policy.return_mean - r.random_in_mask.return_mean)
+    assert r.margin_over_random > 0.5
+    # --json and the stored record keep the dict's keys and order
+    stored = r.to_dict()
+    assert list(stored) == ["run_id", "source", "episodes", "repeats", "checkpoint_update", "policy",
+                            "random_in_mask", "logged", "best_logged", "paired", "beats_best_logged",
+                            "margin_over_random", "mask_violations", "catalog_version", "catalog_coverage", "ope"]
+    assert list(stored["policy"]) == ["return_mean", "return_std_between_passes", "success_rate",
+                                      "off_support_rate", "mask_violations", "episodes", "steps", "passes"]
+    assert stored["best_logged"] == {"behaviour": r.best_logged.behaviour, "return_mean": r.best_logged.return_mean}
+    assert list(stored["paired"]["expert"]) == ["episodes", "logged", "policy", "policy_success_rate", "margin"]
+    assert dumps(r) == dumps(stored)
     # paired: per behaviour, the policy from that behaviour's own held-out start states
     from core.rl.runs import open_run
 
     data = open_run(ws, finished, need_policy=False).data
     labels = [data.tables.behaviours[i] for i in data.heldout_episodes.tolist()]
-    assert set(r["paired"]) == set(r["logged"])
-    for behaviour, pair in r["paired"].items():
-        assert pair["episodes"] == labels.count(behaviour)
-        assert pair["logged"] == r["logged"][behaviour]
-        assert pair["margin"] == pytest.approx(pair["policy"] - pair["logged"])
-    best = r["paired"][r["best_logged"]["behaviour"]]
-    assert r["beats_best_logged"] == (best["policy"] >= best["logged"])
+    assert set(r.paired) == set(r.logged)
+    for behaviour, pair in r.paired.items():
+        assert pair.episodes == labels.count(behaviour)
+        assert pair.logged == r.logged[behaviour]
+        assert pair.margin == pytest.approx(pair.policy - pair.logged)
+    best = r.paired[r.best_logged.behaviour]
+    assert best.logged is not None and r.beats_best_logged == (best.policy >= best.logged)
     # the episodes of all behaviours together are the whole held-out set, run the same way
-    assert sum(p["episodes"] for p in r["paired"].values()) == r["episodes"]
+    assert sum(p.episodes for p in r.paired.values()) == r.episodes
     # a held-out file of the same tools: other episodes of the sample
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
     held = tmp_path / "held.jsonl"
     held.write_text("\n".join([lines[0], *lines[N_EPISODES + 1:N_EPISODES + 41]]) + "\n", encoding="utf-8")
     f = evaluate(ws, finished, episodes=held, repeats=1)  # mapped onto the run's catalog, never refused
-    assert f["episodes"] == 40 and f["mask_violations"] == 0
-    assert f["catalog_version"] == r["catalog_version"] == data.tables.catalog.version
+    assert f.episodes == 40 and f.mask_violations == 0
+    assert f.catalog_version == r.catalog_version == data.tables.catalog.version
 
 
 # --------------------------------------------------------------------------- CLI
+#: The keys of a run in the ``--json`` output of ``rwb runs show|stop`` (``runs list`` adds ``last``), in order.
+RUN_JSON_KEYS = ["id", "status", "dataset", "episodes_file", "template_name", "template_version", "template_hash",
+                 "masks_source", "device", "config", "total_steps", "env_steps", "updates", "curriculum_level", "pid",
+                 "host", "stop_requested", "created_by", "created_at", "started_at", "ended_at", "heartbeat_at",
+                 "error", "final_metrics", "log_path", "process_alive", "interrupted", "display_status"]
+
+
 def test_cli_train_runs_doctor_evaluate(ws_root, finished, monkeypatch):
     from core.cli import main, root
 
@@ -270,13 +314,21 @@ def test_cli_train_runs_doctor_evaluate(ws_root, finished, monkeypatch):
                             "--set", "bc_epochs=2", "--set", "threads=1", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert list(out) == ["run_id", "status", "metrics"]
     assert out["status"] == "finished" and out["metrics"]["env_steps"] == 1024
     run_id = out["run_id"]
     res = cli.invoke(root, ["runs", "list", "--json"])
-    assert run_id in [r["id"] for r in json.loads(res.stdout)["runs"]]
+    listed = json.loads(res.stdout)["runs"]
+    assert run_id in [r["id"] for r in listed]
+    assert list(listed[0]) == [*RUN_JSON_KEYS, "last"]
+    assert list(listed[0]["last"]) == ["return_mean", "success_rate", "kl", "beta", "entropy", "curriculum_level",
+                                       "env_steps_per_s", "mask_violations"]
     res = cli.invoke(root, ["runs", "show", run_id, "--json"])
     shown = json.loads(res.stdout)
     assert shown["run"]["status"] == "finished" and len(shown["metrics"]) == 2
+    assert list(shown) == ["run", "metrics", "checkpoints"] and list(shown["run"]) == RUN_JSON_KEYS
+    assert shown["checkpoints"] and all(list(c) == ["update_idx", "env_steps", "path", "at"]
+                                        for c in shown["checkpoints"])
     res = cli.invoke(root, ["runs", "show", run_id])
     assert res.exit_code == 0 and "mask_violations" in res.stdout
     res = cli.invoke(root, ["doctor", finished, "--json"])

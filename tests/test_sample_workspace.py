@@ -52,14 +52,14 @@ def test_a_fresh_sample_workspace_has_pending_review_items(sample_ws):
     ws = Workspace.open(sample_ws)
     items = review.list_items(ws, status="pending")
     assert len(items) == review.SAMPLE_ITEMS_PER_DATASET * len(SAMPLE_DATASETS)
-    assert {i["dataset"] for i in items} == set(SAMPLE_DATASETS.values())
+    assert {i.dataset for i in items} == set(SAMPLE_DATASETS.values())
     for item in items:
-        assert item["risk"] == "high" and item["run_id"] is None
-        assert item["created_by"] == SAMPLE_SETUP.name
-        assert "in an episode that failed" in item["reason"]
-        episode = ws.get_episode(item["dataset"], item["episode_id"])
+        assert item.risk == "high" and item.run_id is None
+        assert item.created_by == SAMPLE_SETUP.name
+        assert "in an episode that failed" in item.reason
+        episode = ws.get_episode(item.dataset, item.episode_id)
         assert episode.outcome.resolved is False
-        assert item["state"] == next(s for s in episode.steps if s.t == item["step_t"]).observation["state"]
+        assert item.state == next(s for s in episode.steps if s.t == item.step_t).observation["state"]
     ws.close()
 
 
@@ -78,7 +78,7 @@ def test_the_picked_steps_are_the_top_of_the_criterion(sample_ws, dataset):
     assert [(s.repeats, s.episode_id, s.step_t) for s in picked] == [
         (c[0], c[2], c[3]) for c in ranked[:review.SAMPLE_ITEMS_PER_DATASET]]
     assert len(picked) == review.SAMPLE_ITEMS_PER_DATASET
-    queued = {(i["episode_id"], i["step_t"]) for i in review.list_items(ws, dataset=dataset)}
+    queued = {(i.episode_id, i.step_t) for i in review.list_items(ws, dataset=dataset)}
     assert queued == {(s.episode_id, s.step_t) for s in picked}
     ws.close()
 
@@ -94,11 +94,11 @@ def test_queueing_the_samples_again_adds_nothing(sample_ws, tmp_path):
     assert ensure_samples(ws) == []
     init_workspace(ws)
     after = review.list_items(ws)
-    assert [(i["id"], i["status"], i["episode_id"], i["step_t"]) for i in after] == [
-        (i["id"], i["status"], i["episode_id"], i["step_t"]) for i in before]
+    assert [(i.id, i.status, i.episode_id, i.step_t) for i in after] == [
+        (i.id, i.status, i.episode_id, i.step_t) for i in before]
     # an analyst sending a queued step is told it is there already
     item = before[0]
-    with pytest.raises(ConflictError, match=f"item #{item['id']}"):
-        review.send_step(ws, Actor("ana", "analyst"), item["dataset"], item["episode_id"],
-                         item["step_t"])
+    with pytest.raises(ConflictError, match=f"item #{item.id}"):
+        review.send_step(ws, Actor("ana", "analyst"), item.dataset, item.episode_id,
+                         item.step_t)
     ws.close()

@@ -160,7 +160,7 @@ def _ready(client, timeout: float = 20.0):
         time.sleep(0.1)
 
 
-def _audit_records(path: Path, decision_ids: set[str]) -> list[dict]:
+def _audit_records(path: Path, decision_ids: set[str]) -> list[audit.AuditRecord]:
     """The audit records of the workspace at ``path`` once those of ``decision_ids`` are
     committed (the service commits in batches every 0.5 s)."""
     deadline = time.monotonic() + 20
@@ -168,7 +168,7 @@ def _audit_records(path: Path, decision_ids: set[str]) -> list[dict]:
         ws = Workspace.open(path)
         records = audit.list_records(ws, limit=10_000, newest_first=False)
         ws.close()
-        if decision_ids <= {r["decision_id"] for r in records} or time.monotonic() > deadline:
+        if decision_ids <= {r.decision_id for r in records} or time.monotonic() > deadline:
             return records
         time.sleep(0.2)
 
@@ -196,7 +196,7 @@ def test_decide_batch_health_and_readiness(server):
     assert b.status_code == 200, b.text
     assert [x["episode_id"] for x in b.json()["decisions"]] == ["e2e-b1", "e2e-b2"]
     ids = {d["decision_id"]} | {x["decision_id"] for x in b.json()["decisions"]}
-    assert ids <= {r["decision_id"] for r in _audit_records(server.workspace, ids)}
+    assert ids <= {r.decision_id for r in _audit_records(server.workspace, ids)}
 
 
 def test_bad_requests_get_422_naming_the_field_and_the_server_stays_up(server):
@@ -269,10 +269,10 @@ def test_audit_records_equal_the_in_process_ones(run, promoted, server, tmp_path
                                         config=ServingConfig(wait_for_intent=True, time_budget_ms=20000))
     local = [engine.decide({**r, "episode_id": "aud-" + r["episode_id"]}) for r in REQUESTS]
     engine.close()
-    mine = {r["episode_id"]: r for r in audit.list_records(ws, newest_first=False)}
+    mine = {r.episode_id: r.to_dict() for r in audit.list_records(ws, newest_first=False)}
     ws.close()
     ids = {d["decision_id"] for d in served}
-    theirs = {r["episode_id"]: r for r in _audit_records(server.workspace, ids) if r["decision_id"] in ids}
+    theirs = {r.episode_id: r.to_dict() for r in _audit_records(server.workspace, ids) if r.decision_id in ids}
     assert set(theirs) == set(mine) == {"aud-" + r["episode_id"] for r in REQUESTS}
     for eid, rec in theirs.items():
         ref = mine[eid]

@@ -277,8 +277,8 @@ def test_real_rl_boost_proposes_three_unmasked_candidates(bundle, ws):
                 torch.testing.assert_close(torch.as_tensor(f), s, atol=1e-4, rtol=1e-4)
     engine.close()
     rec = audit.tail(ws, 1)[0]
-    assert rec["rl_candidates"] == [{"id": c.id, "prob": c.prob, "reward_est": c.reward_est}
-                                    for c in d.rl_candidates]
+    assert [(c.id, c.prob, c.reward_est) for c in rec.rl_candidates] == [(c.id, c.prob, c.reward_est)
+                                                                         for c in d.rl_candidates]
 
 
 class SlowPolicy:
@@ -308,7 +308,7 @@ def test_candidates_over_the_time_budget_leave_the_baseline_alone(bundle, ws):
     assert "budget" in d.explanation
     assert _metric(engine, "rwb_rl_boost_timeouts_total", policy_version=engine.policy_version) == 1
     engine.close()
-    assert audit.tail(ws, 1)[0]["rl_candidates"] == []
+    assert audit.tail(ws, 1)[0].rl_candidates == []
 
 
 def test_a_fast_policy_runs_inline_and_a_stall_past_the_budget_is_discarded(bundle, ws, monkeypatch):
@@ -391,12 +391,12 @@ def test_high_risk_low_confidence_goes_to_review_and_a_rejection_is_never_served
     assert d.review_item is not None
     assert _metric(engine, "rwb_review_queue_pushes_total", policy_version=engine.policy_version) == 1
     [item] = review.list_items(ws, origin="serving")
-    assert (item["token_id"], item["decision_id"], item["episode_id"]) == (high, d.decision_id, "risky")
-    assert "high-risk" in item["reason"] and item["state"]["volatility"] == STATE["volatility"]
-    assert item["task_type"] == "analysis" and item["confidence"] == pytest.approx(0.6)
+    assert (item.token_id, item.decision_id, item.episode_id) == (high, d.decision_id, "risky")
+    assert "high-risk" in item.reason and item.state["volatility"] == STATE["volatility"]
+    assert item.task_type == "analysis" and item.confidence == pytest.approx(0.6)
 
     claimed = review.claim(ws, LOCAL_ADMIN)
-    review.decide(ws, LOCAL_ADMIN, claimed["id"], "reject", "no margin trades for an analysis request")
+    review.decide(ws, LOCAL_ADMIN, claimed.id, "reject", "no margin trades for an analysis request")
     for episode in ("risky", "fresh"):                      # the running episode and a new one
         d = engine.decide(_request(episode))
         assert d.final_action != high and d.final_action == l1
@@ -449,14 +449,14 @@ def test_every_decision_writes_one_audit_record_with_the_seed_schema(run, bundle
     assert len(records) == len(decisions)
     keys = ["timestamp", "input_hash", "rde_action", "rl_candidates", "final_action", "reward_components",
             "policy_version", "episode_id", "decision_id"]
-    by_id = {r["decision_id"]: r for r in records}
+    by_id = {r.decision_id: r for r in records}
     for d in decisions:
         r = by_id[d.decision_id]
-        assert list(r) == keys
-        assert (r["final_action"], r["rde_action"], r["episode_id"]) == (d.final_action, d.rde_action, d.episode_id)
-        assert r["policy_version"] == bundle.policy_version
-        assert all(set(c) == {"id", "prob", "reward_est"} for c in r["rl_candidates"])
-        assert all(set(c) == {"name", "value"} for c in r["reward_components"])
+        assert list(r.to_dict()) == keys
+        assert (r.final_action, r.rde_action, r.episode_id) == (d.final_action, d.rde_action, d.episode_id)
+        assert r.policy_version == bundle.policy_version
+        assert all(set(c) == {"id", "prob", "reward_est"} for c in r.to_dict()["rl_candidates"])
+        assert all(set(c) == {"name", "value"} for c in r.to_dict()["reward_components"])
     assert any(d.rl_boost for d in decisions) and any(not d.rl_boost for d in decisions)
     # the served traffic goes back into the workbench as episodes
     out = audit.export(ws, LOCAL_ADMIN, tmp_path / "served.jsonl", as_episodes=True)
@@ -510,7 +510,7 @@ def test_a_new_promoted_version_is_served_from_the_next_episode_start(run, promo
     assert engine.policy_version == "svc@0.2.0"
     assert _metric(engine, "rwb_policy_reloads_total", result="loaded") == 1
     engine.close()
-    versions = {r["episode_id"]: r["policy_version"] for r in audit.list_records(ws, newest_first=False)}
+    versions = {r.episode_id: r.policy_version for r in audit.list_records(ws, newest_first=False)}
     assert versions == {"old": "svc@0.1.0", "new": "svc@0.2.0"}
 
 
@@ -547,7 +547,7 @@ def test_a_production_process_serves_the_promoted_policy_with_audit_records(run,
     assert out["streamlit"] is False and out["records"] == 3
     assert {v for v, _ in out["decisions"]} <= {"svc@0.1.0", "svc@0.2.0"} and len(out["decisions"]) == 3
     prod = Workspace.open(tmp_path / "prod")
-    assert [r["episode_id"] for r in audit.list_records(prod, newest_first=False)] == ["p1", "p2", "p1"]
+    assert [r.episode_id for r in audit.list_records(prod, newest_first=False)] == ["p1", "p2", "p1"]
     prod.close()
 
 

@@ -313,7 +313,7 @@ def test_the_engine_warms_the_sentence_model_up_at_start(bundle, ws):
 def test_the_sentence_models_warm_up_embeds_and_caches_nothing(tmp_path):
     from core.base.embed import Embedder
 
-    emb = Embedder(cache_dir=tmp_path / "cache")
+    emb = Embedder(cache_dir=tmp_path / "cache", shared=None)   # counts what the model itself embeds
     emb.warm_up()
     assert emb.stats == {"hits": 0, "encoded": 0} and not (tmp_path / "cache" / "index.json").exists()
     assert emb.encode(["warm up"]).shape == (1, 384) and emb.stats["encoded"] == 1

@@ -95,7 +95,7 @@ def test_a_resealed_bundle_is_refused_by_verify_register_and_serving(run, ws, tm
     with pytest.raises(BundleError, match="changed after signing"):
         registry.register(ws, run.actor("ana"), path)
     assert registry.list_versions(ws, "finance_risk") == []
-    assert security_events(ws, "bundle_refused")[-1]["detail"]["file"] == str(path)
+    assert security_events(ws, "bundle_refused")[-1].detail["file"] == str(path)
     with pytest.raises(BundleError, match="changed after signing"):
         DecisionEngine.from_bundle(ws, path, embedder=HashEmbedder())
 
@@ -150,12 +150,12 @@ def test_an_untrusted_signer_is_refused_until_trusted(run, ws, tmp_path, monkeyp
     assert f"signed by key {fp}" in capsys.readouterr().out
     # the registry records the signer it verified (and computes its own evaluation)
     v = registry.register(ws, run.actor("ana"), path)
-    assert v["signer"] == fp and registry.history(ws, "stranger")[0]["detail"]["signer"] == fp
+    assert v.signer == fp and registry.history(ws, "stranger")[0].detail["signer"] == fp
     assert main([*w, "keys", "untrust", fp, "--as", "ada"]) == 0
     capsys.readouterr()
     assert not verify_bundle(path, trust=keys.trust_store(ws)).ok
-    assert [e["event"] for e in security_events(ws) if e["event"].startswith("key_")] == ["key_trusted",
-                                                                                          "key_untrusted"]
+    assert [e.event for e in security_events(ws) if e.event.startswith("key_")] == ["key_trusted",
+                                                                                    "key_untrusted"]
 
 
 # --------------------------------------------------------------------------- the registry's own records
@@ -171,11 +171,11 @@ def test_a_forged_manifest_cannot_pass_the_gate_or_four_eyes(run, ws, tmp_path):
     assert verify_bundle(forged, trust=keys.trust_store(ws)).ok       # signed by a trusted key
     ada = run.actor("ada")
     v = registry.register(ws, ada, forged)
-    record = registry.history(ws, "forged")[0]["detail"]
+    record = registry.history(ws, "forged")[0].detail
     assert record["registered_by"] == "ada" and record["trained_by"] == "ana"
     assert record["manifest_digest"] == manifest.digest and record["signer"] == keys.show(ws).fingerprint
     real = record["evaluation"]
-    assert real["policy"]["return_mean"] != 9.99 and v["return_mean"] == real["policy"]["return_mean"]
+    assert real["policy"]["return_mean"] != 9.99 and v.return_mean == real["policy"]["return_mean"]
     # the registry's figures are the export's own evaluation of the run, reproduced
     exported = load_bundle(run.bundle).manifest.evaluation
     assert real["policy"]["return_mean"] == exported["policy"]["return_mean"]
@@ -263,7 +263,7 @@ def test_a_swapped_promoted_copy_is_refused_by_serving_with_an_audit_event(run, 
     with pytest.raises(BundleError, match=expected):
         DecisionEngine.from_policy(ws, "swap", embedder=HashEmbedder())
     event = security_events(ws, "promoted_copy_refused")[-1]
-    assert event["detail"]["policy"] == "swap@0.1.0" and expected in event["detail"]["reason"]
+    assert event.detail["policy"] == "swap@0.1.0" and expected in event.detail["reason"]
     assert registry.promoted_digest(ws, "swap", "0.1.0") != digest
     if who == "the workspace's own key":
         # the folder alone (index edited to match, signed by a trusted key) would pass: the
@@ -334,4 +334,4 @@ def test_rotate_keeps_old_bundles_verifying_until_untrusted(run, ws, tmp_path, m
     assert main([*w, "keys", "show"]) == 0
     assert new_fp in capsys.readouterr().out
     rotated = security_events(ws, "key_rotated")[-1]
-    assert rotated["detail"] == {"old": old_fp, "new": new_fp} and rotated["actor"] == "ada"
+    assert rotated.detail == {"old": old_fp, "new": new_fp} and rotated.actor == "ada"

@@ -42,7 +42,7 @@ def trained_ws(tmp_path_factory):
     subset.write_text("\n".join(lines[:61]) + "\n", encoding="utf-8")
     ws = Workspace.open(root / "ws")
     import_file(ws, subset, dataset="finance")
-    run_id = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=tiny())["run_id"]
+    run_id = runs.train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=tiny()).run_id
     ws.close()
     mp.undo()
     return root / "ws", run_id
@@ -103,7 +103,7 @@ def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
         tmpl, label = runs.resolve_run_template(ws, template)
         run_id = real_create(ws, actor, template=tmpl, config=PPOConfig.from_dict(config), dataset=dataset,
                              template_version=label)
-        return {"run_id": run_id, "pid": 0, "log": ""}
+        return runs.LaunchedRun(run_id=run_id, pid=0, log="")
 
     monkeypatch.setattr(runs, "launch_run", spy)
     at = AppTest.from_file(TRAINING, default_timeout=120).run()
@@ -135,7 +135,7 @@ def test_stop_button_asks_a_running_run_to_stop(page_env):
         run_id = runs.create_run(ws, LOCAL_ADMIN, template=runs.run_template(ws, page_env[1]), config=tiny(),
                                  dataset="finance")
         runs.mark_started(ws, run_id, device="cpu")          # "trained" by this (alive) process
-        assert runs.get_run(ws, run_id)["process_alive"] is True
+        assert runs.get_run(ws, run_id).process_alive is True
         at = AppTest.from_file(TRAINING, default_timeout=120).run()
         at.selectbox(key="train_run").set_value(run_id)
         at.run()
@@ -144,7 +144,7 @@ def test_stop_button_asks_a_running_run_to_stop(page_env):
         stop[0].click()
         at.run()
         assert not at.exception, at.exception
-        assert runs.get_run(ws, run_id)["stop_requested"] is True
+        assert runs.get_run(ws, run_id).stop_requested is True
     finally:
         runs.finish_run(ws, run_id, "stopped")
         ws.close()
@@ -158,7 +158,7 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
                               dataset="finance")
     runs.record_update(ws, stopped, 1, 512, {"return_mean": 0.1})
     runs.finish_run(ws, stopped, "stopped")
-    assert [r["id"] for r in runs.list_runs(ws) if r["updates"] > 0][0] == stopped
+    assert [r.id for r in runs.list_runs(ws) if r.updates > 0][0] == stopped
     ws.close()
     at = AppTest.from_file(DIAGNOSTICS, default_timeout=180).run()
     assert not at.exception, at.exception
@@ -194,10 +194,10 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     ev = evaluate(ws, run_id, repeats=3)
     ws.close()
     verdicts = " ".join(e.value for e in (*at.success, *at.warning))
-    if ev["ope"]["reliable"]:
-        assert f"against the logged agent's {ev['ope']['logged_success']:.2f}" in verdicts
+    if ev.ope["reliable"]:
+        assert f"against the logged agent's {ev.ope['logged_success']:.2f}" in verdicts
     else:
-        assert f"No trustworthy off-policy figure ({ev['ope']['verdict']})" in verdicts
+        assert f"No trustworthy off-policy figure ({ev.ope['verdict']})" in verdicts
     # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
     # counts what the run's normalizer maps to INVALID.
     from core.records.catalog import catalog_for_dataset
@@ -221,14 +221,15 @@ def test_doctor_steps_name_their_figure_threshold_and_next_action():
     from core.rl.doctor import exploration_quality, gradient_flow, reward_integrity
 
     flood = reward_integrity([-0.5] * 8 + [0.2, 0.4], 5.0, 10)
-    assert (flood["value"], flood["figure"], flood["unit"], flood["threshold"]) == (
+    assert (flood.value, flood.figure, flood.unit, flood.threshold) == (
         0.8, "steps at the minimum reward", "share", "at most 30% of steps")
-    assert flood["plain_verdict"] == "needs a look" and "-0.500" in flood["action"]
+    assert flood.plain_verdict == "needs a look" and "-0.500" in flood.action
     dead = gradient_flow({"actor.0": 0.1, "encoder.intent_net.0": 0.0})
-    assert (dead["value"], dead["unit"], dead["plain_verdict"]) == (1, "layers", "fails")
+    assert (dead.value, dead.unit, dead.plain_verdict) == (1, "layers", "fails")
+    assert dead.details["dead"] == ["encoder.intent_net.0"]
     low = exploration_quality(0.4, 0.1)
-    assert (low["unit"], low["threshold"]) == ("nats", "at least 1") and "ent_coef" in low["action"]
-    assert exploration_quality(2.4, 0.5)["action"] == "Nothing to fix here."
+    assert (low.unit, low.threshold) == ("nats", "at least 1") and "ent_coef" in low.action
+    assert exploration_quality(2.4, 0.5).action == "Nothing to fix here."
 
 
 def test_pages_show_user_errors(page_env, monkeypatch):

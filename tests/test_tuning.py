@@ -305,7 +305,7 @@ def test_preferences_store_and_objective(ws):
     for hacker, twin in hackers:
         tuning.add_preference(ws, actor, "fin", twin, hacker, comment="honest twin")
     prefs = tuning.list_preferences(ws, "fin")
-    assert len(prefs) == len(hackers) and prefs[0]["created_by"] == actor.name
+    assert len(prefs) == len(hackers) and prefs[0].created_by == actor.name
     with pytest.raises(ConflictError):
         tuning.add_preference(ws, actor, "fin", hackers[0][1], hackers[0][0])
     with pytest.raises(InputError, match="two different"):

@@ -57,7 +57,7 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
     assert new.meta["tuning"]["train"] == pytest.approx(body["best_value"])
     assert new.meta["tuning"]["held_out"] == pytest.approx(body["best"]["held_out_value"])
     assert get_template(ws, "fin_fast", 1).yaml == FIN_FAST                # the old version is untouched
-    assert tuning.list_applications(ws, study)[0]["version"] == 2
+    assert tuning.list_applications(ws, study)[0].version == 2
 
     # the study tuned version 1; version 2 now exists, so a second apply is a stale-base conflict
     code, out, err = run(capsys, "tune", "apply", study)
@@ -66,6 +66,11 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
 
     code, out, err = run(capsys, "tune", "list", "--json")
     assert code == 0 and json.loads(out)["studies"][0]["name"] == study
+    listed = json.loads(out)["studies"][0]
+    assert list(listed) == ["name", "storage", "objective", "template_name", "template_version", "dataset",
+                            "episodes_file", "created_by", "created_at", "runs", "latest_run", "status"]
+    run_keys = ["id", "study", "status"]
+    assert list(listed["latest_run"])[:3] == run_keys and listed["latest_run"]["process_alive"] is False
     code, out, err = run(capsys, "tune", "show", study, "--json")
     shown = json.loads(out)
     assert code == 0 and shown["counts"]["complete"] == 25 and shown["best"]["trial"] == applied["trial"]
@@ -83,7 +88,7 @@ def test_episodes_file_and_text_output(ws, tmp_path, capsys):
     assert code == 0, err
     assert "held_out" in out and "apply with: rwb tune apply fin_fast-outcome-eps-" in out
     study = tuning.list_studies(ws)[0]
-    attrs = tuning.load_study(ws, study["name"]).user_attrs["rwb"]
+    attrs = tuning.load_study(ws, study.name).user_attrs["rwb"]
     assert attrs["space"]["weights"]["tool_validity"] == [0.0, 0.5] and "latency" not in attrs["space"]["weights"]
     assert attrs["data"]["dataset"] is None and attrs["data"]["episodes_file"].endswith("eps.jsonl")
 
@@ -127,8 +132,8 @@ def test_stop_ends_a_running_study_after_its_current_trial(ws):
                       flush_seconds=0.05, progress=progress)
     assert res.stopped and res.trials_run < 100_000
     run = tuning.study_runs(ws, "stoppable")[-1]
-    assert run["status"] == "stopped" and run["trials_done"] == res.trials_run
+    assert run.status == "stopped" and run.trials_done == res.trials_run
     assert len(tuning.load_study(ws, "stoppable").trials) == res.trials_run   # every trial was written
-    assert tuning.list_studies(ws)[0]["status"] == "stopped"
+    assert tuning.list_studies(ws)[0].status == "stopped"
     with pytest.raises(Exception, match="no running worker"):
         tuning.stop_tuning(ws, actor, "stoppable")

@@ -81,7 +81,7 @@ def test_preference_label_from_the_page(ws):
     at = at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     prefs = tuning.list_preferences(ws, "fin")
-    assert [(p["better"], p["worse"], p["comment"]) for p in prefs] == [(ids[3], ids[5], "clearer answer")]
+    assert [(p.better, p.worse, p.comment) for p in prefs] == [(ids[3], ids[5], "clearer answer")]
 
 
 def test_start_runs_a_background_worker(ws):
@@ -93,11 +93,11 @@ def test_start_runs_a_background_worker(ws):
     deadline = time.time() + 180
     while time.time() < deadline:
         runs = tuning.study_runs(ws, "bg")
-        if runs and runs[-1]["status"] in ("finished", "failed"):
+        if runs and runs[-1].status in ("finished", "failed"):
             break
         time.sleep(1)
     run = tuning.study_runs(ws, "bg")[-1]
-    assert run["status"] == "finished", tuning.tuning_log(ws, "bg")
-    assert run["trials_done"] == 15 and len(tuning.load_study(ws, "bg").trials) == 15
+    assert run.status == "finished", tuning.tuning_log(ws, "bg")
+    assert run.trials_done == 15 and len(tuning.load_study(ws, "bg").trials) == 15
     at = open_page(tune_name="bg")
     assert not at.exception and any(m.label.startswith("Best") for m in at.metric)

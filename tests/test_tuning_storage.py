@@ -144,10 +144,10 @@ def test_default_path_persists_resumes_and_has_one_writer(tmp_path):
     assert [t.number for t in study.trials] == list(range(50)) and second.trials_total == 50
     assert second.best["value"] >= first.best["value"]                # the resumed sampler saw the old trials
     runs = tuning.study_runs(ws, "st")
-    assert [r["status"] for r in runs] == ["finished", "finished"] and runs[-1]["trials_done"] == 20
+    assert [r.status for r in runs] == ["finished", "finished"] and runs[-1].trials_done == 20
     # a live worker of the same default-path study blocks a second one
     with ws.transaction() as conn:
-        conn.execute("UPDATE tuning_runs SET status='running', pid=? WHERE id=?", (os.getppid(), runs[-1]["id"]))
+        conn.execute("UPDATE tuning_runs SET status='running', pid=? WHERE id=?", (os.getppid(), runs[-1].id))
     with pytest.raises(ConflictError, match="being tuned"):
         tuning.tune(ws, actor, fin_fast(), dataset="fin", trials=1, study="st")
     # ... and a study name reused for other settings is refused

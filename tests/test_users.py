@@ -173,14 +173,14 @@ def test_core_functions_refuse_the_wrong_role(ws, tmp_path):
     assert not (tmp_path / "a.jsonl").exists()
     # and the right roles pass
     item_id = review.enqueue(ws, service, _request())
-    assert review.claim(ws, reviewer)["id"] == item_id
-    assert review.decide(ws, reviewer, item_id, "approve")["decision"] == "approve"
+    assert review.claim(ws, reviewer).id == item_id
+    assert review.decide(ws, reviewer, item_id, "approve").decision == "approve"
 
 
 def test_multi_user_mode_reads_the_users_table_again(ws, team):
     rex = users.authenticate(ws, "rex", PASSWORD + "rex")
     item_id = review.enqueue(ws, Actor.service(), _request())
-    assert review.claim(ws, rex)["id"] == item_id
+    assert review.claim(ws, rex).id == item_id
     review.release(ws, rex, item_id)
     with pytest.raises(PermissionDenied, match="retired"):
         review.claim(ws, LOCAL_ADMIN)

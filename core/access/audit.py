@@ -54,7 +54,7 @@ class AuditUnavailable(RwbError):
 
 # --------------------------------------------------------------------------- the record
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Candidate(_Strict):
@@ -94,7 +94,8 @@ def now_iso() -> str:
 
 
 class AuditRecord(_Strict):
-    """One decision, exactly the seed's schema plus policy_version, episode_id, decision_id."""
+    """One decision, exactly the seed's schema plus policy_version, episode_id, decision_id
+    (what :func:`list_records` and :func:`tail` read back; frozen, like its parts)."""
 
     timestamp: str
     input_hash: str = Field(min_length=1, max_length=128)
@@ -529,18 +530,18 @@ def list_records(ws: "Workspace", *, episode_id: str | None = None,
                  policy_version: str | None = None, since: str | None = None,
                  until: str | None = None, final_action: int | str | None = None,
                  limit: int = 100, offset: int = 0, newest_first: bool = True
-                 ) -> list[dict[str, Any]]:
-    """Audit records matching the filters (``since`` ≤ timestamp < ``until``), as dicts."""
+                 ) -> list[AuditRecord]:
+    """Audit records matching the filters (``since`` ≤ timestamp < ``until``)."""
     since, until = _parse_time(since, "since"), _parse_time(until, "until")
     where, args = _filters(episode_id, policy_version, since, until, final_action)
     order = "DESC" if newest_first else "ASC"
     rows = ws.conn.execute(f"SELECT record FROM audit{where} ORDER BY timestamp {order}, "
                            f"seq {order} LIMIT ? OFFSET ?", [*args, int(limit), int(offset)])
-    return [json.loads(r[0]) for r in rows]
+    return [AuditRecord.model_validate_json(r[0]) for r in rows]
 
 
 def tail(ws: "Workspace", n: int = 20, *, episode_id: str | None = None,
-         policy_version: str | None = None) -> list[dict[str, Any]]:
+         policy_version: str | None = None) -> list[AuditRecord]:
     """The last ``n`` records (by timestamp), oldest first."""
     return list(reversed(list_records(ws, episode_id=episode_id, policy_version=policy_version,
                                       limit=n)))
@@ -721,13 +722,29 @@ def security_log_path(ws: "Workspace") -> Path:
     return ws.artifact_dir(SECURITY_LOG[0]) / SECURITY_LOG[1]
 
 
-def security_event(ws: "Workspace", actor: Actor | None, event: str, **detail: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SecurityEvent:
+    """One entry of the security log (:func:`security_event`, :func:`security_events`)."""
+
+    #: When it was recorded (audit timestamp, UTC)
+    at: str
+    #: What happened: ``key_rotated``, ``key_trusted``, ``key_untrusted``, ``bundle_refused``,
+    #: ``promoted_copy_refused``
+    event: str
+    #: Who caused it and their role; None when no signed-in user did
+    actor: str | None
+    role: str | None
+    #: What it concerned: fingerprints, digests, paths and reasons, never a secret
+    detail: dict[str, Any]
+
+
+def security_event(ws: "Workspace", actor: Actor | None, event: str, **detail: Any) -> SecurityEvent:
     """Append one security event (``event``, who, when, ``detail``) to the workspace's
     security log with one ``O_APPEND`` write, flushed to disk before returning.  Never
     holds a secret: callers pass fingerprints, digests and paths."""
-    record = {"at": now_iso(), "event": event, "actor": actor.name if actor else None,
-              "role": actor.role if actor else None, "detail": detail}
-    line = (json.dumps(record, ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8")
+    record = SecurityEvent(at=now_iso(), event=event, actor=actor.name if actor else None,
+                           role=actor.role if actor else None, detail=detail)
+    line = (json.dumps(asdict(record), ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8")
     fd = os.open(security_log_path(ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     try:
         os.write(fd, line)
@@ -737,7 +754,7 @@ def security_event(ws: "Workspace", actor: Actor | None, event: str, **detail: A
     return record
 
 
-def security_events(ws: "Workspace", event: str | None = None) -> list[dict[str, Any]]:
+def security_events(ws: "Workspace", event: str | None = None) -> list[SecurityEvent]:
     """The security log, oldest first (only ``event`` events when given)."""
     path = security_log_path(ws)
     if not path.is_file():
@@ -747,5 +764,6 @@ def security_events(ws: "Workspace", event: str | None = None) -> list[dict[str,
         if line.strip():
             rec = json.loads(line)
             if event is None or rec.get("event") == event:
-                out.append(rec)
+                out.append(SecurityEvent(at=rec["at"], event=rec["event"], actor=rec["actor"], role=rec["role"],
+                                         detail=rec["detail"]))
     return out

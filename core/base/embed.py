@@ -28,6 +28,8 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
+from core.base.embed_store import SharedEmbeddings, sample_stores, shared_store
+
 DIM = 384
 _MODEL = None
 _MODEL_LOCK = threading.Lock()
@@ -87,13 +89,20 @@ class HashEmbedder:
 class Embedder:
     """Batch encoder with a persistent cache.  ``encode`` returns L2-normalised float32 rows.
 
-    ``cache_dir=None`` keeps the cache in memory only.  ``stats`` counts cache hits and
-    texts actually sent to the model (``encoded``), so callers can prove a second pass
-    embedded nothing."""
+    ``cache_dir=None`` keeps the cache in memory only.  Texts the cache lacks are looked up
+    in the stores the sample datasets ship and in ``shared`` (default: the machine's shared
+    store, :func:`core.base.embed_store.shared_store`, when ``$RWB_EMBEDDING_CACHE`` names
+    one; ``None``: neither) before the model embeds them, and what the model embeds is
+    added to ``shared``.  ``stats`` counts cache hits
+    (the shared store's among them) and texts actually sent to the model (``encoded``), so
+    callers can prove a second pass embedded nothing."""
 
-    def __init__(self, cache_dir: str | Path | None = None, batch_size: int = 64):
+    def __init__(self, cache_dir: str | Path | None = None, batch_size: int = 64,
+                 shared: "SharedEmbeddings | None | bool" = True):
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.batch_size = batch_size
+        self._shared = shared
+        self._samples: list[SharedEmbeddings] = []
         self._index: dict[str, tuple[int, int]] = {}
         self._shards: list[np.ndarray] = []
         self._lock = threading.Lock()
@@ -169,8 +178,7 @@ class Embedder:
                     missing[h] = t
             self.stats["hits"] += len(texts) - len(missing)
             if missing:
-                new = _model_encode(missing.values(), self.batch_size, show_progress)
-                self.stats["encoded"] += len(missing)
+                new = self._embed_missing(missing, show_progress)
                 self._shards.append(new)
                 shard = len(self._shards) - 1
                 for row, h in enumerate(missing):
@@ -178,6 +186,43 @@ class Embedder:
                 if self.cache_dir:
                     self._save_shard(new)
         return self._lookup(hashes)[0]
+
+
+    def cached(self) -> tuple[list[str], np.ndarray]:
+        """Every text hash this cache holds and its row, in the order they were added."""
+        with self._lock:
+            hashes = list(self._index)
+            rows = [self._shards[s][r] for s, r in self._index.values()]
+        return hashes, (np.stack(rows) if rows else np.zeros((0, DIM), dtype=np.float32))
+
+    def shared(self) -> SharedEmbeddings | None:
+        """The shared store behind this cache (resolved on first use: finding the model's
+        digest reads its files)."""
+        if self._shared is True:
+            self._samples = sample_stores(DIM)
+            self._shared = shared_store(DIM)
+        return self._shared if isinstance(self._shared, SharedEmbeddings) else None
+
+    def _embed_missing(self, missing: dict[str, str], show_progress: bool) -> np.ndarray:
+        """Rows for ``missing`` (hash → text): from the samples' stores and the shared store
+        where they have them, the rest from the model (and then added to the shared store)."""
+        store = self.shared()
+        found: dict[str, np.ndarray] = {}
+        for source in [*self._samples, store]:
+            if source is not None and len(found) < len(missing):
+                found.update(source.lookup([h for h in missing if h not in found]))
+        rest = [h for h in missing if h not in found]
+        out = np.empty((len(missing), DIM), dtype=np.float32)
+        if rest:
+            vectors = _model_encode([missing[h] for h in rest], self.batch_size, show_progress)
+            self.stats["encoded"] += len(rest)
+            if store is not None:
+                store.add(rest, vectors)
+            found.update(zip(rest, vectors))
+        self.stats["hits"] += len(missing) - len(rest)
+        for row, h in enumerate(missing):
+            out[row] = found[h]
+        return out
 
 
 class CacheReader:

@@ -37,11 +37,36 @@ def generate(
         task = bar.add_task(f"Generating {domain} episodes", total=episodes)
         summary = generate_file(domain, episodes, seed, out, behaviours=keep,
                                 progress=lambda done, total: bar.update(task, completed=done))
-    typer.echo(f"Wrote {summary['episodes']} {domain} episodes ({summary['steps']} steps, "
-               f"{summary['tool_calls']} tool calls) to {summary['out']} in {summary['seconds']} s")
-    for behaviour, o in summary["outcome_by_behaviour"].items():
-        typer.echo(f"  {behaviour:<10} {o['episodes']:>7} episodes  final_reward {o['final_reward_mean']:+.3f}  "
-                   f"business {o['business_metric_mean']:.3f}  resolved {o['resolved_rate']:.0%}")
+    typer.echo(f"Wrote {summary.episodes} {domain} episodes ({summary.steps} steps, "
+               f"{summary.tool_calls} tool calls) to {summary.out} in {summary.seconds} s")
+    for behaviour, o in summary.outcome_by_behaviour.items():
+        typer.echo(f"  {behaviour:<10} {o.episodes:>7} episodes  final_reward {o.final_reward_mean:+.3f}  "
+                   f"business {o.business_metric_mean:.3f}  resolved {o.resolved_rate:.0%}")
+
+
+@app.command("sample-embeddings")
+def sample_embeddings(
+    out: Path = typer.Option(None, "--out", help="The datasets folder to write into (default: the "
+                                                 "shipped one, datasets/ in a checkout)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON array (no progress)."),
+) -> None:
+    """Rebuild the embeddings store each sample dataset ships (datasets/<domain>/embeddings/),
+    so that a new workspace scores its samples without running the sentence model.  Run it
+    after a sample dataset, a shipped template or the sentence model changes."""
+    import tempfile
+
+    from core.sample.warmup import PrepareProgress, write_sample_embeddings  # deferred: loads pandas and scipy
+
+    def scoring(event: PrepareProgress) -> None:
+        if event.stage == "score":
+            typer.echo(event.text, err=True)
+
+    with tempfile.TemporaryDirectory(prefix="rwb-sample-embeddings-") as work:
+        if as_json:
+            print_json(write_sample_embeddings(out, work_dir=Path(work)))
+            return
+        for done in write_sample_embeddings(out, work_dir=Path(work), progress=scoring):
+            typer.echo(f"{done.domain}: {done.texts} texts in {done.folder}")
 
 
 @app.command("list")
@@ -57,11 +82,10 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
     if as_json:
         print_json(listing)
         return
-    if not listing["datasets"]:
-        typer.echo(f"No datasets in {listing['workspace']} yet; import one with `rwb episodes import FILE`.")
+    if not listing.datasets:
+        typer.echo(f"No datasets in {listing.workspace} yet; import one with `rwb episodes import FILE`.")
     else:
         typer.echo(f"{'dataset':<28} {'domain':<12} {'episodes':>9} {'steps':>9}  created")
-        for d in listing["datasets"]:
-            typer.echo(f"{d['name']:<28} {d['domain'] or '-':<12} {d['episodes']:>9} {d['steps']:>9}  "
-                       f"{d['created_at']}")
-    typer.echo("Sample files: " + ", ".join(s["path"] for s in listing["samples"]))
+        for d in listing.datasets:
+            typer.echo(f"{d.name:<28} {d.domain or '-':<12} {d.episodes:>9} {d.steps:>9}  {d.created_at}")
+    typer.echo("Sample files: " + ", ".join(s.path for s in listing.samples))

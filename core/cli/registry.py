@@ -6,14 +6,18 @@ returns production to the previous version.  Every transition is an append-only 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.govern.registry import PolicyVersion, PolicyVersionDetail
 
 app = typer.Typer(help="Policy registry: list, register, approve, promote, roll back, history.",
                   no_args_is_help=True)
@@ -23,11 +27,16 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def _line(v: dict[str, Any]) -> str:
-    approvals = ", ".join(a["by"] for a in v["approvals"]) or "-"
-    return (f"{v['name']:<20} {v['version']:<10} {v['stage']:<12} return {_fmt(v['return_mean']):<8} "
-            f"expert {_fmt(v['expert_return']):<8} run {v['run_id'] or '-':<26} by {v['created_by']:<10} "
+def _line(v: "PolicyVersion") -> str:
+    approvals = ", ".join(a.by for a in v.approvals) or "-"
+    return (f"{v.name:<20} {v.version:<10} {v.stage:<12} return {_fmt(v.return_mean):<8} "
+            f"expert {_fmt(v.expert_return):<8} run {v.run_id or '-':<26} by {v.created_by:<10} "
             f"approved by {approvals}")
+
+
+def _without_manifest(v: "PolicyVersionDetail") -> dict[str, Any]:
+    """A version's fields, in order, less its manifest (too long for a line of output)."""
+    return {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name != "manifest"}
 
 
 @app.command("list")
@@ -42,7 +51,7 @@ def list_versions(
     versions = registry.list_versions(ws, name)
     if as_json:
         print_json({"versions": versions,
-                    "aliases": {n: registry.aliases(ws, n) for n in sorted({v["name"] for v in versions})}})
+                    "aliases": {n: registry.aliases(ws, n) for n in sorted({v.name for v in versions})}})
         return
     if not versions:
         typer.echo("no registered policies: `rwb bundle export RUN --out F.zip`, then `rwb registry register F.zip`")
@@ -63,9 +72,9 @@ def register(
     ws = open_workspace()
     v = registry.register(ws, acting_user(ws, as_name), file, comment=comment)
     if as_json:
-        print_json({k: x for k, x in v.items() if k != "manifest"})
+        print_json(_without_manifest(v))
         return
-    typer.echo(("already registered: " if v["already_registered"] else "registered: ") + _line(v))
+    typer.echo(("already registered: " if v.already_registered else "registered: ") + _line(v))
 
 
 @app.command("gate")
@@ -102,7 +111,7 @@ def approve(
     ws = open_workspace()
     v = registry.approve(ws, acting_user(ws, as_name), name, version, comment)
     if as_json:
-        print_json({k: x for k, x in v.items() if k != "manifest"})
+        print_json(_without_manifest(v))
         return
     typer.echo("approved: " + _line(v))
 
@@ -159,7 +168,7 @@ def history(
     if not events:
         typer.echo("no registry events yet")
     for e in events:
-        detail = {k: v for k, v in e["detail"].items() if k in ("from", "bundle_sha256")}
-        typer.echo(f"{e['at']} {e['name']}@{e['version']:<10} {e['event']:<12} {e['actor']} ({e['role']})"
-                   f"{': ' + e['comment'] if e['comment'] else ''}"
+        detail = {k: v for k, v in e.detail.items() if k in ("from", "bundle_sha256")}
+        typer.echo(f"{e.at} {e.name}@{e.version:<10} {e.event:<12} {e.actor} ({e.role})"
+                   f"{': ' + e.comment if e.comment else ''}"
                    f"{' ' + json.dumps(detail) if detail else ''}")

@@ -9,7 +9,7 @@ mask rule), exactly once.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -17,28 +17,31 @@ from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from core.guard.review import ReviewItem
+
 app = typer.Typer(help="The review queue of high-risk actions: list, send, claim, decide, stats.",
                   no_args_is_help=True)
 
 
-def _line(item: dict[str, Any]) -> str:
-    status = item["status"] + (" (expired)" if item["claim_expired"] else "")
-    who = item["decided_by"] or item["claimed_by"] or "-"
-    what = item["action_label"] or item["token_name"] or f"token {item['token_id']}"
-    return (f"#{item['id']:<6} {status:<18} {item['origin']:<9} {item['dataset'] or '-':<18} "
-            f"{item['task_type'] or '-':<16} {what:<32} {who:<12} {item['reason']}")
+def _line(item: "ReviewItem") -> str:
+    status = item.status + (" (expired)" if item.claim_expired else "")
+    who = item.decided_by or item.claimed_by or "-"
+    what = item.action_label or item.token_name or f"token {item.token_id}"
+    return (f"#{item.id:<6} {status:<18} {item.origin:<9} {item.dataset or '-':<18} "
+            f"{item.task_type or '-':<16} {what:<32} {who:<12} {item.reason}")
 
 
-def _show(item: dict[str, Any]) -> None:
+def _show(item: "ReviewItem") -> None:
     typer.echo(_line(item))
-    typer.echo(f"  state: {json.dumps(item['state'], ensure_ascii=False)}")
-    comps = ", ".join(f"{c['name']}={c['value']:.3g}" for c in item["reward_components"])
+    typer.echo(f"  state: {json.dumps(item.state, ensure_ascii=False)}")
+    comps = ", ".join(f"{c['name']}={c['value']:.3g}" for c in item.reward_components)
     typer.echo(f"  reward components: {comps or '-'}")
-    if item["claim_expires"] and item["status"] == "claimed":
-        typer.echo(f"  claimed by {item['claimed_by']} until {item['claim_expires']}")
-    if item["decision"]:
-        typer.echo(f"  {item['decision']} by {item['decided_by']} at {item['decided_at']}: "
-                   f"{item['comment'] or ''}")
+    if item.claim_expires and item.status == "claimed":
+        typer.echo(f"  claimed by {item.claimed_by} until {item.claim_expires}")
+    if item.decision:
+        typer.echo(f"  {item.decision} by {item.decided_by} at {item.decided_at}: "
+                   f"{item.comment or ''}")
 
 
 @app.command("list")
@@ -77,8 +80,8 @@ def show(
         print_json(item)
         return
     _show(item)
-    for e in item["events"]:
-        typer.echo(f"  {e['at']} {e['event']:<9} {e['actor']}")
+    for e in item.events:
+        typer.echo(f"  {e.at} {e.event:<9} {e.actor}")
 
 
 @app.command("send")
@@ -99,7 +102,7 @@ def send(
     if as_json:
         print_json(item)
     else:
-        typer.echo(f"sent to review as item #{item['id']}")
+        typer.echo(f"sent to review as item #{item.id}")
         _show(item)
 
 
@@ -155,7 +158,7 @@ def decide(
     else:
         outcome = ("labelled as reasonable exploration" if decision == "approve"
                    else "now a mask rule")
-        typer.echo(f"#{item['id']} {item['decision']}d by {item['decided_by']}: {outcome}")
+        typer.echo(f"#{item.id} {item.decision}d by {item.decided_by}: {outcome}")
 
 
 @app.command("release")
@@ -169,7 +172,7 @@ def release(
 
     ws = open_workspace()
     item = review.release(ws, acting_user(ws, as_name), item_id)
-    print_json(item) if as_json else typer.echo(f"#{item['id']} is back in the queue")
+    print_json(item) if as_json else typer.echo(f"#{item.id} is back in the queue")
 
 
 @app.command("stats")

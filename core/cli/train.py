@@ -104,9 +104,9 @@ def train_cmd(
         if as_json:
             print_json(started)
         else:
-            typer.echo(f"Started {started['run_id']} in the background (pid {started['pid']}); log: {started['log']}")
-            typer.echo(f"Follow it with `rwb runs show {started['run_id']}`; stop it with `rwb runs stop "
-                       f"{started['run_id']}`.")
+            typer.echo(f"Started {started.run_id} in the background (pid {started.pid}); log: {started.log}")
+            typer.echo(f"Follow it with `rwb runs show {started.run_id}`; stop it with `rwb runs stop "
+                       f"{started.run_id}`.")
         return
     progress_fn, bar = _progress_printer(quiet or as_json)
     if bar is not None:
@@ -119,15 +119,15 @@ def train_cmd(
     if as_json:
         print_json(result)
         return
-    m = result["metrics"] or {}
-    typer.echo(f"Run {result['run_id']} {result['status']} after {m.get('env_steps', '?')} env steps "
+    m = result.metrics
+    typer.echo(f"Run {result.run_id} {result.status} after {m.get('env_steps', '?')} env steps "
                f"({m.get('update', '?')} updates).")
     typer.echo(f"  return {_fmt(m.get('return_mean'))} · greedy on training episodes {_fmt(m.get('eval_return'))} · "
                f"success {_fmt(m.get('success_rate'), '.2f')} · curriculum L{m.get('curriculum_level')}")
     typer.echo(f"  KL {_fmt(m.get('kl'), '.4f')} (std over updates {_fmt(m.get('kl_std'), '.4f')}) · β "
                f"{_fmt(m.get('beta'))} · entropy {_fmt(m.get('entropy_marginal'), '.2f')} nats · mask violations "
                f"{m.get('mask_violations', 0)}")
-    typer.echo(f"Evaluate it with `rwb evaluate {result['run_id']}`; diagnose it with `rwb doctor {result['run_id']}`.")
+    typer.echo(f"Evaluate it with `rwb evaluate {result.run_id}`; diagnose it with `rwb doctor {result.run_id}`.")
 
 
 @runs_app.command("list")
@@ -148,10 +148,9 @@ def list_cmd(
         typer.echo("No runs yet: start one with `rwb train --template T --dataset D`.")
         return
     for r in rows:
-        last = r["last"]
-        typer.echo(f"{r['id']}  {r['display_status']:<11} {r['dataset'] or 'file'}  {r['template_name']}  "
-                   f"{r['env_steps']}/{r['total_steps']} steps  L{_fmt(last.get('curriculum_level'), 'd')}  "
-                   f"return {_fmt(last.get('return_mean'))}  {r['device']}")
+        typer.echo(f"{r.id}  {r.display_status:<11} {r.dataset or 'file'}  {r.template_name}  "
+                   f"{r.env_steps}/{r.total_steps} steps  L{_fmt(r.last.curriculum_level, 'd')}  "
+                   f"return {_fmt(r.last.return_mean)}  {r.device}")
 
 
 @runs_app.command("show")
@@ -169,14 +168,14 @@ def show_cmd(
     if as_json:
         print_json({"run": run, "metrics": metrics, "checkpoints": ckpts})
         return
-    typer.echo(f"{run['id']}: {run['display_status']} · {run['dataset'] or run['episodes_file']} · template "
-               f"{run['template_name']} v{run['template_version']} · {run['device']} · pid {run['pid']}")
-    typer.echo(f"  {run['env_steps']}/{run['total_steps']} env steps, {run['updates']} updates, started "
-               f"{run['started_at']}, ended {run['ended_at'] or '—'}")
-    if run["interrupted"]:
+    typer.echo(f"{run.id}: {run.display_status} · {run.dataset or run.episodes_file} · template "
+               f"{run.template_name} v{run.template_version} · {run.device} · pid {run.pid}")
+    typer.echo(f"  {run.env_steps}/{run.total_steps} env steps, {run.updates} updates, started "
+               f"{run.started_at}, ended {run.ended_at or '—'}")
+    if run.interrupted:
         typer.echo(f"  its trainer process is gone: resume with `rwb train --resume {run_id}`")
-    if run["error"]:
-        typer.echo(f"  error: {run['error']}")
+    if run.error:
+        typer.echo(f"  error: {run.error}")
     if metrics:
         m = metrics[-1]
         for key in ("return_mean", "eval_return", "success_rate", "kl", "beta", "clip_fraction", "value_loss",
@@ -186,7 +185,7 @@ def show_cmd(
         unlocked = [f"update {x['update']}: {x['level_unlocked']}" for x in metrics if x.get("level_unlocked")]
         for line in unlocked:
             typer.echo(f"  unlocked {line}")
-    typer.echo(f"  checkpoints: {', '.join(str(c['update_idx']) for c in ckpts) or 'none'}")
+    typer.echo(f"  checkpoints: {', '.join(str(c.update_idx) for c in ckpts) or 'none'}")
 
 
 @runs_app.command("stop")
@@ -199,11 +198,11 @@ def stop_cmd(
     from core.rl.runs import stop_run  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
-    run = stop_run(ws, acting_user(ws, as_name), run_id)
+    stop = stop_run(ws, acting_user(ws, as_name), run_id)
     if as_json:
-        print_json({"run": run})
+        print_json({"run": stop.run})
         return
-    typer.echo(f"{run_id}: {'stopped' if run['status'] == 'stopped' else 'stop requested; it stops after the current update'}")
+    typer.echo(f"{run_id}: {'stopped' if stop.run.status == 'stopped' else 'stop requested; it stops after the current update'}")
 
 
 def doctor_cmd(
@@ -218,9 +217,9 @@ def doctor_cmd(
         print_json(report)
         return
     mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
-    typer.echo(f"Diagnosis of {run_id} (checkpoint of update {report['checkpoint_update']}): {report['verdict']}")
-    for s in report["steps"]:
-        typer.echo(f"  {s['step']}. {mark[s['verdict']]} {s['name']:<24} {_fmt(s['value'], '.4g')}  {s['message']}")
+    typer.echo(f"Diagnosis of {run_id} (checkpoint of update {report.checkpoint_update}): {report.verdict}")
+    for s in report.steps:
+        typer.echo(f"  {s.step}. {mark[s.verdict]} {s.name:<24} {_fmt(s.value, '.4g')}  {s.message}")
 
 
 def evaluate_cmd(
@@ -251,29 +250,29 @@ def evaluate_cmd(
     if as_json:
         print_json(r)
         return
-    typer.echo(f"{run_id} on {r['episodes']} held-out episodes ({r['source']}), {r['repeats']} passes:")
-    cov = r["catalog_coverage"]
+    typer.echo(f"{run_id} on {r.episodes} held-out episodes ({r.source}), {r.repeats} passes:")
+    cov = r.catalog_coverage
     kinds = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in cov["by_kind"].items() if n)
-    typer.echo(f"  run's catalog {r['catalog_version']}: {cov['off_catalog']} of {cov['tool_calls']} tool calls "
+    typer.echo(f"  run's catalog {r.catalog_version}: {cov['off_catalog']} of {cov['tool_calls']} tool calls "
                f"off-catalog ({_fmt(cov['share_of_tool_calls'], '.1%')} of calls, "
                f"{_fmt(cov['share_of_steps'], '.1%')} of steps){f': {kinds}' if kinds else ''}")
-    p, q = r["policy"], r["random_in_mask"]
+    p, q = r.policy, r.random_in_mask
     typer.echo("  simulator's estimate (a model built from the recorded episodes):")
-    typer.echo(f"  policy (greedy)   return {_fmt(p['return_mean'])}  success {_fmt(p['success_rate'], '.2f')}  "
-               f"off-support {_fmt(p['off_support_rate'], '.2f')}  mask violations {p['mask_violations']}")
-    typer.echo(f"  random-in-mask    return {_fmt(q['return_mean'])}  success {_fmt(q['success_rate'], '.2f')}  "
-               f"off-support {_fmt(q['off_support_rate'], '.2f')}")
-    for name, value in sorted(r["logged"].items(), key=lambda kv: -kv[1]):
-        pair = r.get("paired", {}).get(name, {})
-        typer.echo(f"  logged {name:<10} return {_fmt(value)}   policy from the same {pair.get('episodes', 0)} "
-                   f"start states {_fmt(pair.get('policy'))}")
-    if r["best_logged"]:
-        best = r["best_logged"]["behaviour"]
-        word = "beats" if r["beats_best_logged"] else "does not beat"
-        typer.echo(f"The policy {word} the best logged behaviour ({best}) on its own held-out requests: "
-                   f"{_fmt(r['paired'][best]['policy'])} vs {_fmt(r['paired'][best]['logged'])}; "
-                   f"margin over random {_fmt(r['margin_over_random'])}.")
-    _echo_ope(r["ope"])
+    typer.echo(f"  policy (greedy)   return {_fmt(p.return_mean)}  success {_fmt(p.success_rate, '.2f')}  "
+               f"off-support {_fmt(p.off_support_rate, '.2f')}  mask violations {p.mask_violations}")
+    typer.echo(f"  random-in-mask    return {_fmt(q.return_mean)}  success {_fmt(q.success_rate, '.2f')}  "
+               f"off-support {_fmt(q.off_support_rate, '.2f')}")
+    for name, value in sorted(r.logged.items(), key=lambda kv: -kv[1]):
+        pair = r.paired[name]  # every logged behaviour is paired with the policy on its start states
+        typer.echo(f"  logged {name:<10} return {_fmt(value)}   policy from the same {pair.episodes} "
+                   f"start states {_fmt(pair.policy)}")
+    if r.best_logged:
+        best = r.paired[r.best_logged.behaviour]
+        word = "beats" if r.beats_best_logged else "does not beat"
+        typer.echo(f"The policy {word} the best logged behaviour ({r.best_logged.behaviour}) on its own held-out "
+                   f"requests: {_fmt(best.policy)} vs {_fmt(best.logged)}; "
+                   f"margin over random {_fmt(r.margin_over_random)}.")
+    _echo_ope(r.ope)
 
 
 def _echo_ope(o: dict[str, Any]) -> None:

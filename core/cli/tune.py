@@ -211,7 +211,7 @@ def prefer(
     if as_json:
         print_json(out)
     else:
-        typer.echo(f"preference #{out['id']}: {out['better']} better than {out['worse']} ({out['dataset']})")
+        typer.echo(f"preference #{out.id}: {out.better} better than {out.worse} ({out.dataset})")
 
 
 @app.command("preferences")
@@ -228,8 +228,8 @@ def preferences(
     if not prefs:
         typer.echo("no preference labels" + (f" in {dataset}" if dataset else ""))
     for p in prefs:
-        typer.echo(f"#{p['id']:<5} {p['dataset']:<16} {p['better']} > {p['worse']}  ({p['created_by']}"
-                   f"{', ' + p['comment'] if p['comment'] else ''})")
+        typer.echo(f"#{p.id:<5} {p.dataset:<16} {p.better} > {p.worse}  ({p.created_by}"
+                   f"{', ' + p.comment if p.comment else ''})")
 
 
 @app.command("list")
@@ -243,10 +243,11 @@ def list_studies(as_json: bool = typer.Option(False, "--json", help="Print one J
     if not studies:
         typer.echo("no tuning studies yet (rwb tune --template T --dataset D)")
     for s in studies:
-        run = s["latest_run"] or {}
-        typer.echo(f"{s['name']:<48} {s['status']:<12} {s['objective']:<12} {s['template_name']:<20} "
-                   f"trials {_fmt(run.get('trials_done'))}/{_fmt(run.get('trials_requested'))} "
-                   f"best {_fmt(run.get('best_value'))}")
+        run = s.latest_run
+        done, requested, best = (None, None, None) if run is None else (run.trials_done, run.trials_requested,
+                                                                        run.best_value)
+        typer.echo(f"{s.name:<48} {s.status:<12} {s.objective:<12} {s.template_name:<20} "
+                   f"trials {_fmt(done)}/{_fmt(requested)} best {_fmt(best)}")
 
 
 @app.command("show")
@@ -289,4 +290,4 @@ def stop(
     if as_json:
         print_json(out)
     else:
-        typer.echo(f"stop requested for study {study} ({out['status']})")
+        typer.echo(f"stop requested for study {study} ({out.status})")

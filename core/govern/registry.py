@@ -20,8 +20,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +31,8 @@ from core.govern.bundle import (Approval, BundleError, ENCODER_PREFIX, MANIFEST,
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.access.keys import signing_key, trust_store
-from core.govern.policy_folder import INDEX, policies_root, read_index
-from core.govern.registry_records import policy_names, promoted_digest
+from core.govern.policy_folder import INDEX, PolicyIndexEntry, policies_root, read_index_document
+from core.govern.registry_records import RegistryEvent, policy_names, promoted_digest
 from core.govern.registry_records import promoted_digest_in as _promoted_digest
 from core.govern.registry_records import registry_events as _events
 from core.access.users import Actor, authorize, check_four_eyes
@@ -84,24 +84,24 @@ def _row(conn: "sqlite3.Connection", name: str, version: str) -> dict[str, Any]:
     return d
 
 
-def _replay(events: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+def _replay(events: Sequence[RegistryEvent]) -> tuple[dict[str, str], list[str]]:
     """``(stage per version, production stack)`` of one name from its events, in order:
     a promotion pushes onto the stack, a rollback pops the top (the stack's top is
     production)."""
     stage: dict[str, str] = {}
     stack: list[str] = []
     for e in events:
-        v = e["version"]
-        if e["event"] == "registered":
+        v = e.version
+        if e.event == "registered":
             stage[v] = "candidate"
-        elif e["event"] == "approved":
+        elif e.event == "approved":
             stage[v] = "approved"
-        elif e["event"] == "promoted":
+        elif e.event == "promoted":
             if stack and stack[-1] != v:
                 stage[stack[-1]] = "approved"
             stack.append(v)
             stage[v] = "production"
-        elif e["event"] == "rolled_back":
+        elif e.event == "rolled_back":
             if stack:
                 stage[stack.pop()] = "rolled_back"
             stage[v] = "production"
@@ -138,9 +138,11 @@ def aliases(ws: "Workspace", name: str) -> dict[str, str | None]:
     return {"production": stack[-1] if stack else None, "approved": top("approved"), "candidate": top("candidate")}
 
 
-def _approvals(events: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
-    return [{"by": e["actor"], "role": e["role"], "at": e["at"], "comment": e["comment"],
-             "gate": e["detail"].get("gate")} for e in events if e["event"] == "approved" and e["version"] == version]
+def _approvals(events: Sequence[RegistryEvent], version: str) -> list[dict[str, Any]]:
+    """The approvals of ``version`` as its ``approved`` events recorded them (the promoted
+    copy's manifest carries them)."""
+    return [{"by": e.actor, "role": e.role, "at": e.at, "comment": e.comment, "gate": e.detail.get("gate")}
+            for e in events if e.event == "approved" and e.version == version]
 
 
 def _best_logged(ev: Mapping[str, Any]) -> str | None:
@@ -151,18 +153,87 @@ def _best_logged(ev: Mapping[str, Any]) -> str | None:
     return f"{best['behaviour']} {best['return_mean']:.4f}"
 
 
-def _record(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+def _record(events: Sequence[RegistryEvent], version: str) -> dict[str, Any]:
     """The registry's own record of ``version`` (the detail of its ``registered`` event):
     ``bundle_sha256``, ``manifest_digest``, ``signer``, ``trained_by`` (the run table's)
     and ``evaluation`` (the registry's).  Empty for a version registered before the
     registry kept its own records."""
     for e in events:
-        if e["event"] == "registered" and e["version"] == version:
-            return e["detail"]
+        if e.event == "registered" and e.version == version:
+            return e.detail
     return {}
 
 
-def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RecordedApproval:
+    """An approval of a version, as the registry recorded it."""
+
+    by: str
+    at: str
+    #: Why, in the approver's words
+    comment: str
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    """A registered version as :func:`list_versions` lists it: its stage (read from the
+    events), the registry's own record of it and its approvals.  Who trained the run, the
+    signer and the figures are the registry's, never the manifest's claims."""
+
+    name: str
+    version: str
+    #: ``candidate``, ``approved``, ``production`` or ``rolled_back``
+    stage: str
+    run_id: str | None
+    #: Who exported the bundle
+    created_by: str
+    #: Who trained the run, per the workspace's run table (None for a version registered
+    #: before the registry kept its own records)
+    trained_by: str | None
+    #: When the bundle was exported
+    created_at: str | None
+    #: Fingerprint of the key whose signature the registry verified
+    signer: str | None
+    #: Where the registry's evaluation comes from, in words
+    evaluated_from: str | None
+    registered_by: str
+    registered_at: str
+    #: The reward template, ``name vN``
+    template: str
+    dataset: str | None
+    #: Mean held-out return of the policy, by the registry's evaluation
+    return_mean: float | None
+    #: Mean return of the logged expert on the same held-out episodes
+    expert_return: float | None
+    #: The best logged behaviour and its held-out return, e.g. ``"noisy 1.9980"``
+    best_logged: str | None
+    heldout_episodes: int | None
+    approvals: list[RecordedApproval]
+    #: The workspace's own copy of the bundle zip
+    bundle_path: str
+    #: sha256 of that copy at registration
+    bundle_sha256: str
+    manifest_digest: str
+
+
+@dataclass(frozen=True)
+class PolicyVersionDetail(PolicyVersion):
+    """One registered version (:func:`get_version`): its summary and its manifest."""
+
+    #: The manifest of the registered bundle, as verified at registration
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Registration(PolicyVersionDetail):
+    """What :func:`register` did: the registered version, and whether it was there already."""
+
+    #: True when these bytes were registered before (registering them again changes nothing)
+    already_registered: bool
+
+
+def _summary(row: Mapping[str, Any], stage: str, events: Sequence[RegistryEvent]) -> dict[str, Any]:
+    """The fields of :class:`PolicyVersion` for one row of ``policy_versions``."""
     m = row["manifest"]
     rec = _record(events, row["version"])
     ev = rec.get("evaluation") or {}
@@ -174,21 +245,27 @@ def _summary(row: Mapping[str, Any], stage: str, events: list[dict[str, Any]]) -
         "template": f"{m['template']['name']} v{m['template']['version']}", "dataset": m.get("dataset"),
         "return_mean": (ev.get("policy") or {}).get("return_mean"), "expert_return": ev.get("expert_return"),
         "best_logged": _best_logged(ev), "heldout_episodes": ev.get("episodes"),
-        "approvals": [{k: a[k] for k in ("by", "at", "comment")} for a in _approvals(events, row["version"])],
+        "approvals": [RecordedApproval(by=a["by"], at=a["at"], comment=a["comment"])
+                      for a in _approvals(events, row["version"])],
         "bundle_path": row["bundle_path"], "bundle_sha256": row["bundle_sha256"],
         "manifest_digest": row["manifest_digest"],
     }
 
 
-def get_version(ws: "Workspace", name: str, version: str) -> dict[str, Any]:
-    """One registered version: summary, stage and its full manifest (under ``manifest``)."""
+def _detail(ws: "Workspace", name: str, version: str) -> dict[str, Any]:
+    """The fields of :class:`PolicyVersionDetail` for ``name@version``."""
     row = _row(ws.conn, name, version)
     events = _events(ws.conn, name)
     stage = _replay(events)[0].get(version, "candidate")
     return {**_summary(row, stage, events), "manifest": row["manifest"]}
 
 
-def list_versions(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
+def get_version(ws: "Workspace", name: str, version: str) -> PolicyVersionDetail:
+    """One registered version: summary, stage and its full manifest (under ``manifest``)."""
+    return PolicyVersionDetail(**_detail(ws, name, version))
+
+
+def list_versions(ws: "Workspace", name: str | None = None) -> list[PolicyVersion]:
     """Registered versions (of ``name``, or all), by name then semantic version, newest last,
     each with its stage, evaluation headline and approvals."""
     sql = f"SELECT {', '.join(_VERSION_COLUMNS)} FROM policy_versions"
@@ -203,31 +280,69 @@ def list_versions(ws: "Workspace", name: str | None = None) -> list[dict[str, An
         stage = _replay(events)[0]
         for r in sorted((r for r in rows if r["name"] == n), key=lambda r: semver_key(r["version"])):
             r["manifest"] = json.loads(r["manifest"])
-            out.append(_summary(r, stage.get(r["version"], "candidate"), events))
+            out.append(PolicyVersion(**_summary(r, stage.get(r["version"], "candidate"), events)))
     return out
 
 
-def history(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
+def history(ws: "Workspace", name: str | None = None) -> list[RegistryEvent]:
     """Every registry event (of ``name``, or all), oldest first: who did what, when and why."""
     return _events(ws.conn, name)
 
 
-def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Evaluation reports side by side: one row per ``(name, version)``."""
+@dataclass(frozen=True)
+class VersionComparison:
+    """One version's evaluation report in :func:`compare_versions`: the registry's own
+    evaluation on the version's held-out episodes."""
+
+    #: ``name@version``
+    policy: str
+    stage: str
+    run: str | None
+    heldout_episodes: int | None
+    #: The held-out set's fingerprint, shortened: versions with the same one were evaluated
+    #: on the same episodes
+    heldout_set: str
+    #: Mean return and success rate of the policy
+    return_policy: float | None
+    success_policy: float | None
+    #: Mean return the logged expert earned, and a random policy within the masks
+    return_expert_log: float | None
+    return_random_in_mask: float | None
+    off_support_rate: float | None
+    mask_violations: int | None
+    #: Accuracy of the RDE on the held-out episodes of the behaviour it was fit on
+    rde_accuracy: float | None
+    #: Per logged behaviour, the mean return its logs earned
+    logged_returns: dict[str, float]
+
+    def row(self) -> dict[str, Any]:
+        """The report as one row of a table, under the column labels the Policies page shows."""
+        return {
+            "policy": self.policy, "stage": self.stage, "run": self.run,
+            "held-out episodes": self.heldout_episodes, "held-out set": self.heldout_set,
+            "return (policy)": self.return_policy, "success (policy)": self.success_policy,
+            "return (expert log)": self.return_expert_log, "return (random in mask)": self.return_random_in_mask,
+            "off-support rate": self.off_support_rate, "mask violations": self.mask_violations,
+            "RDE accuracy (held-out, its behaviour)": self.rde_accuracy,
+            **{f"return (log: {b})": r for b, r in sorted(self.logged_returns.items())},
+        }
+
+
+def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[VersionComparison]:
+    """Evaluation reports side by side: one per ``(name, version)``."""
     rows = []
     for name, version in versions:
         v = get_version(ws, name, version)
         ev = _record(_events(ws.conn, name), version).get("evaluation") or {}
         pol, rnd = ev.get("policy") or {}, ev.get("random_in_mask") or {}
-        rows.append({
-            "policy": f"{name}@{version}", "stage": v["stage"], "run": v["run_id"],
-            "held-out episodes": ev.get("episodes"), "held-out set": (ev.get("heldout_fingerprint") or "")[:12],
-            "return (policy)": pol.get("return_mean"), "success (policy)": pol.get("success_rate"),
-            "return (expert log)": ev.get("expert_return"), "return (random in mask)": rnd.get("return_mean"),
-            "off-support rate": pol.get("off_support_rate"), "mask violations": pol.get("mask_violations"),
-            "RDE accuracy (held-out, its behaviour)": (ev.get("rde_heldout_expert") or {}).get("accuracy"),
-            **{f"return (log: {b})": r for b, r in sorted((ev.get("logged") or {}).items())},
-        })
+        rows.append(VersionComparison(
+            policy=f"{name}@{version}", stage=v.stage, run=v.run_id, heldout_episodes=ev.get("episodes"),
+            heldout_set=(ev.get("heldout_fingerprint") or "")[:12], return_policy=pol.get("return_mean"),
+            success_policy=pol.get("success_rate"), return_expert_log=ev.get("expert_return"),
+            return_random_in_mask=rnd.get("return_mean"), off_support_rate=pol.get("off_support_rate"),
+            mask_violations=pol.get("mask_violations"),
+            rde_accuracy=(ev.get("rde_heldout_expert") or {}).get("accuracy"),
+            logged_returns=dict(ev.get("logged") or {})))
     return rows
 
 
@@ -240,7 +355,7 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment: str = "") -> dict[str, Any]:
+def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment: str = "") -> Registration:
     """Verify a bundle zip and register it as a *candidate* version.  Needs ``export_bundle``.
 
     The workspace keeps its own copy of the zip.  Registering the same bytes again is a
@@ -278,7 +393,7 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
                                 (m.name, m.version)).fetchone()
             if have is not None:
                 if have[0] == sha:
-                    return {**get_version(ws, m.name, m.version), "already_registered": True}
+                    return Registration(**_detail(ws, m.name, m.version), already_registered=True)
                 raise ConflictError(f"{m.policy_version} is already registered with other content; export the "
                                     f"bundle with a new version (next: {next_version(ws, m.name)})")
             dest = ws.artifact_dir("registry", m.name) / f"{m.version}-{sha[:16]}.zip"
@@ -292,7 +407,7 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
                     "signer": report.signer, "registered_by": actor.name, **own})
     finally:
         tmp.unlink(missing_ok=True)
-    return {**get_version(ws, m.name, m.version), "already_registered": False}
+    return Registration(**_detail(ws, m.name, m.version), already_registered=False)
 
 
 def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> dict[str, Any]:
@@ -312,10 +427,11 @@ def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> d
     ctx = open_run(ws, m.run_id)
     _check_weights(ctx.agent, members, m)
     report = evaluate(ws, m.run_id)
-    evaluation = {**report, **heldout_identity(ctx.data.tables, ctx.data.heldout_episodes, run),
-                  "split": "heldout", "metric": "return_mean", "expert_return": report["logged"].get("expert"),
+    # stored as JSON: the report's fields as keys, then what the registry adds
+    evaluation = {**report.to_dict(), **heldout_identity(ctx.data.tables, ctx.data.heldout_episodes, run),
+                  "split": "heldout", "metric": "return_mean", "expert_return": report.logged.get("expert"),
                   "evaluated_at": _now_iso()}
-    return {"trained_by": run.get("created_by"), "evaluation": json.loads(_json(evaluation)),
+    return {"trained_by": run.created_by, "evaluation": json.loads(_json(evaluation)),
             "evaluated_from": f"run {m.run_id} in this workspace (its held-out split)"}
 
 
@@ -381,7 +497,7 @@ def bundle_bytes(ws: "Workspace", name: str, version: str) -> bytes:
 
 
 # --------------------------------------------------------------------------- the gate
-def _evaluation(events: list[dict[str, Any]], version: str) -> dict[str, Any]:
+def _evaluation(events: Sequence[RegistryEvent], version: str) -> dict[str, Any]:
     """The registry's own evaluation of ``version`` (never the manifest's figures)."""
     return _record(events, version).get("evaluation") or {}
 
@@ -511,12 +627,12 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
                             every_episode=True, seed=seed + 1000 * r, support_episodes="all")
               for r in range(repeats)]
     pooled = _summarise(passes)
-    return {"baseline_return": pooled["return_mean"], "baseline_source": src,
-            "baseline_episodes": pooled["episodes"]}
+    return {"baseline_return": pooled.return_mean, "baseline_source": src,
+            "baseline_episodes": pooled.episodes}
 
 
 # --------------------------------------------------------------------------- approve
-def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> dict[str, Any]:
+def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> PolicyVersionDetail:
     """Approve a candidate for promotion.  Needs ``approve``, a person who neither trained
     nor exported it (four-eyes), a comment saying why, and a passing promotion gate."""
     authorize(ws, actor, "approve")
@@ -565,7 +681,7 @@ def _index_change(ws: "Workspace", base: Path) -> Iterator[tuple[Any, dict[str, 
     ``index.json`` to edit.  The edited index is written last, inside the transaction; any
     failure up to the commit puts the old index back."""
     with _locked(base):
-        old_index = read_index(base)
+        old_index = read_index_document(base)
         index = json.loads(json.dumps(old_index))
         try:
             with ws.transaction() as conn:
@@ -623,31 +739,6 @@ def _install(ws: "Workspace", root: Path, row: Mapping[str, Any], approvals: lis
 
 def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:
     return index["policies"].setdefault(name, {"active": None, "previous": [], "versions": {}})
-
-
-@dataclass(frozen=True)
-class PolicyIndexEntry:
-    """One policy's entry in the policies folder's ``index.json``, as :func:`promote` and
-    :func:`rollback` leave it."""
-
-    name: str
-    #: The version production serves
-    active: str | None
-    #: Earlier production versions, the one a rollback restores first
-    previous: list[str]
-    #: Per promoted version: manifest digest, who promoted and approved it, when
-    versions: dict[str, dict[str, Any]]
-    updated_at: str | None = None
-    #: Versions rolled back from, oldest first: ``{version, at, by}``
-    rolled_back: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, root: Path, name: str) -> "PolicyIndexEntry":
-        """The entry of ``name`` in the index under ``root``."""
-        entry = read_index(root)["policies"][name]
-        return cls(name=name, active=entry.get("active"), previous=list(entry.get("previous", [])),
-                   versions=dict(entry.get("versions", {})), updated_at=entry.get("updated_at"),
-                   rolled_back=list(entry.get("rolled_back", [])))
 
 
 def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str = "", *,
@@ -719,6 +810,8 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
     return PolicyIndexEntry.read(base, name)
 
 
-__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "PolicyIndexEntry", "PromotionGate", "STAGES", "aliases", "approve", "bundle_bytes",
-           "compare_versions", "get_version", "history", "list_versions", "next_version", "policy_names",
-           "previous_version", "production_version", "promote", "promoted_digest", "promotion_gate", "register", "rollback"]
+__all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "PolicyIndexEntry", "PolicyVersion", "PolicyVersionDetail",
+           "PromotionGate", "RecordedApproval", "Registration", "RegistryEvent", "STAGES", "VersionComparison",
+           "aliases", "approve", "bundle_bytes", "compare_versions", "get_version", "history", "list_versions",
+           "next_version", "policy_names", "previous_version", "production_version", "promote", "promoted_digest",
+           "promotion_gate", "register", "rollback"]

@@ -82,11 +82,134 @@ class ReviewRequest:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ReviewEvent:
+    """One entry of a review item's event log (:func:`item_events`)."""
+
+    id: int
+    #: "enqueued", "claimed", "released" or "decided".
+    event: str
+    #: The user who caused it.
+    actor: str
+    #: When, as ISO 8601 UTC text.
+    at: str
+    #: What else is known, e.g. {"lease_seconds": 300} for a claim, {"decision", "comment"}
+    #: for a decision; None when nothing is.
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One item of the review queue as it stands (:func:`list_items`, :func:`claim`,
+    :func:`decide`, ...).  Times are ISO 8601 UTC text."""
+
+    id: int
+    #: "training" or "serving".
+    origin: str
+    #: Why it was queued, in words a reviewer reads.
+    reason: str
+    dataset: str | None
+    task_type: str | None
+    #: Flat scalar state features the action was taken in.
+    state: dict[str, Any]
+    #: The state features a rejection's pattern is built from; None: every feature.
+    key_features: list[str] | None
+    #: The proposed action token and what the catalog says of it.
+    token_id: int
+    token_name: str | None
+    action_label: str | None
+    tool: str | None
+    risk: str | None
+    #: [{"name", "value"}, ...]: the reward components of this step.
+    reward_components: list[dict[str, Any]]
+    confidence: float | None
+    #: Where the step comes from: a training run, an episode and step, a served decision.
+    run_id: str | None
+    episode_id: str | None
+    step_t: int | None
+    decision_id: str | None
+    #: "pending", "claimed" or "decided".
+    status: str
+    created_at: str
+    created_by: str
+    #: The current (or last) claim: who holds it, since when, until when.
+    claimed_by: str | None
+    claimed_at: str | None
+    claim_expires: str | None
+    #: "approve" or "reject" once decided, with who decided, when and why.
+    decision: str | None
+    decided_by: str | None
+    decided_at: str | None
+    comment: str | None
+    #: Free-form extra context for the reviewer (ReviewRequest.meta).
+    meta: dict[str, Any]
+    #: Claimed, but the lease ran out: claimable again.
+    claim_expired: bool
+    #: Seconds since it was queued.
+    age_s: float
+
+
+@dataclass(frozen=True)
+class ReviewItemDetail(ReviewItem):
+    """One review item with its event log (:func:`get_item`)."""
+
+    #: Oldest first: enqueued, claimed, released, decided.
+    events: list[ReviewEvent]
+
+
+@dataclass(frozen=True)
+class ReviewMaskRule:
+    """A mask rule born from a rejected review (:func:`review_mask_rules`), with the fields of
+    core.guard.masking's rule form; :meth:`to_rule_data` is what ``MaskRules.add_rules`` reads."""
+
+    #: "review_<item id>".
+    name: str
+    #: Always "review".
+    kind: str
+    #: {"tokens": [token name, or id when it has no name]}: the action it blocks.
+    targets: dict[str, Any]
+    #: The state pattern (a core.guard.masking condition) in which it blocks it.
+    when: dict[str, Any]
+    #: "rejected in review <id>: <the reviewer's comment>".
+    message: str
+    #: {"review_id", "reviewer", "created_at", "dataset"}.
+    meta: dict[str, Any]
+
+    def to_rule_data(self) -> dict[str, Any]:
+        """The rule as data for :meth:`core.guard.masking.MaskRules.add_rules`."""
+        return {"name": self.name, "kind": self.kind, "targets": self.targets,
+                "when": self.when, "message": self.message, "meta": self.meta}
+
+
+@dataclass(frozen=True)
+class ApprovedExample:
+    """An approved review step as a labelled training example (:func:`approved_examples`)."""
+
+    item_id: int
+    dataset: str | None
+    task_type: str | None
+    #: Flat scalar state features the action was taken in.
+    state: dict[str, Any]
+    token_id: int
+    token_name: str | None
+    tool: str | None
+    #: Always :data:`EXPLORATION_LABEL`.
+    label: str
+    origin: str
+    run_id: str | None
+    episode_id: str | None
+    step_t: int | None
+    decided_by: str
+    decided_at: str
+
+
 # --------------------------------------------------------------------------- helpers
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
+def _iso_text(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else _iso_text(t)
 
 
 def _json(obj: Any) -> str:
@@ -178,7 +301,8 @@ def _event(conn: "sqlite3.Connection", item_id: int, event: str, actor: Actor, n
                  (item_id, event, actor.name, now, None if detail is None else _json(detail)))
 
 
-def _item_dict(row: Sequence[Any], now: float | None = None) -> dict[str, Any]:
+def _item_fields(row: Sequence[Any], now: float | None = None) -> dict[str, Any]:
+    """The fields of a :class:`ReviewItem` from one ``_SELECT_ITEM`` row."""
     d = dict(zip(_ITEM_COLUMNS, row))
     now = time.time() if now is None else now
     state = json.loads(d["state"])
@@ -191,6 +315,10 @@ def _item_dict(row: Sequence[Any], now: float | None = None) -> dict[str, Any]:
     for k in ("created_at", "claimed_at", "claim_expires", "decided_at"):
         d[k] = _iso(d[k])
     return d
+
+
+def _item(row: Sequence[Any], now: float | None = None) -> ReviewItem:
+    return ReviewItem(**_item_fields(row, now))
 
 
 def _get_row(conn: "sqlite3.Connection", item_id: int) -> tuple[Any, ...]:
@@ -304,7 +432,7 @@ def _open_or_decided(conn: "sqlite3.Connection", source_key: str) -> dict[str, A
 
 
 def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step_t: int,
-              reason: str = "", *, catalog: "Catalog | None" = None) -> dict[str, Any]:
+              reason: str = "", *, catalog: "Catalog | None" = None) -> ReviewItem:
     """Put one step of a recorded episode on the review queue; returns the new item.
     Needs ``enqueue_review``.
 
@@ -355,7 +483,7 @@ def send_step(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, step
         item_id = int(cur.lastrowid)
         _event(conn, item_id, "enqueued", actor, now,
                {"origin": row["origin"], "source": "recorded episode", "dataset": dataset})
-        return _item_dict(_get_row(conn, item_id), now)
+        return _item(_get_row(conn, item_id), now)
 
 
 def sample_review_steps(ws: "Workspace", dataset: str, catalog: "Catalog | None" = None,
@@ -390,7 +518,7 @@ def sample_review_reason(step: RecordedStep) -> str:
 # --------------------------------------------------------------------------- claim / release
 def claim(ws: "Workspace", actor: Actor, item_id: int | None = None,
           lease_seconds: float = DEFAULT_LEASE_SECONDS, *, dataset: str | None = None,
-          origin: str | None = None) -> dict[str, Any] | None:
+          origin: str | None = None) -> ReviewItem | None:
     """Claim an item for ``lease_seconds``; returns it, or None when nothing is claimable.
 
     Without ``item_id``: the oldest item that is pending or whose claim expired (optionally
@@ -433,12 +561,12 @@ def claim(ws: "Workspace", actor: Actor, item_id: int | None = None,
         elif held:
             detail["renewed"] = True
         _event(conn, item_id, "claimed", actor, now, detail)
-        return _item_dict(_get_row(conn, item_id), now)
+        return _item(_get_row(conn, item_id), now)
 
 
-def release(ws: "Workspace", actor: Actor, item_id: int) -> dict[str, Any]:
-    """Give a claimed item back to the queue undecided.  Only its holder (or an admin).
-    Needs ``review``."""
+def release(ws: "Workspace", actor: Actor, item_id: int) -> ReviewItem:
+    """Give a claimed item back to the queue undecided; returns the item.  Only its holder
+    (or an admin).  Needs ``review``."""
     authorize(ws, actor, "review")
     with ws.transaction() as conn:
         now = time.time()
@@ -451,32 +579,32 @@ def release(ws: "Workspace", actor: Actor, item_id: int) -> dict[str, Any]:
         conn.execute("UPDATE review_items SET status='pending', claimed_by=NULL, claimed_at=NULL, "
                      "claim_expires=NULL WHERE id=?", (item_id,))
         _event(conn, item_id, "released", actor, now, {"claimed_by": row["claimed_by"]})
-        return _item_dict(_get_row(conn, item_id), now)
+        return _item(_get_row(conn, item_id), now)
 
 
 # --------------------------------------------------------------------------- decide
-def state_pattern(item: Mapping[str, Any], *, tolerance: float = 0.1) -> dict[str, Any]:
+def state_pattern(item: ReviewItem, *, tolerance: float = 0.1) -> dict[str, Any]:
     """The state pattern a rejection of ``item`` masks, as a core.guard.masking condition:
     ``task_type`` equal, and each key feature (given at enqueue time; default: every
     feature of the state) equal for text and booleans, within ±``tolerance`` (relative)
     for numbers — see :func:`core.guard.masking.state_pattern`."""
-    state = {k: v for k, v in item["state"].items() if k != "task_type"}
-    keys = item.get("key_features")
-    keys = sorted(state) if keys is None else [k for k in keys if k != "task_type"]
+    state = {k: v for k, v in item.state.items() if k != "task_type"}
+    keys = (sorted(state) if item.key_features is None
+            else [k for k in item.key_features if k != "task_type"])
     pattern: dict[str, Any] = {}
-    if item.get("task_type") is not None:
-        pattern["task_type"] = {"eq": item["task_type"]}
+    if item.task_type is not None:
+        pattern["task_type"] = {"eq": item.task_type}
     if any(state.get(k) is not None for k in keys):
         pattern.update(masking.state_pattern(state, keys=keys, tolerance=tolerance))
     if not pattern:
-        raise InputError(f"review item {item['id']} has no task type and no state features to "
+        raise InputError(f"review item {item.id} has no task type and no state features to "
                          "build a mask pattern from; give the pattern explicitly", field="pattern")
     return pattern
 
 
 def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: str = "", *,
-           pattern: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Decide a claimed item, exactly once.  Needs ``review``.
+           pattern: Mapping[str, Any] | None = None) -> ReviewItem:
+    """Decide a claimed item, exactly once; returns the decided item.  Needs ``review``.
 
     Only the holder of an unexpired claim may decide; a decided item, an unclaimed one,
     someone else's claim and an expired claim (claim it again) are refused with
@@ -515,7 +643,7 @@ def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: 
         if cur.rowcount != 1:  # pragma: no cover - guarded by the write lock held since BEGIN
             raise ConflictError(f"review item {item_id} changed while deciding; try again")
         _event(conn, item_id, "decided", actor, now, {"decision": decision, "comment": comment})
-        item = _item_dict(_get_row(conn, item_id), now)
+        item = _item(_get_row(conn, item_id), now)
         if decision == "reject":
             pat = dict(pattern) if pattern is not None else state_pattern(item)
             rule = _mask_rule(item, pat, comment, actor, now)
@@ -523,8 +651,8 @@ def decide(ws: "Workspace", actor: Actor, item_id: int, decision: str, comment: 
                 """INSERT INTO mask_rules_from_reviews(item_id, dataset, task_type, pattern,
                        token_id, token_name, tool, rule, comment, created_at, created_by)
                    VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
-                (item_id, item["dataset"], item["task_type"], _json(pat), item["token_id"],
-                 item["token_name"], item["tool"], _json(rule), comment, now, actor.name))
+                (item_id, item.dataset, item.task_type, _json(pat), item.token_id,
+                 item.token_name, item.tool, _json(rule.to_rule_data()), comment, now, actor.name))
     if decision == "reject":  # committed: engines in this process re-read the rules now
         with _rules_lock:
             _rules_added += 1
@@ -539,27 +667,28 @@ def rules_added() -> int:
 
 
 # --------------------------------------------------------------------------- mask rules
-def _mask_rule(item: Mapping[str, Any], pattern: Mapping[str, Any], comment: str, actor: Actor,
-               now: float) -> dict[str, Any]:
-    """The review rule of one rejected item in core.guard.masking's rule form (the same shape as
+def _mask_rule(item: ReviewItem, pattern: Mapping[str, Any], comment: str, actor: Actor,
+               now: float) -> ReviewMaskRule:
+    """The review rule of one rejected item (the same shape as
     :meth:`core.guard.masking.MaskRules.add_review_rule` makes), checked by core.guard.masking."""
-    token = item["token_name"] if item["token_name"] else item["token_id"]
-    rule = {
-        "name": f"review_{item['id']}",
-        "kind": "review",
-        "targets": {"tokens": [token]},
-        "when": dict(pattern),
-        "message": f"rejected in review {item['id']}: {comment}",
-        "meta": {"review_id": str(item["id"]), "reviewer": actor.name,
-                 "created_at": _iso(now), "dataset": item["dataset"]},
-    }
-    masking.MaskRules().add_rules([rule])  # raises InputError naming what is wrong
+    token = item.token_name if item.token_name else item.token_id
+    rule = ReviewMaskRule(
+        name=f"review_{item.id}",
+        kind="review",
+        targets={"tokens": [token]},
+        when=dict(pattern),
+        message=f"rejected in review {item.id}: {comment}",
+        meta={"review_id": str(item.id), "reviewer": actor.name,
+              "created_at": _iso(now), "dataset": item.dataset},
+    )
+    masking.MaskRules().add_rules([rule.to_rule_data()])  # raises InputError naming what is wrong
     return rule
 
 
-def review_mask_rules(ws: "Workspace", dataset: str | None = None) -> list[dict[str, Any]]:
-    """Mask rules born from rejected reviews, oldest first, in core.guard.masking's rule form
-    (``MaskRules.add_rules(review_mask_rules(ws))`` reads them).
+def review_mask_rules(ws: "Workspace", dataset: str | None = None) -> list[ReviewMaskRule]:
+    """Mask rules born from rejected reviews, oldest first (:func:`with_review_rules` adds
+    them to a rule set; ``MaskRules.add_rules`` reads each one's
+    :meth:`~ReviewMaskRule.to_rule_data`).
 
     With ``dataset``: the rules of that dataset plus those queued without a dataset."""
     sql = "SELECT rule FROM mask_rules_from_reviews"
@@ -567,7 +696,7 @@ def review_mask_rules(ws: "Workspace", dataset: str | None = None) -> list[dict[
     if dataset is not None:
         sql += " WHERE dataset=? OR dataset IS NULL"
         args = (dataset,)
-    return [json.loads(r[0]) for r in ws.conn.execute(sql + " ORDER BY id", args)]
+    return [ReviewMaskRule(**json.loads(r[0])) for r in ws.conn.execute(sql + " ORDER BY id", args)]
 
 
 def with_review_rules(rules: "masking.MaskRules", ws: "Workspace",
@@ -582,25 +711,22 @@ def with_review_rules(rules: "masking.MaskRules", ws: "Workspace",
     names = {r.name for r in out.rules}
     fresh = []
     for rule in review_mask_rules(ws, dataset):
-        if (_json(rule["targets"]), _json(rule["when"])) in have:
+        if (_json(rule.targets), _json(rule.when)) in have:
             continue
-        name, n = rule["name"], 1
+        name, n = rule.name, 1
         while name in names:  # a review of the same number from elsewhere (another workspace)
             n += 1
-            name = f"{rule['name']}_{n}"
+            name = f"{rule.name}_{n}"
         names.add(name)
-        fresh.append({**rule, "name": name})
+        fresh.append({**rule.to_rule_data(), "name": name})
     out.add_rules(fresh)
     return out
 
 
 # --------------------------------------------------------------------------- training data
-def approved_examples(ws: "Workspace", dataset: str | None = None) -> list[dict[str, Any]]:
-    """Approved steps as labelled training examples, oldest decision first.
-
-    Each row: ``item_id, dataset, task_type, state, token_id, token_name, tool, label``
-    (always :data:`EXPLORATION_LABEL`), ``origin, run_id, episode_id, step_t,
-    decided_by, decided_at``.  With ``dataset``: that dataset's plus those without one."""
+def approved_examples(ws: "Workspace", dataset: str | None = None) -> list[ApprovedExample]:
+    """Approved steps as labelled training examples, oldest decision first.  With
+    ``dataset``: that dataset's plus those without one."""
     sql = f"{_SELECT_ITEM} WHERE decision='approve'"
     args: tuple[Any, ...] = ()
     if dataset is not None:
@@ -609,27 +735,27 @@ def approved_examples(ws: "Workspace", dataset: str | None = None) -> list[dict[
     out = []
     now = time.time()
     for row in ws.conn.execute(sql + " ORDER BY decided_at, id", args):
-        d = _item_dict(row, now)
-        out.append({"item_id": d["id"], "dataset": d["dataset"], "task_type": d["task_type"],
-                    "state": d["state"], "token_id": d["token_id"], "token_name": d["token_name"],
-                    "tool": d["tool"], "label": EXPLORATION_LABEL, "origin": d["origin"],
-                    "run_id": d["run_id"], "episode_id": d["episode_id"], "step_t": d["step_t"],
-                    "decided_by": d["decided_by"], "decided_at": d["decided_at"]})
+        d = _item(row, now)
+        assert d.decided_by is not None and d.decided_at is not None  # decided: both are set
+        out.append(ApprovedExample(
+            item_id=d.id, dataset=d.dataset, task_type=d.task_type, state=d.state,
+            token_id=d.token_id, token_name=d.token_name, tool=d.tool, label=EXPLORATION_LABEL,
+            origin=d.origin, run_id=d.run_id, episode_id=d.episode_id, step_t=d.step_t,
+            decided_by=d.decided_by, decided_at=d.decided_at))
     return out
 
 
 # --------------------------------------------------------------------------- reading
-def get_item(ws: "Workspace", item_id: int) -> dict[str, Any]:
-    """One item as a dict, with its events (oldest first) under ``events``."""
-    d = _item_dict(_get_row(ws.conn, item_id))
-    d["events"] = item_events(ws, item_id)
-    return d
+def get_item(ws: "Workspace", item_id: int) -> ReviewItemDetail:
+    """One item with its events (oldest first)."""
+    return ReviewItemDetail(**_item_fields(_get_row(ws.conn, item_id)),
+                            events=item_events(ws, item_id))
 
 
-def item_events(ws: "Workspace", item_id: int) -> list[dict[str, Any]]:
+def item_events(ws: "Workspace", item_id: int) -> list[ReviewEvent]:
     """The event log of one item: enqueued, claimed, released, decided."""
-    return [{"id": r[0], "event": r[1], "actor": r[2], "at": _iso(r[3]),
-             "detail": None if r[4] is None else json.loads(r[4])}
+    return [ReviewEvent(id=r[0], event=r[1], actor=r[2], at=_iso_text(r[3]),
+                        detail=None if r[4] is None else json.loads(r[4]))
             for r in ws.conn.execute("SELECT id, event, actor, at, detail FROM review_events "
                                      "WHERE item_id=? ORDER BY id", (int(item_id),))]
 
@@ -637,8 +763,8 @@ def item_events(ws: "Workspace", item_id: int) -> list[dict[str, Any]]:
 def list_items(ws: "Workspace", *, status: str | None = None, origin: str | None = None,
                dataset: str | None = None, decision: str | None = None,
                claimed_by: str | None = None, limit: int = 100, offset: int = 0
-               ) -> list[dict[str, Any]]:
-    """Items as dicts, oldest first.  ``status``: pending, claimed, decided, or ``open``
+               ) -> list[ReviewItem]:
+    """Items, oldest first.  ``status``: pending, claimed, decided, or ``open``
     (pending or with an expired claim: what :func:`claim` would hand out).  ``claimed_by``
     with ``status="claimed"`` lists one reviewer's current claims."""
     where: list[str] = []
@@ -661,7 +787,7 @@ def list_items(ws: "Workspace", *, status: str | None = None, origin: str | None
     sql = _SELECT_ITEM + (" WHERE " + " AND ".join(where) if where else "")
     now = time.time()
     rows = ws.conn.execute(sql + " ORDER BY id LIMIT ? OFFSET ?", [*args, int(limit), int(offset)])
-    return [_item_dict(r, now) for r in rows]
+    return [_item(r, now) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Details: docs/training.md (## The doctor's four steps).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -35,24 +36,75 @@ LOW_ENTROPY = 1.0
 FIDELITY_SAMPLE = 3000
 
 
+#: A step's verdict, and the diagnosis's (the worst step's).
+Verdict = Literal["ok", "warn", "fail"]
+
 #: The plain word for each verdict, as the pages and the CLI say it.
-VERDICT_WORDS = {"ok": "passes", "warn": "needs a look", "fail": "fails"}
+VERDICT_WORDS: dict[Verdict, str] = {"ok": "passes", "warn": "needs a look", "fail": "fails"}
 
 
-def _step(number: int, name: str, verdict: str, value: Any, message: str, *, figure: str, unit: str,
-          threshold: str, action: str, **details: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DiagnosisCheck:
+    """One of the doctor's four steps: its verdict, the figure behind it and what to do next."""
+
+    #: 1 reward integrity, 2 state-encoding fidelity, 3 gradient flow, 4 exploration quality
+    step: int
+    name: str
+    verdict: Verdict
+    #: The verdict as the pages and the CLI say it (:data:`VERDICT_WORDS`)
+    plain_verdict: str
+    #: The figure judged (a count for counts; None when there was nothing to measure)
+    value: float | None
+    #: What ``value`` measures, in words
+    figure: str
+    #: ``value``'s unit; ``"share"`` is a fraction shown as a percentage
+    unit: str
+    #: What ``value`` must be to pass, in words
+    threshold: str
+    #: What to do next, in words
+    action: str
+    #: What was found, in one sentence
+    message: str
+    #: The numbers behind the verdict, by name (the step's own)
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The four-step diagnosis of a run (:func:`diagnose`)."""
+
+    run_id: str
+    #: The run's status as the run list shows it
+    status: str
+    #: Updates the run has recorded
+    updates: int
+    #: The update whose checkpoint was diagnosed (None without a checkpoint)
+    checkpoint_update: int | None
+    #: Mean actions per state the policy gave any probability in the rollout (NaN without one)
+    policy_allowed_actions: float
+    #: The four steps, in order
+    steps: tuple[DiagnosisCheck, ...]
+    #: The worst step's verdict
+    verdict: Verdict
+    plain_verdict: str
+    #: The action of the first failing step, else of the first warning (:func:`_next_action`)
+    next_action: str
+
+
+def _step(number: int, name: str, verdict: Verdict, value: float | None, message: str, *, figure: str,
+          unit: str, threshold: str, action: str, **details: Any) -> DiagnosisCheck:
     """One step's result: ``value`` is the figure named ``figure`` in ``unit`` (``"share"`` is a
     fraction shown as a percentage), judged against ``threshold``; ``action`` is what to do next."""
-    return {"step": number, "name": name, "verdict": verdict, "plain_verdict": VERDICT_WORDS[verdict],
-            "value": value, "figure": figure, "unit": unit, "threshold": threshold, "action": action,
-            "message": message, "details": details}
+    return DiagnosisCheck(step=number, name=name, verdict=verdict, plain_verdict=VERDICT_WORDS[verdict],
+                          value=value, figure=figure, unit=unit, threshold=threshold, action=action,
+                          message=message, details=details)
 
 
 _AT_MIN = {"figure": "steps at the minimum reward", "unit": "share",
            "threshold": f"at most {MIN_FLOOD_SHARE:.0%} of steps"}
 
 
-def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dict[str, Any]:
+def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> DiagnosisCheck:
     """Step 1 on the rewards ``rewards`` met in a rollout and the mean allowed actions."""
     r = np.asarray(rewards, dtype=np.float64)
     n = int(r.size)
@@ -96,7 +148,7 @@ def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> dic
 _GRAD_RANGE = f"between {DEAD_GRAD:g} and {EXPLODING_GRAD:g}"
 
 
-def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
+def gradient_flow(grad_norms: dict[str, float] | None) -> DiagnosisCheck:
     """Step 3 on the per-layer gradient norms of one update."""
     if not grad_norms:
         return _step(3, "gradient flow", "warn", None, "no policy update with gradient norms recorded yet",
@@ -105,9 +157,9 @@ def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
     dead = sorted(k for k, v in grad_norms.items() if v is None or not math.isfinite(v) or v < DEAD_GRAD)
     exploding = sorted(k for k, v in grad_norms.items() if v is not None and math.isfinite(v) and v > EXPLODING_GRAD)
     finite = [v for v in grad_norms.values() if v is not None and math.isfinite(v)]
-    details = {"layers": len(grad_norms), "dead": dead, "exploding": exploding,
-               "min": min(finite) if finite else None, "max": max(finite) if finite else None,
-               "norms": grad_norms}
+    smallest = min(finite) if finite else None
+    details: dict[str, Any] = {"layers": len(grad_norms), "dead": dead, "exploding": exploding,
+                               "min": smallest, "max": max(finite) if finite else None, "norms": grad_norms}
     if dead:
         return _step(3, "gradient flow", "fail", len(dead),
                      f"{len(dead)} of {len(grad_norms)} layers have a gradient norm ≈ 0: {', '.join(dead[:6])}"
@@ -122,8 +174,8 @@ def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
                      threshold=f"must be 0 (a norm above {EXPLODING_GRAD:g} counts)",
                      action="Lower the learning rate or the reward scale (large reward weights), then retrain.",
                      **details)
-    return _step(3, "gradient flow", "ok", details["min"],
-                 f"all {len(grad_norms)} layers receive gradient (smallest norm {details['min']:.2e})",
+    return _step(3, "gradient flow", "ok", smallest,
+                 f"all {len(grad_norms)} layers receive gradient (smallest norm {smallest:.2e})",
                  figure="smallest layer gradient norm", unit="L2 norm", threshold=_GRAD_RANGE,
                  action="Nothing to fix here.", **details)
 
@@ -131,7 +183,7 @@ def gradient_flow(grad_norms: dict[str, float] | None) -> dict[str, Any]:
 _ENTROPY = {"figure": "entropy of the actions taken", "unit": "nats", "threshold": f"at least {LOW_ENTROPY:g}"}
 
 
-def exploration_quality(entropy: float | None, per_state: float | None) -> dict[str, Any]:
+def exploration_quality(entropy: float | None, per_state: float | None) -> DiagnosisCheck:
     """Step 4 on the entropy of the policy's action distribution over visited states."""
     if entropy is None or not math.isfinite(entropy):
         return _step(4, "exploration quality", "warn", None, "no action distribution measured yet", **_ENTROPY,
@@ -148,22 +200,22 @@ def exploration_quality(entropy: float | None, per_state: float | None) -> dict[
                  action="Nothing to fix here.", **details)
 
 
-def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0) -> dict[str, Any]:
+def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0) -> Diagnosis:
     """The four-step diagnosis of ``run_id`` (docs/training.md, ## The doctor's four steps).
 
     Steps 1 and 4 roll the run's latest policy out in its simulator (actions sampled as in
     training, ``episodes`` episodes from its training split); step 2 encodes recorded
     states with its trained encoder; step 3 reads the last policy update's gradient norms.
-    Returns ``{"run_id", "steps": [...], "verdict", "plain_verdict", "next_action"}`` where the
-    overall verdict is the worst step's and the next action is the first failing (else warning)
-    step's; each step names its figure, unit and threshold and says what to do (:func:`_step`)."""
+    Returns a :class:`Diagnosis` whose overall verdict is the worst step's and whose next
+    action is the first failing (else warning) step's; each step (:class:`DiagnosisCheck`)
+    names its figure, unit and threshold and says what to do."""
     from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
     from core.state.statemap import (  # deferred: loads pandas
         GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity)
 
     ctx = open_run(ws, run_id, device="cpu")
     tables, agent = ctx.data.tables, ctx.agent
-    steps: list[dict[str, Any]] = []
+    steps: list[DiagnosisCheck] = []
 
     # 1 + 4: a rollout of the policy as it trained (sampled actions) on training episodes
     rollout = episode_stats(tables, agent, ctx.data.train_episodes, n_envs=min(256, episodes), seed=seed,
@@ -182,7 +234,8 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     step_episode = tables.step_episode.cpu().numpy()[index]
     labels = [tables.task_types[e] for e in step_episode]
     fid = state_fidelity(X, labels, step_episode)
-    verdict = {True: "ok", None: "warn", False: "fail"}[fid.separates]
+    verdicts: dict[bool | None, Verdict] = {True: "ok", None: "warn", False: "fail"}
+    verdict = verdicts[fid.separates]
     margin = None if fid.silhouette is None else fid.silhouette - (fid.silhouette_shuffled or 0.0)
     fid_numbers = {k: v for k, v in fid.to_dict().items() if k not in ("verdict", "separates")}
     steps.append(_step(2, "state-encoding fidelity", verdict, margin, f"trained encoder: {fid.verdict}",
@@ -212,22 +265,22 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
             per_state = float(np.nanmean(-(np.where(probs > 0, probs * np.log(probs), 0.0)).sum(axis=1)))
     steps.append(exploration_quality(entropy, per_state))
 
-    steps.sort(key=lambda s: s["step"])
-    order = {"ok": 0, "warn": 1, "fail": 2}
-    overall = max((s["verdict"] for s in steps), key=lambda v: order[v])
-    return {"run_id": run_id, "status": ctx.run["display_status"], "updates": ctx.run["updates"],
-            "checkpoint_update": ctx.checkpoint["update_idx"] if ctx.checkpoint else None,
-            "policy_allowed_actions": allowed, "steps": steps, "verdict": overall,
-            "plain_verdict": VERDICT_WORDS[overall], "next_action": _next_action(steps)}
+    steps.sort(key=lambda s: s.step)
+    order: dict[Verdict, int] = {"ok": 0, "warn": 1, "fail": 2}
+    overall = max((s.verdict for s in steps), key=lambda v: order[v])
+    return Diagnosis(run_id=run_id, status=ctx.run.display_status, updates=ctx.run.updates,
+                     checkpoint_update=ctx.checkpoint.update_idx if ctx.checkpoint else None,
+                     policy_allowed_actions=allowed, steps=tuple(steps), verdict=overall,
+                     plain_verdict=VERDICT_WORDS[overall], next_action=_next_action(steps))
 
 
-def _next_action(steps: list[dict[str, Any]]) -> str:
+def _next_action(steps: list[DiagnosisCheck]) -> str:
     """What to do first: the action of the first failing step (the order matters: fix rewards
     before the encoder, the encoder before gradients), else of the first warning."""
     for verdict in ("fail", "warn"):
         for s in steps:
-            if s["verdict"] == verdict:
-                return f"Step {s['step']} ({s['name']}): {s['action']}"
+            if s.verdict == verdict:
+                return f"Step {s.step} ({s.name}): {s.action}"
     return "All four steps pass: if the run still does not learn, compare it with others on the Training page."
 
 

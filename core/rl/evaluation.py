@@ -15,13 +15,14 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from core.base import embed as text_embedding
 from core.base.errors import InputError
+from core.base.results import to_jsonable
 from core.data.importers import read_file
 from core.records.catalog import build_catalog, catalog_coverage, catalog_for_dataset
 from core.rl.runs import open_run
@@ -45,11 +46,103 @@ class EpisodeFileOptions:
     skip_invalid: bool = False
 
 
-_KEEP = ("return_mean", "return_std", "success_rate", "off_support_rate", "mask_violations", "episodes", "steps")
+@dataclass(frozen=True)
+class PooledReturns:
+    """How one way of acting did over every pass of an evaluation: the greedy policy or
+    random-in-mask (:func:`evaluate`), pooled over the passes by :func:`_summarise`."""
+
+    #: Mean return of the finished episodes (NaN when none finished)
+    return_mean: float
+    #: Spread of the passes' mean returns (0 for one pass): how much the simulator's draws move it
+    return_std_between_passes: float
+    #: Share of finished episodes that succeeded (NaN when none finished)
+    success_rate: float
+    #: Share of steps whose action no logged step took in a similar state (NaN without steps)
+    off_support_rate: float
+    #: Actions taken that the masks forbid, over all passes
+    mask_violations: int
+    #: Episodes finished, over all passes
+    episodes: int
+    #: Steps taken, over all passes
+    steps: int
+    passes: int
 
 
-def _summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pool several passes over the same episodes (means over all finished episodes)."""
+@dataclass(frozen=True)
+class BestLogged:
+    """The logged behaviour whose held-out episodes earned the most."""
+
+    behaviour: str
+    #: Its mean logged return on the evaluation episodes
+    return_mean: float
+
+
+@dataclass(frozen=True)
+class PairedReturns:
+    """One logged behaviour against the policy started from the same states
+    (:func:`paired_returns`): that behaviour's evaluation episodes only."""
+
+    #: The behaviour's evaluation episodes (the start states the policy is run from)
+    episodes: int
+    #: The behaviour's own mean logged return there (None when its episodes earned none)
+    logged: float | None
+    #: The greedy policy's mean return from the same start states
+    policy: float
+    policy_success_rate: float
+    #: ``policy - logged`` (None when ``logged`` is None)
+    margin: float | None
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """What :func:`evaluate` finds: the policy against each logged behaviour and against
+    random-in-mask on the evaluation episodes, in the simulator, and the off-policy
+    estimate on the logged episodes themselves."""
+
+    run_id: str
+    #: Which episodes were evaluated on, in words (the run's held-out split, a file, a dataset)
+    source: str
+    #: Evaluation episodes (each run once per pass)
+    episodes: int
+    #: Passes over every evaluation episode
+    repeats: int
+    #: The update whose checkpoint was evaluated (None without a checkpoint)
+    checkpoint_update: int | None
+    #: The greedy policy's figures
+    policy: PooledReturns
+    #: Uniformly random actions among those the masks allow
+    random_in_mask: PooledReturns
+    #: Mean logged return of every logged behaviour on the evaluation episodes
+    logged: dict[str, float]
+    #: The logged behaviour with the highest return (None when the episodes hold no behaviour)
+    best_logged: BestLogged | None
+    #: Per logged behaviour: the policy from that behaviour's own start states
+    paired: dict[str, PairedReturns]
+    #: Whether the policy earns at least the best logged behaviour from its start states
+    #: (None without a logged behaviour)
+    beats_best_logged: bool | None
+    #: The policy's mean return minus random-in-mask's
+    margin_over_random: float
+    #: The policy's masked actions over all passes (its ``policy.mask_violations``)
+    mask_violations: int
+    #: Version of the run's action catalog the episodes were mapped onto
+    catalog_version: str
+    #: :meth:`core.records.catalog.CatalogCoverage.to_dict` of the evaluation episodes under
+    #: the run's catalog: the tool calls it cannot express
+    catalog_coverage: dict[str, Any]
+    #: The off-policy estimate on the logged evaluation episodes
+    #: (:func:`core.rl.ope.off_policy_report`), with its own verdict on support
+    ope: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON values, keyed by its fields (:func:`core.base.results.to_jsonable`):
+        what a bundle's manifest and the registry's records store."""
+        return cast("dict[str, Any]", to_jsonable(self))
+
+
+def _summarise(passes: list[dict[str, Any]]) -> PooledReturns:
+    """Pool several passes (:func:`core.rl.rollouts.episode_stats`) over the same episodes
+    (means over all finished episodes)."""
     n = sum(p["episodes"] for p in passes)
     steps = sum(p["steps"] for p in passes)
 
@@ -58,28 +151,28 @@ def _summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
         total = sum(w for _, w in pairs)
         return sum(v * w for v, w in pairs) / total if total else float("nan")
 
-    return {
-        "return_mean": wmean("return_mean", "episodes"),
-        "return_std_between_passes": float(np.std([p["return_mean"] for p in passes])) if len(passes) > 1 else 0.0,
-        "success_rate": wmean("success_rate", "episodes"),
-        "off_support_rate": wmean("off_support_rate", "steps"),
-        "mask_violations": int(sum(p["mask_violations"] for p in passes)),
-        "episodes": int(n), "steps": int(steps), "passes": len(passes),
-    }
+    return PooledReturns(
+        return_mean=wmean("return_mean", "episodes"),
+        return_std_between_passes=float(np.std([p["return_mean"] for p in passes])) if len(passes) > 1 else 0.0,
+        success_rate=wmean("success_rate", "episodes"),
+        off_support_rate=wmean("off_support_rate", "steps"),
+        mask_violations=int(sum(p["mask_violations"] for p in passes)),
+        episodes=int(n), steps=int(steps), passes=len(passes),
+    )
 
 
 def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None, dataset: str | None = None,
              import_options: EpisodeFileOptions | None = None, repeats: int = 3, device: str = "cpu",
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0) -> EvaluationReport:
     """Policy (greedy) vs every logged behaviour vs uniform-random-in-mask on held-out episodes.
 
     Held-out episodes: the run's own held-out split (default), every episode of an
     ``episodes`` file (read with ``import_options``) or of a workspace ``dataset``, mapped
     onto the run's action catalog.  ``repeats`` passes over every episode (the simulator's
-    counterfactual draws are random).  Returns the policy's and random's return, success,
-    off-support rate and mask violations, the logged behaviours' returns, the best of them,
-    the verdicts ``beats_best_logged`` and ``margin_over_random``, the run's
-    ``catalog_version`` and the ``catalog_coverage`` of the evaluation episodes
+    counterfactual draws are random).  Returns an :class:`EvaluationReport`: the policy's and
+    random's return, success, off-support rate and mask violations, the logged behaviours'
+    returns, the best of them, the verdicts ``beats_best_logged`` and ``margin_over_random``,
+    the run's ``catalog_version`` and the ``catalog_coverage`` of the evaluation episodes
     (:class:`core.records.catalog.CatalogCoverage` as a dict) — all from the simulator — and ``ope``:
     the off-policy estimate of the policy's success and return on the logged evaluation
     episodes themselves (:func:`core.rl.ope.off_policy_report`; intervals over tasks, and
@@ -117,22 +210,21 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     best = max(logged, key=lambda b: logged[b]) if logged else None
     pol, rnd = _summarise(policy), _summarise(random)
     paired = paired_returns(tables, agent, held, logged, repeats=int(repeats), device=device, seed=seed)
-    report = {
-        "run_id": run_id, "source": source, "episodes": int(held.numel()), "repeats": int(repeats),
-        "checkpoint_update": ctx.checkpoint["update_idx"] if ctx.checkpoint else None,
-        "policy": pol, "random_in_mask": rnd, "logged": logged,
-        "best_logged": None if best is None else {"behaviour": best, "return_mean": logged[best]},
-        "paired": paired,
-        "beats_best_logged": None if best is None else bool(paired[best]["policy"] >= paired[best]["logged"]),
-        "margin_over_random": pol["return_mean"] - rnd["return_mean"],
-        "mask_violations": pol["mask_violations"],
-        "catalog_version": tables.catalog.version,
-        "catalog_coverage": coverage.to_dict(),
+    return EvaluationReport(
+        run_id=run_id, source=source, episodes=int(held.numel()), repeats=int(repeats),
+        checkpoint_update=ctx.checkpoint.update_idx if ctx.checkpoint else None,
+        policy=pol, random_in_mask=rnd, logged=logged,
+        best_logged=None if best is None else BestLogged(behaviour=best, return_mean=logged[best]),
+        paired=paired,
+        beats_best_logged=None if best is None else bool(paired[best].policy >= logged[best]),
+        margin_over_random=pol.return_mean - rnd.return_mean,
+        mask_violations=pol.mask_violations,
+        catalog_version=tables.catalog.version,
+        catalog_coverage=coverage.to_dict(),
         # the figures above come from the recorded-episode simulator (a model of the world);
         # this one re-weights the logged episodes themselves, with its own verdict on support
-        "ope": _off_policy(tables, agent, held, device=device, seed=seed),
-    }
-    return report
+        ope=_off_policy(tables, agent, held, device=device, seed=seed),
+    )
 
 
 def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, seed: int) -> dict[str, Any]:
@@ -158,7 +250,8 @@ def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "
         logged = ws.load_episodes(ctx.data.dataset)
     else:  # the file the run trained on, read as its trainer read it
 
-        logged = read_file(json.loads(ctx.run["episodes_file"])["path"]).episodes
+        assert ctx.run.episodes_file is not None, "a run trains on a dataset or on an episodes file"
+        logged = read_file(json.loads(ctx.run.episodes_file)["path"]).episodes
     held_episodes = [ep for ep in logged if ep.episode_id in wanted]
     return catalog_coverage(held_episodes, ctx.data.tables.catalog)
 
@@ -190,20 +283,21 @@ def _tables_on_run_catalog(ws: "Workspace", ctx: "RunContext", *, episodes: str 
 
 
 def paired_returns(tables: Any, agent: Any, held: torch.Tensor, logged: dict[str, float], *, repeats: int,
-                   device: str, seed: int) -> dict[str, dict[str, Any]]:
+                   device: str, seed: int) -> dict[str, PairedReturns]:
     """Per logged behaviour: the policy's mean return from the start states of that
     behaviour's held-out episodes (greedy, ``repeats`` passes) next to the return the
     behaviour's own logs earned there — the same requests, the same first state."""
     from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
 
     labels = [tables.behaviours[i] or "unknown" for i in held.cpu().tolist()]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PairedReturns] = {}
     for behaviour in sorted(set(labels)):
         starts = held[torch.tensor([x == behaviour for x in labels], dtype=torch.bool, device=held.device)]
         passes = [episode_stats(tables, agent, starts, greedy=True, every_episode=True, device=device,
                                 seed=seed + 1000 * r, support_episodes="all") for r in range(repeats)]
         policy = _summarise(passes)
-        out[behaviour] = {"episodes": int(starts.numel()), "logged": logged.get(behaviour),
-                          "policy": policy["return_mean"], "policy_success_rate": policy["success_rate"],
-                          "margin": policy["return_mean"] - logged[behaviour] if behaviour in logged else None}
+        own = logged.get(behaviour)
+        out[behaviour] = PairedReturns(episodes=int(starts.numel()), logged=own, policy=policy.return_mean,
+                                       policy_success_rate=policy.success_rate,
+                                       margin=None if own is None else policy.return_mean - own)
     return out

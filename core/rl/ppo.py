@@ -33,7 +33,7 @@ from core.rl.env import BatchedEnv
 from core.rl.rollouts import episode_stats, mean_return
 from core.rl.sim import BatchedSim, SimConfig, SimTables, random_masked_actions
 from core.state.features import StateEncoderConfig
-from core.guard.review import ReviewRequest
+from core.guard.review import ApprovedExample, ReviewRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.guard.review import ReviewRequest
@@ -214,7 +214,7 @@ class TrainingData:
     #: Mean logged template return per behaviour, on the training episodes.
     logged_returns: dict[str, float]
     #: Reviewer-approved steps (core.guard.review.approved_examples) to imitate at L0.
-    approved: list[dict[str, Any]] = field(default_factory=list)
+    approved: list[ApprovedExample] = field(default_factory=list)
     dataset: str | None = None
     source: str = ""
 
@@ -303,13 +303,13 @@ def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int,
     index = {eid: i for i, eid in enumerate(tb.episode_ids)}
     ex_eps, ex_t, ex_token, skipped = [], [], [], 0
     for ex in data.approved:
-        e = index.get(str(ex.get("episode_id")))
-        if e is None or ex.get("step_t") is None or not 0 <= int(ex["token_id"]) < tb.n_actions:
+        e = index.get(str(ex.episode_id))
+        if e is None or ex.step_t is None or not 0 <= ex.token_id < tb.n_actions:
             skipped += 1
             continue
         ex_eps.append(e)
-        ex_t.append(int(ex["step_t"]))
-        ex_token.append(int(ex["token_id"]))
+        ex_t.append(ex.step_t)
+        ex_token.append(ex.token_id)
     n_log = len(starts)
     all_starts = starts + ex_eps
     B = len(all_starts)

@@ -5,7 +5,8 @@ a row of ``runs`` (configuration, template, device, status ``running`` / ``finis
 ``failed`` / ``stopped``), one row of ``run_metrics`` per update and complete checkpoints in
 ``run_checkpoints``.  Entry points: :func:`train` (create or resume a run and train it),
 :func:`launch_run` (the same as a detached process), :func:`stop_run`, :func:`get_run`,
-:func:`list_runs`, :func:`run_metrics` and :func:`compare_runs`.
+:func:`list_runs`, :func:`run_metrics` and :func:`compare_runs`.  Their results are the frozen
+dataclasses of :mod:`core.rl.run_records` (re-exported here).
 
 Details: docs/training.md (## Runs, ## Checkpoints, resume, stop and background runs).
 """
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ from core.access.users import Actor, LOCAL_ADMIN, authorize, get_user, multi_use
 from core.data.importers import read_file
 from core.guard.masking import MaskRules
 from core.guard.review import enqueue_many
+from core.rl.run_records import (CheckpointRecord, HeadlineMetrics, LaunchedRun, ListedRun, RunRecord, RunResult,
+                                 StopResult)
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.rl.ppo import PPOConfig
@@ -121,16 +124,23 @@ def _get_row(ws: "Workspace", run_id: str) -> tuple[Any, ...]:
     return row
 
 
-def get_run(ws: "Workspace", run_id: str) -> dict[str, Any]:
-    """One run as a dict (config parsed; ``process_alive``/``interrupted`` derived)."""
-    d = _row_dict(_get_row(ws, run_id))
-    d.pop("template_yaml")
-    d.pop("masks_yaml")
-    return d
+#: The fields of a run's record: every column of :data:`_RUN_COLUMNS` but the YAML texts, then the derived ones.
+_RECORD_FIELDS = tuple(f.name for f in fields(RunRecord))
+
+
+def _record_values(row: Sequence[Any]) -> dict[str, Any]:
+    """The values of a :class:`RunRecord` from a ``runs`` row."""
+    d = _row_dict(row)
+    return {name: d[name] for name in _RECORD_FIELDS}
+
+
+def get_run(ws: "Workspace", run_id: str) -> RunRecord:
+    """One run's record (config parsed; ``process_alive``/``interrupted`` derived)."""
+    return RunRecord(**_record_values(_get_row(ws, run_id)))
 
 
 def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None = None,
-              limit: int = 100) -> list[dict[str, Any]]:
+              limit: int = 100) -> list[ListedRun]:
     """Runs, newest first, with their last update's headline metrics under ``last``."""
     where, args = [], []
     if status is not None:
@@ -145,15 +155,12 @@ def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None
            + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at DESC, rowid DESC LIMIT ?")
     out = []
     for row in ws.conn.execute(sql, [*args, int(limit)]).fetchall():
-        d = _row_dict(row)
-        d.pop("template_yaml")
-        d.pop("masks_yaml")
+        values = _record_values(row)
         last = ws.conn.execute("SELECT metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx DESC "
-                               "LIMIT 1", (d["id"],)).fetchone()
+                               "LIMIT 1", (values["id"],)).fetchone()
         m = json.loads(last[0]) if last else {}
-        d["last"] = {k: m.get(k) for k in ("return_mean", "success_rate", "kl", "beta", "entropy",
-                                           "curriculum_level", "env_steps_per_s", "mask_violations")}
-        out.append(d)
+        headline = HeadlineMetrics(**{f.name: m.get(f.name) for f in fields(HeadlineMetrics)})
+        out.append(ListedRun(**values, last=headline))
     return out
 
 
@@ -336,18 +343,16 @@ def record_checkpoint(ws: "Workspace", run_id: str, update_idx: int, env_steps: 
         shutil.rmtree(p, ignore_errors=True)
 
 
-def latest_checkpoint(ws: "Workspace", run_id: str) -> dict[str, Any] | None:
-    """The newest recorded checkpoint of a run (``update_idx``, ``env_steps``, ``path``), or None."""
-    row = ws.conn.execute("SELECT update_idx, env_steps, path FROM run_checkpoints WHERE run_id=? "
+def latest_checkpoint(ws: "Workspace", run_id: str) -> CheckpointRecord | None:
+    """The newest recorded checkpoint of a run, or None."""
+    row = ws.conn.execute("SELECT update_idx, env_steps, path, at FROM run_checkpoints WHERE run_id=? "
                           "ORDER BY update_idx DESC LIMIT 1", (run_id,)).fetchone()
-    if row is None:
-        return None
-    return {"update_idx": row[0], "env_steps": row[1], "path": row[2]}
+    return None if row is None else CheckpointRecord(*row)
 
 
-def checkpoints(ws: "Workspace", run_id: str) -> list[dict[str, Any]]:
+def checkpoints(ws: "Workspace", run_id: str) -> list[CheckpointRecord]:
     """Recorded checkpoints of a run, oldest first."""
-    return [{"update_idx": r[0], "env_steps": r[1], "path": r[2], "at": r[3]} for r in ws.conn.execute(
+    return [CheckpointRecord(*r) for r in ws.conn.execute(
         "SELECT update_idx, env_steps, path, at FROM run_checkpoints WHERE run_id=? ORDER BY update_idx",
         (run_id,))]
 
@@ -374,7 +379,11 @@ def finish_run(ws: "Workspace", run_id: str, status: str, *, final_metrics: Mapp
 
 # --------------------------------------------------------------------------- metrics
 def run_metrics(ws: "Workspace", run_id: str) -> list[dict[str, Any]]:
-    """Every update's metrics of a run, in order (each dict has ``update`` and ``env_steps``)."""
+    """Every update's metrics of a run, in order (each dict has ``update`` and ``env_steps``).
+
+    Rows of dicts, not a dataclass: an update records whatever metrics its trainer produces
+    (grouped ones such as ``reward_components`` among them), and curves and tables read
+    them by name."""
     _get_row(ws, run_id)
     return [{**json.loads(r[2]), "update": r[0], "env_steps": r[1]} for r in ws.conn.execute(
         "SELECT update_idx, env_steps, metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx", (run_id,))]
@@ -410,7 +419,7 @@ GROUPED_CURVES: tuple[tuple[str, str], ...] = (
 def run_curves(ws: "Workspace", run_ids: Sequence[str]) -> dict[str, Any]:
     """Every curve of :data:`CURVES` and :data:`GROUPED_CURVES` for ``run_ids``, as wide
     DataFrames indexed by env steps (one column per run; per key for a grouped metric of
-    one run).  Metrics no update recorded are left out."""
+    one run), keyed by metric name.  Metrics no update recorded are left out."""
     import pandas as pd
 
     rows = {run_id: run_metrics(ws, run_id) for run_id in run_ids}
@@ -449,26 +458,29 @@ def run_progress(ws: "Workspace", run_ids: Sequence[str]) -> tuple[tuple[str, in
 
 
 def compare_runs(ws: "Workspace", run_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """Side-by-side summary rows: config differences and final/last metrics of each run."""
+    """Side-by-side summary rows: config differences and final/last metrics of each run.
+
+    A display table (column titles as the page shows them, one ``config.<setting>`` column
+    per setting the runs differ in), so rows of dicts rather than a dataclass."""
     runs = [get_run(ws, r) for r in run_ids]
-    keys = sorted({k for r in runs for k in r["config"]})
-    differing = [k for k in keys if len({_json(r["config"].get(k)) for r in runs}) > 1]
+    keys = sorted({k for r in runs for k in r.config})
+    differing = [k for k in keys if len({_json(r.config.get(k)) for r in runs}) > 1]
     out = []
     for r in runs:
-        rows = run_metrics(ws, r["id"])
+        rows = run_metrics(ws, r.id)
         last = rows[-1] if rows else {}
         best = max((x["return_mean"] for x in rows if x.get("return_mean") is not None), default=None)
         kls = [x["kl"] for x in rows if x.get("kl") is not None]
         out.append({
-            "run": r["id"], "status": r["display_status"], "dataset": r["dataset"] or r["episodes_file"],
-            "template": f"{r['template_name']} v{r['template_version']}", "device": r["device"],
-            "env_steps": r["env_steps"], "updates": r["updates"],
+            "run": r.id, "status": r.display_status, "dataset": r.dataset or r.episodes_file,
+            "template": f"{r.template_name} v{r.template_version}", "device": r.device,
+            "env_steps": r.env_steps, "updates": r.updates,
             "return (last)": last.get("return_mean"), "return (best)": best,
             "success (last)": last.get("success_rate"), "entropy (last)": last.get("entropy"),
             "KL std": _std(kls), "curriculum level": last.get("curriculum_level"),
             "mask violations": sum(int(x.get("mask_violations") or 0) for x in rows),
             "env-steps/s": last.get("env_steps_per_s"),
-            **{f"config.{k}": _json(r["config"].get(k)) for k in differing},
+            **{f"config.{k}": _json(r.config.get(k)) for k in differing},
         })
     return out
 
@@ -485,12 +497,13 @@ def _std(xs: Sequence[float]) -> float | None:
 class RunContext:
     """A run with its configuration, template, rebuilt training data and trained policy."""
 
-    run: dict[str, Any]
+    run: RunRecord
     config: "PPOConfig"
     template: "Template"
     data: Any
     agent: Any
-    checkpoint: dict[str, Any] | None
+    #: The checkpoint the policy was loaded from (None without one)
+    checkpoint: CheckpointRecord | None
 
 
 def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: bool = True) -> RunContext:
@@ -502,23 +515,23 @@ def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: 
     from core.rl.ppo import PPOConfig  # deferred: loads torch and gymnasium
 
     run = get_run(ws, run_id)
-    cfg = PPOConfig.from_dict(run["config"])
+    cfg = PPOConfig.from_dict(run.config)
     template = run_template(ws, run_id)
     ckpt = latest_checkpoint(ws, run_id)
     if ckpt is None and need_policy:
-        raise ConflictError(f"run {run_id} has no checkpoint yet (status {run['display_status']}); "
+        raise ConflictError(f"run {run_id} has no checkpoint yet (status {run.display_status}); "
                             "wait for its first checkpoint or resume it")
     episodes_file = None
-    if run["episodes_file"]:
-        info = json.loads(run["episodes_file"])
+    if run.episodes_file:
+        info = json.loads(run.episodes_file)
         episodes_file = info["path"]
         if not Path(episodes_file).is_file():
             raise InputError(f"the episodes file of run {run_id} is gone: {episodes_file}", file=episodes_file)
-    data = load_training_data(ws, template, dataset=run["dataset"], episodes_file=episodes_file,
+    data = load_training_data(ws, template, dataset=run.dataset, episodes_file=episodes_file,
                               masks=run_masks(ws, run_id), config=cfg)
     agent = None
     if ckpt is not None:
-        agent = load_agent(Path(ckpt["path"]), device).eval()
+        agent = load_agent(Path(ckpt.path), device).eval()
         if agent.n_actions != data.tables.n_actions:
             raise ConflictError(f"the data of run {run_id} now has {data.tables.n_actions} action tokens, the "
                                 f"trained policy {agent.n_actions}: the dataset or its tools changed since training")
@@ -526,20 +539,21 @@ def open_run(ws: "Workspace", run_id: str, *, device: str = "cpu", need_policy: 
 
 
 # --------------------------------------------------------------------------- stop
-def stop_run(ws: "Workspace", actor: Actor, run_id: str) -> dict[str, Any]:
+def stop_run(ws: "Workspace", actor: Actor, run_id: str) -> StopResult:
     """Ask a running run to stop after its current update.  Needs ``train``.
 
     A run whose process is gone (killed) is marked ``stopped`` at once; a run that has
     ended already is refused."""
     authorize(ws, actor, "train")
     run = get_run(ws, run_id)
-    if run["status"] != "running":
-        raise ConflictError(f"run {run_id} is {run['status']}, not running")
+    if run.status != "running":
+        raise ConflictError(f"run {run_id} is {run.status}, not running")
     with ws.transaction() as conn:
         conn.execute("UPDATE runs SET stop_requested=1 WHERE id=?", (run_id,))
-    if run["process_alive"] is False:
+    stopped_now = run.process_alive is False
+    if stopped_now:
         finish_run(ws, run_id, "stopped", error="stopped while no trainer process was running")
-    return get_run(ws, run_id)
+    return StopResult(run=get_run(ws, run_id), stopped_now=stopped_now)
 
 
 # --------------------------------------------------------------------------- train (foreground)
@@ -578,12 +592,12 @@ class _Recorder:
 def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | None" = None,
           dataset: str | None = None, episodes_file: str | Path | None = None,
           config: "PPOConfig | None" = None, masks: str | Path | None = None, resume: str | None = None,
-          progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Train a policy in this process: create a run (or ``resume`` one) and run PPO to the end.
 
-    Returns ``{"run_id", "status", "metrics" (the last update's), "evaluation"}``.  A stop
-    request ends it with status ``stopped``; an exception marks it ``failed`` (and is
-    re-raised).  Needs ``train``."""
+    Returns the run's id, status and last update's metrics (evaluate it with
+    :func:`core.rl.evaluation.evaluate`).  A stop request ends it with status ``stopped``;
+    an exception marks it ``failed`` (and is re-raised).  Needs ``train``."""
     from core.rl import ppo  # deferred: loads torch and gymnasium
     from core.rl.loading import load_training_data  # deferred: loads torch and gymnasium
 
@@ -593,18 +607,18 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
             raise InputError("--resume continues a run with its own template, data and settings; "
                              "give nothing else")
         run = get_run(ws, resume)
-        if run["status"] == "finished":
+        if run.status == "finished":
             raise ConflictError(f"run {resume} has finished; start a new run instead")
-        if run["status"] == "running" and run["process_alive"] is not False and run["pid"] is not None \
-                and run["pid"] != os.getpid():
-            raise ConflictError(f"run {resume} is still being trained by process {run['pid']} on "
-                                f"{run['host']}; stop it first (rwb runs stop {resume})")
+        if run.status == "running" and run.process_alive is not False and run.pid is not None \
+                and run.pid != os.getpid():
+            raise ConflictError(f"run {resume} is still being trained by process {run.pid} on "
+                                f"{run.host}; stop it first (rwb runs stop {resume})")
         run_id = resume
-        cfg = ppo.PPOConfig.from_dict(run["config"])
+        cfg = ppo.PPOConfig.from_dict(run.config)
         tmpl = run_template(ws, run_id)
-        dataset = run["dataset"]
-        if run["episodes_file"]:
-            info = json.loads(run["episodes_file"])
+        dataset = run.dataset
+        if run.episodes_file:
+            info = json.loads(run.episodes_file)
             episodes_file = info["path"]
             if not Path(episodes_file).is_file() or \
                     hashlib.sha256(Path(episodes_file).read_bytes()).hexdigest() != info["sha256"]:
@@ -635,8 +649,8 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
                                   masks=run_masks(ws, run_id), config=cfg)
         ckpt = latest_checkpoint(ws, run_id) if resume is not None else None
         if resume is not None:
-            truncate_metrics(ws, run_id, ckpt["update_idx"] if ckpt else 0)
-        result = ppo.train(cfg, data, recorder=recorder, resume_from=None if ckpt is None else Path(ckpt["path"]))
+            truncate_metrics(ws, run_id, ckpt.update_idx if ckpt else 0)
+        result = ppo.train(cfg, data, recorder=recorder, resume_from=None if ckpt is None else Path(ckpt.path))
     except BaseException as exc:
         finish_run(ws, run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -645,14 +659,14 @@ def train(ws: "Workspace", actor: Actor, *, template: "Template | str | Path | N
             signal.signal(signal.SIGTERM, previous)
     status = "stopped" if result.stopped else "finished"
     finish_run(ws, run_id, status, final_metrics=result.final_metrics)
-    return {"run_id": run_id, "status": status, "metrics": finite_or_none(result.final_metrics)}
+    return RunResult(run_id=run_id, status=status, metrics=finite_or_none(result.final_metrics))
 
 
 # --------------------------------------------------------------------------- launch (background)
 def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Path",
                dataset: str | None = None, episodes_file: str | Path | None = None,
                config: "PPOConfig | Mapping[str, Any] | None" = None,
-               masks: str | Path | None = None) -> dict[str, Any]:
+               masks: str | Path | None = None) -> LaunchedRun:
     """Create a run and train it in a detached background process (``rwb train --resume RUN``).
 
     ``config``: a PPOConfig or a mapping of its settings (what the Training page sends).
@@ -689,7 +703,7 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
     with ws.transaction() as conn:
         conn.execute("UPDATE runs SET pid=?, host=?, started_at=? WHERE id=?",
                      (proc.pid, socket.gethostname(), _now_iso(), run_id))
-    return {"run_id": run_id, "pid": proc.pid, "log": str(log_path)}
+    return LaunchedRun(run_id=run_id, pid=proc.pid, log=str(log_path))
 
 
 #: Environment variable that carries a launch token to the background trainer.
@@ -718,7 +732,7 @@ def launched_actor(ws: "Workspace", run_id: str, token: str) -> Actor:
 def run_log(ws: "Workspace", run_id: str, tail: int = 4000) -> str:
     """The last ``tail`` characters of a background run's log (empty when none)."""
     run = get_run(ws, run_id)
-    path = Path(run["log_path"]) if run.get("log_path") else None
+    path = Path(run.log_path) if run.log_path else None
     if path is None or not path.is_file():
         return ""
     data = path.read_bytes()[-tail:]

@@ -285,9 +285,9 @@ def _step_episodes(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
     ctx["dataset"], ctx["train_dataset"] = DEMO_DATASET, AGENT_DATASET
     figures = {"file": str(out), "episodes": result.episodes, "steps": result.steps,
                "tool_calls": result.tool_calls, "invalid_tokens": result.invalid_tokens,
-               "behaviours": summary["behaviours"],
+               "behaviours": summary.behaviours,
                "agent_logs": {"file": str(logs), "episodes": agent_result.episodes, "steps": agent_result.steps,
-                              "behaviours": agent["behaviours"]}}
+                              "behaviours": agent.behaviours}}
     return figures, f"Episodes page → datasets {DEMO_DATASET} (labelled) and {AGENT_DATASET} (the agent's logs)", [
         f"{DEMO_DATASET}: a labelled reference set to design the reward on; {AGENT_DATASET}: the current "
         f"agent's logs ({AGENT_BEHAVIOUR} behaviour), which the policy trains on and must beat"]
@@ -360,15 +360,15 @@ def _step_training(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], No
 
     out = runs.train(ws, _actor(ctx, "ana"), template=DEMO_TEMPLATE, dataset=ctx["train_dataset"], config=cfg,
                      progress=progress)
-    ctx["run_id"] = out["run_id"]
-    m = out["metrics"] or {}
-    figures = {"run": out["run_id"], "status": out["status"], "env_steps": m.get("env_steps"),
+    ctx["run_id"] = out.run_id
+    m = out.metrics
+    figures = {"run": out.run_id, "status": out.status, "env_steps": m.get("env_steps"),
                "curriculum_level": m.get("curriculum_level"), "return_mean": _r(m.get("return_mean")),
                "eval_return": _r(m.get("eval_return")), "best_logged_return": _r(m.get("best_logged_return")),
                "random_return": _r(m.get("random_return")), "kl_std": _r(m.get("kl_std"), 5),
                "mask_violations": m.get("mask_violations"), "review_items": m.get("review_items_total"),
                "env_steps_per_s": _r(m.get("env_steps_per_s"), 0)}
-    return figures, f"Training page → run {out['run_id']}; Diagnostics page for the four-step diagnosis", []
+    return figures, f"Training page → run {out.run_id}; Diagnostics page for the four-step diagnosis", []
 
 
 # --------------------------------------------------------------------------- 6. review
@@ -380,18 +380,18 @@ def _step_review(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
                            "review step (raise the training steps)")
     decided = []
     for i, item in enumerate(pending[:2]):
-        claimed = review.claim(ws, reviewer, item["id"])
+        claimed = review.claim(ws, reviewer, item.id)
         assert claimed is not None, "a claim naming its item returns the item or raises"
         if i == 0:
-            done = review.decide(ws, reviewer, claimed["id"], "approve",
+            done = review.decide(ws, reviewer, claimed.id, "approve",
                                  "reasonable exploration: the state supports this trade")
         else:
-            done = review.decide(ws, reviewer, claimed["id"], "reject",
+            done = review.decide(ws, reviewer, claimed.id, "reject",
                                  "too risky in this state: never take this action here")
         decided.append(done)
     stats = review.stats(ws)
     figures = {"queued_by_training": len(pending),
-               "decided": [f"#{d['id']} {d.get('action_label') or d.get('token_name')} → {d['decision']}"
+               "decided": [f"#{d.id} {d.action_label or d.token_name} → {d.decision}"
                            for d in decided],
                "review_mask_rules": len(review.review_mask_rules(ws)),
                "queue": {"pending": stats.pending, "decided": stats.decided, "approved": stats.approved,
@@ -459,7 +459,7 @@ def _step_bundle(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
 def _step_registry(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None]):
     analyst, approver = _actor(ctx, "ana"), _actor(ctx, "bob")
     version = registry.register(ws, analyst, ctx["bundle"], comment="rwb demo")
-    name, ver = version["name"], version["version"]
+    name, ver = version.name, version.version
     notes = []
     try:  # four-eyes: whoever trained and exported may not approve (an analyst may not anyway)
         registry.approve(ws, analyst, name, ver, "my own run")
@@ -517,7 +517,7 @@ def _step_serving(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], Non
     figures = {"policy_version": version, "episodes": len(chosen), "decisions": served,
                "by_source": dict(sources), "rl_boost": boosted, "adopted": adopted,
                "audit_records_written": after - before,
-               "last_audit_record": {k: last[0].get(k) for k in ("timestamp", "rde_action", "final_action")}
+               "last_audit_record": {k: getattr(last[0], k) for k in ("timestamp", "rde_action", "final_action")}
                if last else None}
     if after - before != served:
         raise RuntimeError(f"{served} decisions but {after - before} audit records")

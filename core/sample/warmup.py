@@ -15,15 +15,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from core import rewards
+from core.base.embed import DIM, Embedder
+from core.base.embed_store import SAMPLE_STORE_FOLDER, SharedEmbeddings, packaged_model_digest
 from core.base.errors import InputError, RwbError
+from core.base.package_data import datasets_dir
+from core.records.store import Workspace
 from core.rewards.versions import get_template, resolve_template, template_names
 from core.sample.workspace_setup import SAMPLE_DATASETS, init_workspace
 
-if TYPE_CHECKING:  # pragma: no cover
-    from core.records.store import Workspace
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,18 @@ class PrepareReport:
                 "scorings": [asdict(s) for s in self.scorings], "seconds": round(self.seconds, 3)}
 
 
-def sample_datasets(ws: "Workspace") -> list[str]:
+def sample_datasets(ws: Workspace) -> list[str]:
     """The sample datasets the workspace holds, with steps, in the order pages list them."""
     samples = set(SAMPLE_DATASETS.values())
     return [d.name for d in ws.datasets() if d.name in samples and d.n_steps > 0]
 
 
-def latest_templates(ws: "Workspace") -> list[str]:
+def latest_templates(ws: Workspace) -> list[str]:
     """``name@N`` of the latest version of every reward template (shipped or saved)."""
     return [get_template(ws, name).label for name in template_names(ws)]
 
 
-def prepare_workspace(ws: "Workspace", *, datasets: Sequence[str] | None = None,
+def prepare_workspace(ws: Workspace, *, datasets: Sequence[str] | None = None,
                       templates: Sequence[str] | None = None,
                       progress: Callable[[PrepareProgress], None] | None = None) -> PrepareReport:
     """Set the workspace up and score ``datasets`` (default: its sample datasets) with
@@ -153,5 +156,41 @@ def prepare_workspace(ws: "Workspace", *, datasets: Sequence[str] | None = None,
     return report
 
 
-__all__ = ["PrepareProgress", "PrepareReport", "PreparedScoring", "latest_templates",
-           "prepare_workspace", "sample_datasets"]
+@dataclass(frozen=True)
+class SampleEmbeddings:
+    """What :func:`write_sample_embeddings` wrote for one sample dataset."""
+
+    domain: str
+    #: The store's folder (``<out>/<domain>/embeddings/<model digest>``)
+    folder: str
+    texts: int
+
+
+def write_sample_embeddings(out: Path | None = None, *, work_dir: Path,
+                            progress: Callable[[PrepareProgress], None] | None = None) -> list[SampleEmbeddings]:
+    """Write the embeddings store each sample dataset ships (docs/workspace.md, "The shared
+    embedding store"): for each domain, a new workspace under ``work_dir`` is prepared with
+    that sample alone, and every text it embedded becomes the pack ``sample`` of
+    ``<out>/<domain>/embeddings/`` (``out`` default: the shipped datasets folder), replacing
+    what the store held for the packaged model."""
+    root = Path(out) if out is not None else datasets_dir()
+    digest = packaged_model_digest()
+    written = []
+    for domain, dataset in sorted(SAMPLE_DATASETS.items()):
+        ws = Workspace.open(Path(work_dir) / f"{domain}-workspace")
+        try:
+            prepare_workspace(ws, datasets=[dataset], progress=progress)
+            hashes, vectors = Embedder(ws.artifact_dir("embeddings"), shared=None).cached()
+        finally:
+            ws.close()
+        store = SharedEmbeddings(root / domain / SAMPLE_STORE_FOLDER, digest, DIM)
+        if store.folder.is_dir():
+            for old in store.folder.iterdir():
+                old.unlink()
+        store.add(hashes, vectors, name="sample")
+        written.append(SampleEmbeddings(domain, str(store.folder), len(hashes)))
+    return written
+
+
+__all__ = ["PrepareProgress", "PrepareReport", "PreparedScoring", "SampleEmbeddings", "latest_templates",
+           "prepare_workspace", "sample_datasets", "write_sample_embeddings"]

@@ -13,7 +13,7 @@ May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
 Details: docs/tuning.md (## The package's modules).
 """
 
-from core.tuning.apply import NoFeasibleTrial, apply_study, list_applications
+from core.tuning.apply import NoFeasibleTrial, WeightApplication, apply_study, list_applications
 from core.tuning.config import (CV_FOLDS, LABELS, METRICS, OBJECTIVES, OUTCOME_COMPONENTS, POLICY_DEFAULTS,
                                 SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig, outcome_readers,
                                 parse_bounds)
@@ -25,9 +25,10 @@ from core.tuning.labels import (COMFORTABLE_LABELLED, COMFORTABLE_PER_CLASS, COM
                                 check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups)
 from core.tuning.objectives import (OutcomeObjective, PolicyObjective, PreferenceObjective, TuningObjective,
                                     policy_objective)
-from core.tuning.preferences import add_preference, list_preferences, preference_pairs
+from core.tuning.preferences import PreferenceLabel, add_preference, list_preferences, preference_pairs
 from core.tuning.problem import TuningProblem
-from core.tuning.records import CONFIG_ATTR, get_study, list_studies, load_study, storage_for, study_runs
+from core.tuning.records import (CONFIG_ATTR, RunningWorker, StudyRecord, StudyRun, get_study, list_studies,
+                                 load_study, running_worker, storage_for, study_runs)
 from core.tuning.report import StudyCharts, StudyReport, space_rows, study_fingerprint, study_report
 from core.tuning.reweighting import Combined, ReturnModel, matrix_layout
 from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
@@ -42,14 +43,15 @@ __all__ = [
     "CLI", "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR", "CV_FOLDS",
     "Combined", "ExpectationConstraints", "LABELS", "Labels", "METRICS", "MIN_LABELLED", "MIN_PER_CLASS",
     "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS", "OutcomeDataCheck", "OutcomeObjective",
-    "POLICY_DEFAULTS", "ParamRange", "PolicyObjective", "PreferenceObjective", "ReturnModel", "SAMPLERS",
-    "SMALL_DATA_PENALTY", "SPLIT_FIELDS", "ScoredTrial", "SearchSpace", "StudyCharts", "StudyReport",
-    "TemplateRef", "TuneConfig", "TuneResult", "TuningObjective", "TuningProblem", "add_preference",
+    "POLICY_DEFAULTS", "ParamRange", "PolicyObjective", "PreferenceLabel", "PreferenceObjective", "ReturnModel",
+    "RunningWorker", "SAMPLERS", "SMALL_DATA_PENALTY", "SPLIT_FIELDS", "ScoredTrial", "SearchSpace", "StudyCharts",
+    "StudyRecord", "StudyReport", "StudyRun", "TemplateRef", "TuneConfig", "TuneResult", "TuningObjective",
+    "TuningProblem", "WeightApplication", "add_preference",
     "apply_study", "auc", "check_outcome_data", "default_study_name", "get_study", "kendall_tau",
     "launch_tuning", "list_applications", "list_preferences", "list_studies", "load_data",
     "load_episodes_and_frame", "load_study", "make_sampler", "outcome_labels", "outcome_pairs",
     "outcome_readers", "pair_agreement", "parse_bounds", "policy_objective", "preference_pairs",
-    "resolve_template_ref", "soft_auc", "space_rows", "split_episodes", "split_keys", "stop_tuning",
+    "resolve_template_ref", "running_worker", "soft_auc", "space_rows", "split_episodes", "split_keys", "stop_tuning",
     "storage_for", "study_fingerprint", "study_report", "study_runs", "task_groups", "trial_row", "tune",
     "tuning_log", "withhold_outcomes",
 ]

@@ -5,6 +5,7 @@ version (:func:`list_applications`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -85,7 +86,27 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
             "message": saved.message}
 
 
-def list_applications(ws: "Workspace", name: str | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class WeightApplication:
+    """A template version written from a study's weights (:func:`list_applications`)."""
+
+    id: int
+    #: The study and its trial whose weights were applied
+    study: str
+    trial: int
+    #: The template, the version the study started from and the version written
+    template: str
+    base_version: int | None
+    version: int
+    #: The objective's figures of the trial, as recorded with the new version
+    figures: dict[str, Any]
+    #: What changed from the base version (one entry per changed weight or parameter)
+    diff: list[dict[str, Any]]
+    applied_by: str
+    applied_at: str
+
+
+def list_applications(ws: "Workspace", name: str | None = None) -> list[WeightApplication]:
     """Template versions written from studies (newest first)."""
     sql = ("SELECT id, study, trial_number, template_name, base_version, version, figures, diff, applied_by, "
            "applied_at FROM tuning_applications")
@@ -98,6 +119,5 @@ def list_applications(ws: "Workspace", name: str | None = None) -> list[dict[str
     out = []
     for r in ws.conn.execute(sql + " ORDER BY id DESC", args):
         d = dict(zip(cols, r))
-        d["figures"], d["diff"] = json.loads(d["figures"]), json.loads(d["diff"])
-        out.append(d)
+        out.append(WeightApplication(**{**d, "figures": json.loads(d["figures"]), "diff": json.loads(d["diff"])}))
     return out

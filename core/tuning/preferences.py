@@ -3,7 +3,8 @@ what the ``preferences`` objective tunes towards."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,8 +17,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
 
 
+@dataclass(frozen=True)
+class PreferenceLabel:
+    """An analyst's label "episode ``better`` is better than episode ``worse``" (:func:`list_preferences`)."""
+
+    id: int
+    #: The dataset that holds both episodes
+    dataset: str
+    #: Episode ids
+    better: str
+    worse: str
+    #: Why it is better; None when the analyst gave no reason
+    comment: str | None
+    created_by: str
+    created_at: str
+
+
 def add_preference(ws: "Workspace", actor: Actor, dataset: str, better: str, worse: str,
-                   comment: str | None = None) -> dict[str, Any]:
+                   comment: str | None = None) -> PreferenceLabel:
     """Record an analyst's label "episode ``better`` is better than episode ``worse``".
 
     Both episodes must be in ``dataset``; the same person cannot label the same ordered pair
@@ -42,18 +59,17 @@ def add_preference(ws: "Workspace", actor: Actor, dataset: str, better: str, wor
                            "created_at) VALUES (?,?,?,?,?,?)",
                            (dataset, better, worse, (comment or "").strip() or None, actor.name, now_iso()))
         pid = cur.lastrowid
-    return next(p for p in list_preferences(ws, dataset) if p["id"] == pid)
+    return next(p for p in list_preferences(ws, dataset) if p.id == pid)
 
 
-def list_preferences(ws: "Workspace", dataset: str | None = None) -> list[dict[str, Any]]:
+def list_preferences(ws: "Workspace", dataset: str | None = None) -> list[PreferenceLabel]:
     """Preference labels (oldest first), of one dataset or all."""
     sql = "SELECT id, dataset, better_id, worse_id, comment, created_by, created_at FROM preferences"
-    args: tuple[Any, ...] = ()
+    args: tuple[str, ...] = ()
     if dataset is not None:
         sql += " WHERE dataset=?"
         args = (dataset,)
-    cols = ("id", "dataset", "better", "worse", "comment", "created_by", "created_at")
-    return [dict(zip(cols, r)) for r in ws.conn.execute(sql + " ORDER BY id", args)]
+    return [PreferenceLabel(*r) for r in ws.conn.execute(sql + " ORDER BY id", args)]
 
 
 def preference_pairs(ws: "Workspace", dataset: str, frame: StepsFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -63,9 +79,9 @@ def preference_pairs(ws: "Workspace", dataset: str, frame: StepsFrame) -> tuple[
         raise InputError(f"dataset {dataset!r} has no preference labels yet; add some (rwb tune prefer "
                          "BETTER WORSE --dataset NAME, or the Tuning page)", field="preferences")
     index = frame.episode_index()
-    missing = sorted({p[k] for p in prefs for k in ("better", "worse") if p[k] not in index})
+    missing = sorted({eid for p in prefs for eid in (p.better, p.worse) if eid not in index})
     if missing:
         raise InputError(f"preference labels name episodes that are not in the data: "
                          f"{', '.join(missing[:5])}", field="preferences")
-    return (np.array([index[p["better"]] for p in prefs], dtype=np.int64),
-            np.array([index[p["worse"]] for p in prefs], dtype=np.int64))
+    return (np.array([index[p.better] for p in prefs], dtype=np.int64),
+            np.array([index[p.worse] for p in prefs], dtype=np.int64))

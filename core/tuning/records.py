@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,8 +67,19 @@ def record_study(ws: "Workspace", name: str, storage: str | None, attrs: Mapping
              attrs["data"]["episodes_file"], json.dumps(attrs["config"], sort_keys=True), created_by, now_iso()))
 
 
-def running_worker(ws: "Workspace", name: str, exclude_run: int | None) -> dict[str, Any] | None:
-    """The worker run (id, pid, host) that tunes study ``name`` on the workspace's storage now:
+@dataclass(frozen=True)
+class RunningWorker:
+    """A worker run that tunes a study now (:func:`running_worker`)."""
+
+    #: The worker run's id (``tuning_runs``)
+    run: int
+    #: Its process id; None while it is launched and its process not recorded yet
+    pid: int | None
+    host: str | None
+
+
+def running_worker(ws: "Workspace", name: str, exclude_run: int | None) -> RunningWorker | None:
+    """The worker run that tunes study ``name`` on the workspace's storage now:
     its process alive (or on another host), or launched under :data:`LAUNCH_GRACE_S` ago and its
     process not recorded yet.  None when there is none."""
     recent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - LAUNCH_GRACE_S))
@@ -79,7 +91,7 @@ def running_worker(ws: "Workspace", name: str, exclude_run: int | None) -> dict[
             continue
         queued = row[1] is None and row[3] == "starting" and (row[4] or "") >= recent
         if queued or (row[1] is not None and process_alive(row[1], row[2]) is not False):
-            return {"run": row[0], "pid": row[1], "host": row[2]}
+            return RunningWorker(run=row[0], pid=row[1], host=row[2])
     return None
 
 
@@ -125,51 +137,110 @@ _RUN_COLUMNS = ("id", "study", "status", "trials_requested", "trials_done", "bes
                 "trials_per_min", "error")
 
 
-def _run_dict(row: Sequence[Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StudyRun:
+    """One worker process that ran a study from this workspace (:func:`study_runs`)."""
+
+    id: int
+    #: The study's name
+    study: str
+    #: ``starting`` (launched, not working yet), ``running``, ``finished``, ``stopped`` or ``failed``
+    status: str
+    trials_requested: int
+    #: Trials this run finished so far
+    trials_done: int
+    #: The study's best feasible value when the run last reported; None before one
+    best_value: float | None
+    #: The worker's process and host; None while a launched worker has not started
+    pid: int | None
+    host: str | None
+    #: The worker's log (runs launched in the background); None for a foreground run
+    log_path: str | None
+    #: Whether someone asked the run to stop after its current trial
+    stop_requested: bool
+    started_by: str
+    #: When it started, last reported and ended (ISO 8601, UTC); None until it happens
+    started_at: str
+    heartbeat_at: str | None
+    ended_at: str | None
+    #: Trials per minute over the run, recorded when it ends
+    trials_per_min: float | None
+    #: Why the run failed or was stopped without a worker; None otherwise
+    error: str | None
+    #: Whether the worker process runs now: None when it runs on another host (cannot be
+    #: checked from here), False for an ended run
+    process_alive: bool | None
+
+
+def _run(row: Sequence[Any]) -> StudyRun:
     d = dict(zip(_RUN_COLUMNS, row))
-    d["stop_requested"] = bool(d["stop_requested"])
-    d["process_alive"] = process_alive(d["pid"], d["host"]) if d["status"] in ("starting", "running") else False
-    return d
+    alive = process_alive(d["pid"], d["host"]) if d["status"] in ("starting", "running") else False
+    return StudyRun(**{**d, "stop_requested": bool(d["stop_requested"]), "process_alive": alive})
 
 
-def list_studies(ws: "Workspace") -> list[dict[str, Any]]:
+_STUDY_COLUMNS = ("name", "storage", "objective", "template_name", "template_version", "dataset", "episodes_file",
+                  "created_by", "created_at")
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """A study started from this workspace, as the workspace records it (:func:`list_studies`)."""
+
+    name: str
+    #: Its storage URL (password masked); None for the workspace's own storage
+    storage: str | None
+    objective: str
+    #: The template (name and version; None for a template file outside the workspace) whose
+    #: weights it tunes
+    template_name: str
+    template_version: int | None
+    #: The data it scores: a workspace dataset or an episodes file (one of the two)
+    dataset: str | None
+    episodes_file: str | None
+    created_by: str
+    created_at: str
+    #: How many worker runs tuned it
+    runs: int
+    #: The latest of them; None before the first
+    latest_run: StudyRun | None
+    #: ``running``, ``new`` (no run yet), ``interrupted`` (its last worker died) or how the
+    #: last run ended (``finished``, ``stopped``, ``failed``)
+    status: str
+
+
+def list_studies(ws: "Workspace") -> list[StudyRecord]:
     """Studies started from this workspace, newest first, each with its latest run."""
     out = []
-    rows = ws.conn.execute("SELECT name, storage, objective, template_name, template_version, dataset, "
-                           "episodes_file, created_by, created_at FROM tuning_studies ORDER BY created_at DESC, "
+    rows = ws.conn.execute(f"SELECT {', '.join(_STUDY_COLUMNS)} FROM tuning_studies ORDER BY created_at DESC, "
                            "rowid DESC").fetchall()
     for r in rows:
-        d = dict(zip(("name", "storage", "objective", "template_name", "template_version", "dataset",
-                      "episodes_file", "created_by", "created_at"), r))
-        runs = study_runs(ws, d["name"])
-        d["runs"] = len(runs)
-        d["latest_run"] = runs[-1] if runs else None
-        d["status"] = _study_status(runs)
-        out.append(d)
+        runs = study_runs(ws, r[0])
+        out.append(StudyRecord(**dict(zip(_STUDY_COLUMNS, r)), runs=len(runs),
+                               latest_run=runs[-1] if runs else None, status=_study_status(runs)))
     return out
 
 
-def study_runs(ws: "Workspace", name: str) -> list[dict[str, Any]]:
+def study_runs(ws: "Workspace", name: str) -> list[StudyRun]:
     """Worker processes that ran a study from this workspace, oldest first."""
-    return [_run_dict(r) for r in ws.conn.execute(
+    return [_run(r) for r in ws.conn.execute(
         f"SELECT {', '.join(_RUN_COLUMNS)} FROM tuning_runs WHERE study=? ORDER BY id", (name,))]
 
 
-def _study_status(runs: Sequence[Mapping[str, Any]]) -> str:
-    if any(r["status"] in ("starting", "running") and r["process_alive"] is not False for r in runs):
+def _study_status(runs: Sequence[StudyRun]) -> str:
+    if any(r.status in ("starting", "running") and r.process_alive is not False for r in runs):
         return "running"
     if not runs:
         return "new"
     last = runs[-1]
-    return "interrupted" if last["status"] in ("starting", "running") else last["status"]
+    return "interrupted" if last.status in ("starting", "running") else last.status
 
 
-def get_study(ws: "Workspace", name: str) -> dict[str, Any]:
+def get_study(ws: "Workspace", name: str) -> StudyRecord:
     """One study's workspace record (InputError when this workspace never ran it)."""
     for s in list_studies(ws):
-        if s["name"] == name:
+        if s.name == name:
             return s
-    known = ", ".join(s["name"] for s in list_studies(ws)[:10]) or "none yet"
+    known = ", ".join(s.name for s in list_studies(ws)[:10]) or "none yet"
     raise InputError(f"no tuning study {name!r} in this workspace; known: {known} (a study on a shared "
                      "storage that was started elsewhere needs --storage URL)", field="study")
 

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from core.rewards.template import Template
 from core.tuning.config import SearchSpace, outcome_readers
 from core.tuning.data import resolve_template_ref
-from core.tuning.records import finite, get_study, list_studies, storage_for, study_attrs, study_runs
+from core.tuning.records import StudyRun, finite, get_study, list_studies, storage_for, study_attrs, study_runs
 from core.tuning.storage import count_trials, describe_url, open_storage, study_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +69,7 @@ class StudyReport:
     params: list[dict[str, Any]]
     constraints: list[dict[str, Any]]
     trials: list[dict[str, Any]]
-    runs: list[dict[str, Any]]
+    runs: list[StudyRun]
     charts: StudyCharts
     notes: list[str]
     #: per completed trial, in order: ``trial``, ``objective`` (the value) and ``held-out AUC``
@@ -96,9 +96,9 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
     if study_id(rdb, name) is None:
         # launched, the worker has not created it yet
         rec = get_study(ws, name)
-        return StudyReport(name=name, storage=describe_url(url), status=rec["status"], objective=rec["objective"],
-                           metric="", template={"name": rec["template_name"], "version": rec["template_version"]},
-                           data={"dataset": rec["dataset"], "episodes_file": rec["episodes_file"]}, split={},
+        return StudyReport(name=name, storage=describe_url(url), status=rec.status, objective=rec.objective,
+                           metric="", template={"name": rec.template_name, "version": rec.template_version},
+                           data={"dataset": rec.dataset, "episodes_file": rec.episodes_file}, split={},
                            counts={}, best=None, baseline=None, weights=[], params=[], constraints=[], trials=[],
                            runs=runs, charts=StudyCharts(), held_out_series={},
                            notes=["the worker is preparing the study (scoring the data)"])
@@ -162,9 +162,9 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
             notes.append(f"parallel coordinates show the {PLOT_PARALLEL_TRIALS} best completed trials")
     elif not complete:
         notes.append("no completed trial yet")
-    listed = next((s for s in list_studies(ws) if s["name"] == name), None)
+    listed = next((s for s in list_studies(ws) if s.name == name), None)
     return StudyReport(
-        name=name, storage=describe_url(url), status=listed["status"] if listed else "external",
+        name=name, storage=describe_url(url), status=listed.status if listed else "external",
         objective=attrs["config"]["objective"], metric=attrs.get("metric", ""),
         template={k: attrs["template"][k] for k in ("name", "version", "ref")}, data=attrs["data"],
         split=attrs.get("split", {}), counts=counts, best=finite(best), baseline=attrs.get("baseline"),

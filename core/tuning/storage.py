@@ -60,7 +60,7 @@ def describe_url(url: str) -> str:
     if "://" not in url:  # a journal file: a path, nothing secret
         return url
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return str(make_url(url).render_as_string(hide_password=True))
     except Exception:  # not parseable: nothing secret to hide in what SQLAlchemy rejects
         return url
 

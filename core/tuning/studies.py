@@ -225,9 +225,9 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     if not distributed:
         other = running_worker(ws, name, run_id)
         if other is not None:
-            raise ConflictError(f"study {name!r} is being tuned by process {other['pid']} on {other['host']} "
-                                "(run {}); stop it first, or run several workers on a shared storage "
-                                "(--storage)".format(other["run"]))
+            raise ConflictError(f"study {name!r} is being tuned by process {other.pid} on {other.host} "
+                                f"(run {other.run}); stop it first, or run several workers on a shared storage "
+                                "(--storage)")
     if distributed:
         working, writer = persisted, None
     else:

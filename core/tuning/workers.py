@@ -19,7 +19,7 @@ from core.base.errors import ConflictError, InputError
 from core.base.package_data import import_root
 from core.tuning.config import CV_FOLDS, SearchSpace, TuneConfig, outcome_readers
 from core.tuning.data import data_label, default_study_name, resolve_template_ref
-from core.tuning.records import end_run, get_study, now_iso, running_worker, stored_url, study_runs
+from core.tuning.records import StudyRecord, end_run, get_study, now_iso, running_worker, stored_url, study_runs
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -28,19 +28,20 @@ if TYPE_CHECKING:  # pragma: no cover
 CLI: tuple[str, ...] = (sys.executable, "-c", "from core.cli import console; console()")
 
 
-def stop_tuning(ws: "Workspace", actor: Actor, name: str) -> dict[str, Any]:
+def stop_tuning(ws: "Workspace", actor: Actor, name: str) -> StudyRecord:
     """Ask the running workers of a study (started from this workspace) to stop after their
-    current trial; a run whose process is gone is marked stopped at once.  Needs ``train``."""
+    current trial; a run whose process is gone is marked stopped at once.  Returns the study's
+    record after the request.  Needs ``train``."""
     authorize(ws, actor, "train")
-    runs = [r for r in study_runs(ws, name) if r["status"] in ("starting", "running")]
+    runs = [r for r in study_runs(ws, name) if r.status in ("starting", "running")]
     if not runs:
         raise ConflictError(f"study {name!r} has no running worker")
     with ws.transaction() as conn:
         for r in runs:
-            conn.execute("UPDATE tuning_runs SET stop_requested=1 WHERE id=?", (r["id"],))
+            conn.execute("UPDATE tuning_runs SET stop_requested=1 WHERE id=?", (r.id,))
     for r in runs:
-        if r["process_alive"] is False:
-            end_run(ws, r["id"], "stopped", done=r["trials_done"], best=r["best_value"],
+        if r.process_alive is False:
+            end_run(ws, r.id, "stopped", done=r.trials_done, best=r.best_value,
                     error="stopped while no worker process was running")
     return get_study(ws, name)
 
@@ -72,8 +73,8 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
         # checked in the write transaction that adds the worker, so two launches cannot both pass
         other = running_worker(ws, name, None) if storage is None else None
         if other is not None:
-            process = "not started yet" if other["pid"] is None else f"process {other['pid']}"
-            raise ConflictError(f"study {name!r} is already running (tuning run {other['run']}, {process}): "
+            process = "not started yet" if other.pid is None else f"process {other.pid}"
+            raise ConflictError(f"study {name!r} is already running (tuning run {other.run}, {process}): "
                                 "watch it or stop it first, or give another study name to start a new one")
         # the study row exists before the worker starts, so lists show it at once
         conn.execute(
@@ -128,7 +129,7 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
 
 def tuning_log(ws: "Workspace", name: str, tail: int = 4000) -> str:
     """The end of the latest background run's log of a study (empty when none)."""
-    runs = [r for r in study_runs(ws, name) if r["log_path"]]
-    if not runs or not Path(runs[-1]["log_path"]).is_file():
+    logs = [r.log_path for r in study_runs(ws, name) if r.log_path]
+    if not logs or not Path(logs[-1]).is_file():
         return ""
-    return Path(runs[-1]["log_path"]).read_bytes()[-tail:].decode("utf-8", errors="replace")
+    return Path(logs[-1]).read_bytes()[-tail:].decode("utf-8", errors="replace")
