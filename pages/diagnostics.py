@@ -120,15 +120,15 @@ with evaluate_tab:
             st.dataframe(rows, hide_index=True, width="stretch")
             st.caption(f"{ev.episodes} held-out episodes ({ev.source}), {ev.repeats} passes.")
             ope = ev.ope
-            st.markdown(f"**Off-policy estimate on the logged episodes** ({ope['method']})")
-            if ope["reliable"]:
-                low, high = ope["policy_success_ci90"]
-                st.success(f"Success {ope['policy_success']:.2f} (90% {low:.2f}–{high:.2f}, over tasks) against "
-                           f"the logged agent's {ope['logged_success']:.2f}; return {ope['policy_return']:.3f} "
-                           f"against {ope['logged_return']:.3f}. {ope['note']}")
+            st.markdown(f"**Off-policy estimate on the logged episodes** ({ope.method})")
+            if ope.reliable and ope.policy_success_ci90 is not None:
+                low, high = ope.policy_success_ci90
+                st.success(f"Success {ope.policy_success:.2f} (90% {low:.2f}–{high:.2f}, over tasks) against "
+                           f"the logged agent's {ope.logged_success:.2f}; return {ope.policy_return:.3f} "
+                           f"against {ope.logged_return:.3f}. {ope.note}")
             else:
                 # no number shown as if it meant something: the verdict and why
-                st.warning(f"No trustworthy off-policy figure ({ope['verdict']}). {ope['note']}")
-            st.caption(f"Off-policy: {ope['episodes']} logged episodes over {ope['tasks']} tasks; support "
-                       f"{'—' if ope['support'] is None else format(ope['support'], '.0%')}, effective sample size "
-                       f"{'—' if ope['effective_sample_size'] is None else format(ope['effective_sample_size'], '.1f')}.")
+                st.warning(f"No trustworthy off-policy figure ({ope.verdict}). {ope.note}")
+            st.caption(f"Off-policy: {ope.episodes} logged episodes over {ope.tasks} tasks; support "
+                       f"{'—' if ope.support is None else format(ope.support, '.0%')}, effective sample size "
+                       f"{'—' if ope.effective_sample_size is None else format(ope.effective_sample_size, '.1f')}.")

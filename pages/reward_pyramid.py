@@ -7,6 +7,7 @@ import streamlit as st
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
 from rwb_app.plots import rewards as reward_plots
+from core.base.results import to_jsonable
 from core.rewards import Template, views
 from core.rewards.versions import TemplateConflict, diff_versions, save_template
 
@@ -190,7 +191,7 @@ def episodes_section(report: views.PyramidReport) -> None:
         if steps:
             step = st.selectbox("reward_components of step", steps, index=len(steps) - 1,
                                 key=f"rp_step_{episode}")
-            st.json(explanation.reward_components[step], expanded=True)
+            st.json(to_jsonable(explanation.reward_components[step]), expanded=True)
 
 
 def expectations_section(report: views.PyramidReport) -> None:

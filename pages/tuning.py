@@ -103,7 +103,7 @@ with prefs_tab:
     else:
         pdataset = st.selectbox("Dataset", datasets, key="tune_pref_dataset")
         if actor is not None and actor.can("edit_template"):
-            ids = [e["episode_id"] for e in ws.episode_summaries(pdataset)]
+            ids = [e.episode_id for e in ws.episode_summaries(pdataset)]
             with st.form("tune_pref_form", clear_on_submit=True):
                 p1, p2 = st.columns(2)
                 better = p1.selectbox("This episode is better…", ids, key="tune_pref_better")

@@ -178,15 +178,15 @@ def test_filters_narrow_the_table(sample_ws, use_ws):
 def test_list_episodes_matches_a_plain_python_filter(sample_ws):
     ws = Workspace.open(sample_ws)
     everything = ws.episode_summaries("finance-sample")
-    task_type = everything[0]["task_type"]
+    task_type = everything[0].task_type
     flt = EpisodeFilter(task_types=[task_type], behaviours=["expert", "noisy"], resolved="failed")
     table = list_episodes(ws, "finance-sample", flt)
-    expected = [e["episode_id"] for e in everything if e["task_type"] == task_type
-                and e["behaviour"] in ("expert", "noisy") and e["resolved"] is False]
+    expected = [e.episode_id for e in everything if e.task_type == task_type
+                and e.behaviour in ("expert", "noisy") and e.resolved is False]
     assert table.episode_ids == expected
     assert table.total == len(everything) and table.matched == len(expected)
-    needle = everything[3]["episode_id"].upper()
-    assert everything[3]["episode_id"] in list_episodes(ws, "finance-sample",
+    needle = everything[3].episode_id.upper()
+    assert everything[3].episode_id in list_episodes(ws, "finance-sample",
                                                         EpisodeFilter(search=needle)).episode_ids
     with pytest.raises(InputError):
         list_episodes(ws, "finance-sample", EpisodeFilter(resolved="maybe"))  # type: ignore[arg-type]

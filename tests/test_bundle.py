@@ -91,6 +91,8 @@ def test_export_writes_a_bundle_a_person_can_open(run):
     # the RDE tree is summarised and scored on held-out expert steps
     assert manifest["rde"]["trained_on"]["behaviour"] == "expert"
     assert 0.0 <= ev["rde_heldout_expert"]["accuracy"] <= 1.0
+    assert ev["rde_heldout_expert"] == manifest["rde"]["heldout_expert"]  # the manifest's keys are sorted
+    assert set(ev["rde_heldout_expert"]) == {"decisions", "accuracy", "mean_confidence"}
 
 
 def test_logs_without_an_expert_fit_the_baseline_on_their_best_behaviour(tmp_path):

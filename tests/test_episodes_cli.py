@@ -83,6 +83,9 @@ def test_openai_keys_by_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     listed = run_json(capsys, rwb(ws, "list", "--json"))
     assert [(e["episode_id"], e["n_steps"], e["outcome"]["resolved"]) for e in listed["episodes"]] == \
            [("r1", 2, True), ("r2", 1, False)]
+    assert list(listed["episodes"][0]) == ["dataset", "episode_id", "domain", "task_type", "behaviour", "n_steps",
+                                           "resolved", "final_reward", "business_metric", "query", "outcome"]
+    assert list(listed["episodes"][0]["outcome"]) == ["resolved", "final_reward", "business_metric"]
 
 
 def test_bad_input_exits_2_with_location(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

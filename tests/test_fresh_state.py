@@ -309,7 +309,7 @@ def test_apply_says_so_and_the_template_pickers_offer_the_new_version(fin_ws):
 
 
 def test_preference_label_is_listed_at_once(fin_ws):
-    ids = [e["episode_id"] for e in fin_ws.episode_summaries("fin")]
+    ids = [e.episode_id for e in fin_ws.episode_summaries("fin")]
     at = AppTest.from_file(TUNING, default_timeout=120)
     at.session_state["tune_pref_dataset"] = "fin"
     at.session_state["tune_tab"] = "Preference labels"

@@ -14,6 +14,7 @@ import torch
 from _state_fixtures import HashEmbedder
 from core.rl import ope
 from core.base.errors import InputError
+from core.base.results import to_jsonable
 
 GAMMA = 0.9
 # A two-step tabular MDP: s0 ∈ {0,1,2} uniform; action 2 at step 0 ends the episode (success
@@ -256,24 +257,28 @@ def _report(logs: dict, n: int, tasks_of: int | None, pi0=PI0, pi1=PI1, mu0=MU0,
                                    support=ope.support_mass(pi_all, supported), groups=groups, n_boot=400, **kw)
 
 
-KEYS = {"method", "policy_success", "logged_success", "policy_success_ci90", "policy_return", "logged_return",
-        "support", "episodes", "tasks", "effective_sample_size", "reliable", "verdict", "note"}
+#: The ``ope`` report's keys in ``rwb evaluate --json``, in order
+KEYS = ["method", "policy_success", "logged_success", "policy_success_ci90", "policy_return", "logged_return",
+        "policy_return_ci90", "support", "episodes", "steps", "tasks", "effective_sample_size", "propensity_floor",
+        "reliable", "verdict", "note", "greedy"]
+#: The keys of the greedy policy's estimate in it, in order
+GREEDY_KEYS = ["policy_success", "policy_return", "support", "effective_sample_size", "reliable", "verdict", "note"]
 
 
 def test_report_of_a_well_supported_policy(logs):
     rep = _report(logs, 4000, tasks_of=20)
-    assert KEYS <= set(rep)
-    assert rep["reliable"] is True and rep["verdict"] == "reliable"
-    assert rep["episodes"] == 4000 and rep["tasks"] == 200
-    assert rep["support"] == pytest.approx(1.0)
-    lo, hi = rep["policy_success_ci90"]
-    assert lo <= rep["policy_success"] <= hi
+    assert list(to_jsonable(rep)) == KEYS
+    assert rep.reliable is True and rep.verdict == "reliable"
+    assert rep.episodes == 4000 and rep.tasks == 200
+    assert rep.support == pytest.approx(1.0)
+    lo, hi = rep.policy_success_ci90
+    assert lo <= rep.policy_success <= hi
     assert lo <= true_values(PI0, PI1)[0] <= hi
-    assert rep["logged_success"] == pytest.approx(logs["success"][:4000].mean(), abs=1e-12)
+    assert rep.logged_success == pytest.approx(logs["success"][:4000].mean(), abs=1e-12)
     keep = logs["episode"] < 4000
     returns = np.bincount(logs["episode"][keep], weights=logs["reward"][keep] * GAMMA ** logs["t"][keep])
-    assert rep["logged_return"] == pytest.approx(returns.mean(), abs=1e-12)
-    assert 0 < rep["effective_sample_size"] < 4000
+    assert rep.logged_return == pytest.approx(returns.mean(), abs=1e-12)
+    assert 0 < rep.effective_sample_size < 4000
 
 
 def test_interval_is_over_tasks_not_episodes():
@@ -289,10 +294,10 @@ def test_interval_is_over_tasks_not_episodes():
     by_task = ope.off_policy_estimate(p, p, episode, t, np.zeros(n), 1.0, success,
                                       groups=np.arange(n) // per, **common)
     by_episode = ope.off_policy_estimate(p, p, episode, t, np.zeros(n), 1.0, success, **common)
-    width = lambda r: r["policy_success_ci90"][1] - r["policy_success_ci90"][0]  # noqa: E731
-    assert by_task["policy_success"] == by_episode["policy_success"] == pytest.approx(success.mean())
+    width = lambda r: r.policy_success_ci90[1] - r.policy_success_ci90[0]  # noqa: E731
+    assert by_task.policy_success == by_episode.policy_success == pytest.approx(success.mean())
     assert width(by_task) > 4 * width(by_episode)
-    assert by_task["tasks"] == 8 and by_episode["tasks"] == n
+    assert by_task.tasks == 8 and by_episode.tasks == n
 
 
 def test_success_is_a_weighted_mean_of_outcomes_for_episodes_of_any_length():
@@ -308,18 +313,18 @@ def test_success_is_a_weighted_mean_of_outcomes_for_episodes_of_any_length():
     rep = ope.off_policy_estimate(pi, mu, episode, t, np.zeros(episode.size), 1.0, success,
                                   support=np.ones(episode.size), groups=np.arange(60) // 3, n_boot=300)
     weight = np.array([np.prod(pi[episode == e] / mu[episode == e]) for e in range(60)])
-    assert rep["policy_success"] == pytest.approx((weight * success).sum() / weight.sum(), rel=1e-9)
-    low, high = rep["policy_success_ci90"]
-    assert 0.0 <= low <= rep["policy_success"] <= high <= 1.0
+    assert rep.policy_success == pytest.approx((weight * success).sum() / weight.sum(), rel=1e-9)
+    low, high = rep.policy_success_ci90
+    assert 0.0 <= low <= rep.policy_success <= high <= 1.0
 
 
 def test_one_task_gives_a_degenerate_interval_and_says_so(logs):
     rep = _report(logs, 2000, tasks_of=10 ** 9)
-    assert rep["tasks"] == 1
-    lo, hi = rep["policy_success_ci90"]
-    assert lo == hi == pytest.approx(rep["policy_success"])
-    assert rep["reliable"] is False and rep["verdict"] == "one task"
-    assert "one task" in rep["note"]
+    assert rep.tasks == 1
+    lo, hi = rep.policy_success_ci90
+    assert lo == hi == pytest.approx(rep.policy_success)
+    assert rep.reliable is False and rep.verdict == "one task"
+    assert "one task" in rep.note
 
 
 def test_thin_support_is_never_a_confident_number():
@@ -328,12 +333,12 @@ def test_thin_support_is_never_a_confident_number():
     pi0 = np.array([[0.05, 0.05, 0.9], [0.05, 0.05, 0.9], [0.05, 0.05, 0.9]])
     logs = sample_logs(3000, seed=2, mu0=mu0)
     rep = _report(logs, 3000, tasks_of=10, pi0=pi0, mu0=mu0, pi1=MU1)
-    assert rep["support"] < 0.6
-    assert rep["reliable"] is False
-    assert rep["verdict"] == "thin support"
-    assert "support" in rep["note"] and "Not reliable" in rep["note"]
+    assert rep.support < 0.6
+    assert rep.reliable is False
+    assert rep.verdict == "thin support"
+    assert "support" in rep.note and "Not reliable" in rep.note
     # ... and the number it would have given is wrong: it never sees the policy's main path
-    assert abs(rep["policy_success"] - true_values(pi0, MU1)[0]) > 0.1
+    assert abs(rep.policy_success - true_values(pi0, MU1)[0]) > 0.1
 
 
 def test_a_policy_off_every_logged_path_gets_no_number():
@@ -341,15 +346,15 @@ def test_a_policy_off_every_logged_path_gets_no_number():
     pi0 = np.array([[0.0, 0.0, 1.0]] * 3)
     logs = sample_logs(500, seed=3, mu0=mu0)
     rep = _report(logs, 500, tasks_of=10, pi0=pi0, mu0=mu0)
-    assert rep["policy_success"] is None and rep["policy_return"] is None
-    assert rep["effective_sample_size"] == 0.0
-    assert rep["reliable"] is False and rep["verdict"] == "no overlap"
+    assert rep.policy_success is None and rep.policy_return is None
+    assert rep.effective_sample_size == 0.0
+    assert rep.reliable is False and rep.verdict == "no overlap"
 
 
 def test_few_effective_episodes_are_flagged(logs):
     rep = _report(logs, 300, tasks_of=10, min_ess=10 ** 4)
-    assert rep["reliable"] is False and rep["verdict"] == "low effective sample size"
-    assert "effective episodes" in rep["note"]
+    assert rep.reliable is False and rep.verdict == "low effective sample size"
+    assert "effective episodes" in rep.note
 
 
 # --------------------------------------------------------------------------- from a run
@@ -407,25 +412,28 @@ def test_logged_states_are_what_the_simulator_shows_on_the_log(run_tables):
 def test_report_of_a_run(run_tables, agent):
     tables, held, groups = run_tables
     rep = ope.off_policy_report(tables, agent, held, groups=groups, n_boot=200)
-    assert KEYS <= set(rep)
-    assert rep["method"] == ope.METHOD
+    body = to_jsonable(rep)
+    assert list(body) == [*KEYS, "behaviour_model", "greedy_support", "episodes_without_steps"]
+    assert list(body["greedy"]) == GREEDY_KEYS
+    assert list(body["behaviour_model"]) == ["model", "folds", "held_out_by", "accuracy", "log_loss"]
+    assert rep.method == ope.METHOD
     idx = held.numpy()
-    assert rep["episodes"] == idx.size
-    assert rep["steps"] == int(tables.ep_len[held].sum())
-    assert rep["tasks"] == np.unique(groups[idx]).size
-    assert rep["logged_success"] == pytest.approx(float(tables.success[held].double().mean()), abs=1e-12)
+    assert rep.episodes == idx.size
+    assert rep.steps == int(tables.ep_len[held].sum())
+    assert rep.tasks == np.unique(groups[idx]).size
+    assert rep.logged_success == pytest.approx(float(tables.success[held].double().mean()), abs=1e-12)
     # the per-step rewards rebuild the template's return of every logged episode
-    assert rep["logged_return"] == pytest.approx(float(tables.episode_return[held].mean()), abs=1e-9)
+    assert rep.logged_return == pytest.approx(float(tables.episode_return[held].mean()), abs=1e-9)
     for key in ("policy_success", "logged_success"):
-        assert rep[key] is None or 0.0 <= rep[key] <= 1.0
-    lo, hi = rep["policy_success_ci90"]
-    if rep["policy_success"] is not None:
-        assert math.isfinite(rep["policy_return"]) and lo <= rep["policy_success"] <= hi
-    assert 0.0 <= rep["support"] <= 1.0 and 0.0 <= rep["greedy_support"] <= 1.0
-    assert rep["behaviour_model"]["held_out_by"] == "task"
+        assert getattr(rep, key) is None or 0.0 <= getattr(rep, key) <= 1.0
+    lo, hi = rep.policy_success_ci90
+    if rep.policy_success is not None:
+        assert math.isfinite(rep.policy_return) and lo <= rep.policy_success <= hi
+    assert 0.0 <= rep.support <= 1.0 and 0.0 <= rep.greedy_support <= 1.0
+    assert rep.behaviour_model.held_out_by == "task"
     # an untrained policy is spread over ~200 tokens: the logs cannot vouch for it
-    assert rep["reliable"] is False and rep["note"].startswith("Not reliable")
-    assert set(rep["greedy"]) >= {"policy_success", "effective_sample_size", "reliable"}
+    assert rep.reliable is False and rep.note.startswith("Not reliable")
+    assert rep.greedy is not None and 0.0 <= rep.greedy.support <= 1.0
 
 
 def test_policy_probabilities_are_the_agents_masked_softmax(run_tables, agent):
@@ -458,5 +466,5 @@ def test_support_is_the_policy_mass_on_tokens_logged_in_the_same_cluster(run_tab
     mass = [sum(probs[n, a] for a in range(tables.n_actions) if (*key(n), a) in taken)
             for n in range(states.steps.size)]
     greedy = [float((*key(n), int(probs[n].argmax())) in taken) for n in range(states.steps.size)]
-    assert rep["support"] == pytest.approx(float(np.mean(mass)), abs=1e-9)
-    assert rep["greedy_support"] == pytest.approx(float(np.mean(greedy)), abs=1e-12)
+    assert rep.support == pytest.approx(float(np.mean(mass)), abs=1e-9)
+    assert rep.greedy_support == pytest.approx(float(np.mean(greedy)), abs=1e-12)

@@ -14,8 +14,9 @@ import pytest
 from core import rewards
 from core.cli import main
 from core.base.errors import ConflictError, InputError, PermissionDenied
+from core.base.results import to_jsonable
 from core.rewards.template import TemplateError
-from core.rewards.versions import (SHIPPED_BY, TemplateConflict, diff_templates, diff_versions,
+from core.rewards.versions import (SHIPPED_BY, TemplateChange, TemplateConflict, diff_templates, diff_versions,
                                    get_template, list_versions, resolve_template, save_template,
                                    sha256_text, template_names)
 from core.records.store import Workspace
@@ -248,7 +249,7 @@ def test_diff_versions_gives_the_yaml_diff_and_the_structured_changes(ws):
     text = edited(text, "gate: 0.5 ", "gate: 0.6 ")
     save_template(ws, BOB, "mini", text, 1, "")
     d = diff_versions(ws, "mini", 1, 2)
-    assert sorted((c["section"], c["key"], c["a"], c["b"]) for c in d.changes) == sorted([
+    assert sorted((c.section, c.key, c.a, c.b) for c in d.changes) == sorted([
         ("weight", "tool_validity", 0.3, 0.5),
         ("param", "param_reasonableness.window", 1000, 500),
         ("gating", "enabled", True, False),
@@ -259,12 +260,12 @@ def test_diff_versions_gives_the_yaml_diff_and_the_structured_changes(ws):
     assert "+      param_reasonableness: {weight: 0.4, params: {window: 500}}\n" in d.unified
     same = diff_versions(ws, "mini", 2, 2)
     assert same.changes == [] and same.unified == ""
-    assert json.loads(json.dumps(d.to_dict()))["changes"] == d.changes
+    assert json.loads(json.dumps(d.to_dict()))["changes"] == to_jsonable(d.changes)
     # the shipped seed diffs like any version
     save_template(ws, ALICE, "finance_risk", shipped_with(tool_validity=0.45), 0, "")
     assert diff_versions(ws, "finance_risk", 0, 1).changes == [
-        {"section": "weight", "key": "tool_validity", "a": rewards.load_template("finance_risk")
-         .component("tool_validity").weight, "b": 0.45}]
+        TemplateChange(section="weight", key="tool_validity", a=rewards.load_template("finance_risk")
+                       .component("tool_validity").weight, b=0.45)]
 
 
 def test_structured_diff_sees_components_expectations_and_return():
@@ -275,7 +276,7 @@ def test_structured_diff_sees_components_expectations_and_return():
     text = edited(text, "latency: {component: latency_penalty", "latency: {component: step_cost")
     text = edited(text, "params: {per: 0.05, unit_ms: 1000}", "params: {per: 0.05}")
     new = rewards.parse_template(text)
-    changes = {(c["section"], c["key"]): (c["a"], c["b"]) for c in diff_templates(old, new)}
+    changes = {(c.section, c.key): (c.a, c.b) for c in diff_templates(old, new)}
     assert changes.pop(("component", "repeated_failures")) == ("penalty repeated_failures", None)
     assert changes.pop(("component", "latency")) == ("penalty latency_penalty", "penalty step_cost")
     assert changes.pop(("param", "latency")) == ({"per": 0.05, "unit_ms": 1000}, {"per": 0.05})
@@ -312,7 +313,7 @@ def test_template_references_resolve_workspace_versions(ws):
     assert rewards.as_template("finance_risk@0", ws) == shipped
     assert rewards.as_template("finance_risk@latest", ws).source == "finance_risk@2"
     assert rewards.as_template("finance_risk") == shipped              # no workspace: shipped
-    assert rewards.validate("finance_risk@1", ws)["levels"][0]["components"] == {"tool_validity": 0.9}
+    assert rewards.validate("finance_risk@1", ws).levels[0].components == {"tool_validity": 0.9}
     path = Path(rewards.templates_dir()) / "tool_agent.yaml"
     assert resolve_template(ws, str(path)).name == "tool_agent"          # a file is a file
     with pytest.raises(InputError, match="after '@' comes a version number"):
@@ -357,6 +358,7 @@ def test_cli_save_versions_diff_show(tmp_path, capsys):
     diff = _json(capsys, [*w, "diff", "finance_risk", "0", "1", "--json"])
     assert diff["changes"] == [{"section": "return", "key": "gamma",
                                 "a": rewards.load_template("finance_risk").gamma, "b": 0.9}]
+    assert list(diff["changes"][0]) == ["section", "key", "a", "b"]
 
     capsys.readouterr()
     assert main([*w, "show", "finance_risk@1"]) == 0

@@ -8,7 +8,8 @@ import pytest
 
 from core.records.catalog import build_catalog
 from core.records.episodes import Action, Episode, Outcome, Step, Task
-from core.rewards import COMPONENTS, LEVELS, ScoringContext, build_frame
+from core.base.results import to_jsonable
+from core.rewards import COMPONENTS, LEVELS, ScoringContext, available_components, build_frame
 from core.rewards.reference import REFERENCES
 from core.rewards.learned import SIGNAL_FEATURES, STAT_FEATURES
 from _rewards_fixtures import TOOLS, FakeEmbedder, make_episodes, make_frame
@@ -56,6 +57,9 @@ def test_component_contract(name, frame):
     assert cls.level in (*LEVELS, "penalty", "episode")
     for param, (annotation, default) in cls.param_specs().items():
         assert default is not cls.param_specs  # every parameter has a default (templates may omit it)
+    described = {d.name: d for d in available_components()}[name]
+    assert (described.level, described.scope, described.description) == (cls.level, cls.scope, cls.description())
+    assert list(to_jsonable(described)) == ["name", "level", "scope", "description", "params"]
     values = run(name, frame)
     size = frame.n_episodes if cls.scope == "episode" else frame.n_steps
     assert values.shape == (size,) and values.dtype == np.float64

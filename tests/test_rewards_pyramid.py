@@ -13,6 +13,7 @@ import yaml
 
 from core.records.catalog import build_catalog
 from core.base.errors import InputError
+from core.base.results import dumps, to_jsonable
 from core.records.episodes import Action, Episode, Outcome, Step, Task
 from core.rewards import (COMPONENTS, ComponentCache, Pyramid, ScoringContext, TemplateError,
                           build_frame, evaluate_expectations, parse_template)
@@ -173,13 +174,13 @@ def test_explain_is_the_audit_schema_and_sums_to_the_reward():
     f = _one_episode_frame()
     r = score(f)
     parts = r.explain("h", 1)
-    assert [p["name"] for p in parts] == ["tool_validity", "param_reasonableness", "business_impact", "latency"]
-    assert sum(p["value"] for p in parts) == pytest.approx(r.step_reward[1])
+    assert [p.name for p in parts] == ["tool_validity", "param_reasonableness", "business_impact", "latency"]
+    assert sum(p.value for p in parts) == pytest.approx(r.step_reward[1])
     last = r.explain("h", 2)
-    assert [p["name"] for p in last][-2:] == ["resolved_bonus", "length_penalty"]
-    assert sum(p["value"] for p in last[:-2]) == pytest.approx(r.step_reward[2])
-    assert sum(p["value"] for p in last[-2:]) == pytest.approx(r.final[0])
-    json.dumps(parts)  # plain JSON
+    assert [p.name for p in last][-2:] == ["resolved_bonus", "length_penalty"]
+    assert sum(p.value for p in last[:-2]) == pytest.approx(r.step_reward[2])
+    assert sum(p.value for p in last[-2:]) == pytest.approx(r.final[0])
+    assert [list(p) for p in json.loads(dumps(parts))] == [["name", "value"]] * len(parts)  # the audit schema's
     with pytest.raises(InputError, match="no step 9"):
         r.explain("h", 9)
 
@@ -196,9 +197,9 @@ def test_tables_and_summary():
     assert eps["return"].tolist() == pytest.approx(list(r.episode_returns.values()))
     s = r.summary()
     v = r.matrix.step_values[0]
-    assert s["components"]["tool_validity"]["mean"] == pytest.approx(v.mean())
-    assert set(s["components"]["resolved_bonus"]) >= {"mean", "std", "min", "max", "weight", "level"}
-    json.dumps(s)
+    assert s.components["tool_validity"].mean == pytest.approx(v.mean())
+    assert s.components["resolved_bonus"].level == "episode"
+    json.dumps(to_jsonable(s))
     drill = r.episode_steps(f.episode_ids[0])
     assert len(drill) == f.ep_len[0] and "tool_validity (weighted)" in drill.columns
 

@@ -62,6 +62,10 @@ def test_shipped_templates_validate_and_round_trip(capsys):
         assert main(["reward", "validate", name, "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
         assert info["ok"] and info["name"] == name and info["version"] == 1
+        assert list(info) == ["ok", "name", "version", "source", "gating", "return", "levels", "penalties",
+                              "episode_terms", "schedules", "expectations"]
+        assert list(info["return"]) == ["a", "b", "gamma"]
+        assert list(info["levels"][0]) == ["key", "title", "gate", "components"]
         t = rewards.load_template(name)
         assert rewards.parse_template(t.to_yaml()) == t
         assert main(["reward", "validate", str(rewards.templates_dir() / f"{name}.yaml")]) == 0
@@ -156,6 +160,11 @@ def test_score_command_outputs(ws, finance_file, tmp_path, capsys):
     assert set(body["episode_returns"]) == {e.episode_id for e in eps}
     for stats in body["components"].values():
         assert set(stats) >= {"mean", "std", "min", "max", "weight", "level"}
+    assert list(body) == ["template", "n_episodes", "n_steps", "components", "levels", "penalties", "step_reward",
+                          "returns", "return_formula", "episode_returns", "out"]
+    assert list(body["components"]["tool_validity"]) == ["level", "component", "weight", "mean", "std", "min", "max"]
+    assert list(body["levels"]["L1"]) == ["title", "gate", "pass_rate", "mean", "std", "min", "max"]
+    assert list(body["returns"]) == ["mean", "std", "min", "max"]
     table = pd.read_parquet(out_file)
     assert len(table) == sum(len(e.steps) for e in eps)
     assert {"tool_validity", "evidence_reliability", "L1", "L3", "total", "episode_return"} <= set(table.columns)

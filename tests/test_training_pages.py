@@ -194,10 +194,10 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     ev = evaluate(ws, run_id, repeats=3)
     ws.close()
     verdicts = " ".join(e.value for e in (*at.success, *at.warning))
-    if ev.ope["reliable"]:
-        assert f"against the logged agent's {ev.ope['logged_success']:.2f}" in verdicts
+    if ev.ope.reliable:
+        assert f"against the logged agent's {ev.ope.logged_success:.2f}" in verdicts
     else:
-        assert f"No trustworthy off-policy figure ({ev.ope['verdict']})" in verdicts
+        assert f"No trustworthy off-policy figure ({ev.ope.verdict})" in verdicts
     # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
     # counts what the run's normalizer maps to INVALID.
     from core.records.catalog import catalog_for_dataset

@@ -356,7 +356,7 @@ def test_toolbench_runs_are_too_few_to_tune_on(tmp_path, monkeypatch):
         except ImportRefused:   # the two runs ToolBench kept no trajectory for
             continue
     summaries = ws.episode_summaries("toolbench")
-    assert len(summaries) == 13 and sum(e["resolved"] for e in summaries) == 9
+    assert len(summaries) == 13 and sum(bool(e.resolved) for e in summaries) == 9
     with pytest.raises(InputError, match=r"13 labelled episodes from 13 tasks \(9 successful, 4 failed\)") as err:
         tuning.tune(ws, current_user(ws), load_template("tool_agent"), dataset="toolbench", trials=5, study="tb")
     assert err.value.field == "outcome" and "at least 40 labelled episodes" in str(err.value)

@@ -72,7 +72,7 @@ def test_report_figures_constraints_and_apply(ws):
 
 
 def test_preference_label_from_the_page(ws):
-    ids = [e["episode_id"] for e in ws.episode_summaries("fin")]
+    ids = [e.episode_id for e in ws.episode_summaries("fin")]
     at = open_page(tune_pref_dataset="fin")
     at.selectbox(key="tune_pref_better").select(ids[3])
     at.selectbox(key="tune_pref_worse").select(ids[5])

@@ -21,6 +21,11 @@ from pathlib import PurePath
 from typing import Any, TypeAlias
 
 #: What :func:`to_jsonable` returns: the values :func:`json.dumps` writes without help.
+
+#: Field metadata key naming a dataclass field in JSON when its own name cannot be the key:
+#: ``return_: float = field(metadata={JSON_NAME: "return"})`` is written as ``"return"``
+#: (a Python keyword is no field name).
+JSON_NAME = "json_name"
 JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
 
 
@@ -80,7 +85,7 @@ def to_jsonable(obj: Any) -> JSONValue:
     if isinstance(obj, float):  # numpy.float64 among them
         return float(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.metadata.get(JSON_NAME, f.name): to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
         return {_key(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

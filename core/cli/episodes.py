@@ -11,13 +11,16 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.records.store import OutcomeFigures
 
 app = typer.Typer(help="Recorded episodes: import, list, show, export.", no_args_is_help=True)
 
@@ -112,12 +115,12 @@ def import_cmd(
             typer.echo(f"    {r['message']}")
 
 
-def _outcome_text(outcome: dict[str, Any]) -> str:
+def _outcome_text(outcome: "OutcomeFigures") -> str:
     parts = []
-    if outcome.get("resolved") is not None:
-        parts.append("resolved" if outcome["resolved"] else "failed")
-    if outcome.get("final_reward") is not None:
-        parts.append(f"reward {outcome['final_reward']:.3g}")
+    if outcome.resolved is not None:
+        parts.append("resolved" if outcome.resolved else "failed")
+    if outcome.final_reward is not None:
+        parts.append(f"reward {outcome.final_reward:.3g}")
     return ", ".join(parts) or "unknown"
 
 
@@ -142,11 +145,11 @@ def list_cmd(
         typer.echo("no episodes" + (f" in dataset '{dataset}'" if dataset else "")
                    + "; import some with: rwb episodes import FILE")
         return
-    width = max(len(r["episode_id"]) for r in rows)
+    width = max(len(r.episode_id) for r in rows)
     for r in rows:
-        query = " ".join((r["query"] or "").split())[:60]
-        typer.echo(f"{r['dataset']:<24} {r['episode_id']:<{width}} {r['n_steps']:>4} steps  "
-                   f"{_outcome_text(r['outcome']):<22} {query}")
+        query = " ".join((r.query or "").split())[:60]
+        typer.echo(f"{r.dataset:<24} {r.episode_id:<{width}} {r.n_steps:>4} steps  "
+                   f"{_outcome_text(r.outcome):<22} {query}")
 
 
 @app.command("show")

@@ -12,10 +12,11 @@ outcomes (components' power, ROC, calibration; grouped by task); ``learn`` fits 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 
+from core.base.results import to_jsonable
 from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
 
@@ -75,25 +76,23 @@ def validate(
     if as_json:
         print_json(info)
         return
-    n = sum(len(lv["components"]) for lv in info["levels"]) + len(info["penalties"]) + \
-        len(info["episode_terms"])
-    typer.echo(f"ok: template {info['name']!r} (format version {info['version']}): "
-               f"{len(info['levels'])} levels, {n} components, "
-               f"{len(info['expectations'])} expectations, gating {'on' if info['gating'] else 'off'}")
-    for lv in info["levels"]:
-        comps = ", ".join(f"{k}={v:g}" for k, v in lv["components"].items())
-        gate = f" gate {lv['gate']:g}" if lv["gate"] is not None else ""
-        typer.echo(f"  {lv['key']} {lv['title']}{gate}: {comps}")
-    if info["penalties"]:
-        typer.echo("  penalties: " + ", ".join(f"{k}={v:g}" for k, v in info["penalties"].items()))
-    if info["episode_terms"]:
-        typer.echo("  episode terms: " + ", ".join(f"{k}={v:g}" for k, v in info["episode_terms"].items()))
+    n = sum(len(lv.components) for lv in info.levels) + len(info.penalties) + len(info.episode_terms)
+    typer.echo(f"ok: template {info.name!r} (format version {info.version}): "
+               f"{len(info.levels)} levels, {n} components, "
+               f"{len(info.expectations)} expectations, gating {'on' if info.gating else 'off'}")
+    for lv in info.levels:
+        comps = ", ".join(f"{k}={v:g}" for k, v in lv.components.items())
+        gate = f" gate {lv.gate:g}" if lv.gate is not None else ""
+        typer.echo(f"  {lv.key} {lv.title}{gate}: {comps}")
+    if info.penalties:
+        typer.echo("  penalties: " + ", ".join(f"{k}={v:g}" for k, v in info.penalties.items()))
+    if info.episode_terms:
+        typer.echo("  episode terms: " + ", ".join(f"{k}={v:g}" for k, v in info.episode_terms.items()))
 
 
 def _summary_json(result: ScoreResult) -> dict[str, Any]:
-    out = result.summary()
-    out["episode_returns"] = result.episode_returns
-    return out
+    """The score's summary followed by every episode's return: ``rwb reward score --json``."""
+    return {**cast("dict[str, Any]", to_jsonable(result.summary())), "episode_returns": result.episode_returns}
 
 
 @app.command("score")
@@ -119,14 +118,14 @@ def score(
         return
     s = result.summary()
     source = f" ({result.template.source})" if result.template.source else ""
-    typer.echo(f"template {s['template']!r}{source}: {s['n_episodes']} episodes, {s['n_steps']} steps")
+    typer.echo(f"template {s.template!r}{source}: {s.n_episodes} episodes, {s.n_steps} steps")
     typer.echo(f"  {'component':<26}{'level':<9}{'weight':>8}{'mean':>10}{'std':>10}{'min':>10}{'max':>10}")
-    for name, c in s["components"].items():
-        typer.echo(f"  {name:<26}{c['level']:<9}{c['weight']:>8.3g}{_fmt(c['mean']):>10}"
-                   f"{_fmt(c['std']):>10}{_fmt(c['min']):>10}{_fmt(c['max']):>10}")
-    r = s["returns"]
-    typer.echo(f"  episode return: mean {_fmt(r['mean'])}, std {_fmt(r['std'])}, "
-               f"min {_fmt(r['min'])}, max {_fmt(r['max'])}")
+    for name, c in s.components.items():
+        typer.echo(f"  {name:<26}{c.level:<9}{c.weight:>8.3g}{_fmt(c.mean):>10}"
+                   f"{_fmt(c.std):>10}{_fmt(c.min):>10}{_fmt(c.max):>10}")
+    r = s.returns
+    typer.echo(f"  episode return: mean {_fmt(r.mean)}, std {_fmt(r.std)}, "
+               f"min {_fmt(r.min)}, max {_fmt(r.max)}")
     if written is not None:
         typer.echo(f"wrote {written}")
 

@@ -87,7 +87,7 @@ def diff(
         return
     typer.echo(f"{name}@{a} → {name}@{b}: {len(d.changes)} change(s)")
     for c in d.changes:
-        typer.echo(f"  {c['section']:<12} {c['key']:<36} {c['a']!s:>12} → {c['b']!s}")
+        typer.echo(f"  {c.section:<12} {c.key:<36} {c.a!s:>12} → {c.b!s}")
     if d.unified:
         typer.echo("")
         typer.echo(d.unified, nl=False)

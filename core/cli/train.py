@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -25,6 +25,9 @@ from core.cli.episodes import (
     SKIP_INVALID_OPTION,
 )
 from core.base.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.rl.ope import OffPolicyReport, OffPolicyUnavailable
 
 runs_app = typer.Typer(help="Training runs: list, show, stop.", no_args_is_help=True)
 
@@ -275,16 +278,16 @@ def evaluate_cmd(
     _echo_ope(r.ope)
 
 
-def _echo_ope(o: dict[str, Any]) -> None:
+def _echo_ope(o: "OffPolicyReport | OffPolicyUnavailable") -> None:
     """The off-policy estimate on the logged episodes, and whether it can be trusted."""
-    low, high = o["policy_success_ci90"] or (None, None)
-    typer.echo(f"Off-policy on the logged episodes ({o['method']}): success {_fmt(o['policy_success'], '.2f')} "
-               f"[90% {_fmt(low, '.2f')}–{_fmt(high, '.2f')}, over tasks] vs logged {_fmt(o['logged_success'], '.2f')}; "
-               f"return {_fmt(o['policy_return'])} vs logged {_fmt(o['logged_return'])}; "
-               f"ESS {_fmt(o['effective_sample_size'], '.1f')} of {o['episodes']} episodes ({o['tasks']} tasks), "
-               f"support {_fmt(o['support'], '.0%')}")
-    if not o["reliable"]:
-        typer.echo(f"  NOT RELIABLE ({o['verdict']}): {o['note']}")
+    low, high = o.policy_success_ci90 or (None, None)
+    typer.echo(f"Off-policy on the logged episodes ({o.method}): success {_fmt(o.policy_success, '.2f')} "
+               f"[90% {_fmt(low, '.2f')}–{_fmt(high, '.2f')}, over tasks] vs logged {_fmt(o.logged_success, '.2f')}; "
+               f"return {_fmt(o.policy_return)} vs logged {_fmt(o.logged_return)}; "
+               f"ESS {_fmt(o.effective_sample_size, '.1f')} of {o.episodes} episodes ({o.tasks} tasks), "
+               f"support {_fmt(o.support, '.0%')}")
+    if not o.reliable:
+        typer.echo(f"  NOT RELIABLE ({o.verdict}): {o.note}")
 
 
 def register(root: typer.Typer) -> None:

@@ -1417,7 +1417,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     mentors = [i for i in train_idx if label[i] == mentor]
     rde = fit_rde([episodes[i] for i in mentors], tables.catalog,
                   trained_on={"behaviour": mentor, "episodes": len(mentors), "split": "train"})
-    rde_eval = rde_accuracy(rde, [episodes[i] for i in held_idx if label[i] == mentor], tables.catalog)
+    rde_eval = to_jsonable(rde_accuracy(rde, [episodes[i] for i in held_idx if label[i] == mentor], tables.catalog))
 
     evaluation = {**report.to_dict(), **heldout_identity(tables, data.heldout_episodes, run),
                   "split": "heldout", "metric": "return_mean", "expert_return": report.logged.get("expert"),

@@ -483,6 +483,36 @@ class DatasetInfo:
     created_at: str
 
 
+@dataclass(frozen=True)
+class OutcomeFigures:
+    """An episode's recorded outcome as the episodes table holds it."""
+
+    #: Whether the task was resolved (None: not recorded)
+    resolved: bool | None
+    final_reward: float | None
+    business_metric: float | None
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """One stored episode without its steps (:meth:`Workspace.episode_summaries`)."""
+
+    dataset: str
+    episode_id: str
+    domain: str | None
+    task_type: str | None
+    #: Who acted: "expert", "noisy" … (None: not recorded)
+    behaviour: str | None
+    n_steps: int
+    resolved: bool | None
+    final_reward: float | None
+    business_metric: float | None
+    #: The task's request text
+    query: str | None
+    #: ``resolved``, ``final_reward`` and ``business_metric`` together
+    outcome: OutcomeFigures
+
+
 def episode_row(ep: Episode, body: str, content_hash: str) -> tuple[Any, ...]:
     """The ``episodes`` columns of one episode, from ``episode_id`` to ``source_line``, then
     ``body`` (dataset and import_id are added by :meth:`Workspace.insert_rows`)."""
@@ -728,7 +758,8 @@ class Workspace:
             raise WorkspaceError(f"no episode {episode_id!r} in dataset {dataset!r}")
         return episode_from_body(row[0])
 
-    def episode_summaries(self, dataset: str | None = None) -> list[dict[str, Any]]:
+    def episode_summaries(self, dataset: str | None = None) -> list[EpisodeSummary]:
+        """Every stored episode (of ``dataset``, or of all) without its steps, in import order."""
         sql = ("SELECT dataset, episode_id, domain, task_type, behaviour, n_steps, resolved, "
                "final_reward, business_metric, query FROM episodes")
         args: tuple[Any, ...] = ()
@@ -736,13 +767,13 @@ class Workspace:
             sql += " WHERE dataset=?"
             args = (dataset,)
         sql += " ORDER BY uid"
-        cols = ["dataset", "episode_id", "domain", "task_type", "behaviour", "n_steps", "resolved",
-                "final_reward", "business_metric", "query"]
         out = []
-        for r in self.conn.execute(sql, args):
-            d = dict(zip(cols, r))
-            d["resolved"] = None if d["resolved"] is None else bool(d["resolved"])
-            d["outcome"] = {"resolved": d["resolved"], "final_reward": d["final_reward"],
-                            "business_metric": d["business_metric"]}
-            out.append(d)
+        for ds, episode_id, domain, task_type, behaviour, n_steps, resolved, final_reward, business_metric, query \
+                in self.conn.execute(sql, args):
+            resolved = None if resolved is None else bool(resolved)
+            out.append(EpisodeSummary(
+                dataset=ds, episode_id=episode_id, domain=domain, task_type=task_type, behaviour=behaviour,
+                n_steps=n_steps, resolved=resolved, final_reward=final_reward, business_metric=business_metric,
+                query=query, outcome=OutcomeFigures(resolved=resolved, final_reward=final_reward,
+                                                    business_metric=business_metric)))
         return out

@@ -15,23 +15,24 @@
 Details: docs/rewards.md.  May import: :mod:`core.data`, :mod:`core.access`, :mod:`core.records`, :mod:`core.base`.
 """
 
-from core.rewards.api import (as_template, check, frame_from_episodes, frame_from_file, load_frame,
-                              reweight, score, validate)
+from core.rewards.api import (LevelDescription, ValidationReport, as_template, check, frame_from_episodes,
+                              frame_from_file, load_frame, reweight, score, validate)
 from core.rewards.cache import ComponentCache
-from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component, ScoringContext,
-                                     available_components, register)
+from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component, ComponentDescription,
+                                     ScoringContext, available_components, register)
 from core.rewards.expectations import CheckReport, ExpectationResult, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
 from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions
 from core.rewards.learned import LearnedOutcome
-from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult
+from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult, ScoreSummary, StepContribution
 from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
                                    list_templates, load_template, parse_template, templates_dir)
 
 __all__ = [
     "AnswerConsistency", "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
-    "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec", "LearnedOutcome", "LevelSpec",
-    "Pyramid", "ScoreResult", "ScoringContext", "StepsFrame", "Template", "TemplateError", "UnrecoveredErrors", "WriteActions",
+    "ComponentDescription", "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec",
+    "LearnedOutcome", "LevelDescription", "LevelSpec", "Pyramid", "ScoreResult", "ScoreSummary", "ScoringContext",
+    "StepContribution", "ValidationReport", "StepsFrame", "Template", "TemplateError", "UnrecoveredErrors", "WriteActions",
     "as_template", "available_components", "build_frame", "check", "evaluate_expectations",
     "frame_from_episodes", "frame_from_file", "list_templates", "load_frame", "load_template",
     "parse_template", "register", "reweight", "score", "templates_dir", "validate",

@@ -18,11 +18,13 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.base import embed as text_embedding
 from core.base.errors import InputError
+from core.base.results import JSON_NAME
 from core.data.importers import read_file
 from core.records.catalog import build_catalog, catalog_for_dataset
 from core.records.episodes import Episode, ToolSchema
@@ -30,7 +32,7 @@ from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
-from core.rewards.pyramid import Pyramid, ScoreResult
+from core.rewards.pyramid import Pyramid, ReturnFormula, ScoreResult
 from core.rewards.template import Template, load_template
 from core.rewards.versions import resolve_template
 
@@ -83,21 +85,60 @@ def _frame(ws, dataset: str | None, episodes: str | Path | None,
     return load_frame(ws, dataset)
 
 
-def validate(template: TemplateLike, ws=None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LevelDescription:
+    """One level of a validated template."""
+
+    key: str
+    title: str
+    #: The level's gate (None: no gate)
+    gate: float | None
+    #: Component name → weight, in the template's order
+    components: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What :func:`validate` says of a valid template: its levels, components, weights and
+    expectations (an invalid one raises instead)."""
+
+    #: Always True: a template that does not validate raises
+    ok: bool
+    name: str
+    #: The template format version
+    version: int
+    #: Where it was read from (None: built in memory)
+    source: str | None
+    #: Whether a level counts only where the levels below it pass their gates
+    gating: bool
+    #: The return's coefficients, written as ``"return"`` in JSON (a keyword is no field name)
+    return_: ReturnFormula = field(metadata={JSON_NAME: "return"})
+    levels: list[LevelDescription]
+    #: Penalty name → weight
+    penalties: dict[str, float]
+    #: Episode term name → weight
+    episode_terms: dict[str, float]
+    #: Names of the weight schedules, sorted
+    schedules: list[str]
+    #: Names of the expectations, in the template's order
+    expectations: list[str]
+
+
+def validate(template: TemplateLike, ws=None) -> ValidationReport:
     """Validate a template (raises :class:`~core.rewards.template.TemplateError` naming the key
     and line) and describe it: levels, components, weights, expectations.  With a workspace,
     saved versions resolve too (``finance_risk@3``)."""
     t = as_template(template, ws)
-    return {
-        "ok": True, "name": t.name, "version": t.version, "source": t.source,
-        "gating": t.gating, "return": {"a": t.a, "b": t.b, "gamma": t.gamma},
-        "levels": [{"key": lv.key, "title": lv.title, "gate": lv.gate,
-                    "components": {c.name: c.weight for c in lv.components}} for lv in t.levels],
-        "penalties": {c.name: c.weight for c in t.penalties},
-        "episode_terms": {c.name: c.weight for c in t.episode_terms},
-        "schedules": sorted(t.schedules),
-        "expectations": [e.name for e in t.expectations],
-    }
+    return ValidationReport(
+        ok=True, name=t.name, version=t.version, source=t.source, gating=t.gating,
+        return_=ReturnFormula(a=t.a, b=t.b, gamma=t.gamma),
+        levels=[LevelDescription(key=lv.key, title=lv.title, gate=lv.gate,
+                                 components={c.name: c.weight for c in lv.components}) for lv in t.levels],
+        penalties={c.name: c.weight for c in t.penalties},
+        episode_terms={c.name: c.weight for c in t.episode_terms},
+        schedules=sorted(t.schedules),
+        expectations=[e.name for e in t.expectations],
+    )
 
 
 def score(ws, template: TemplateLike, *, dataset: str | None = None,

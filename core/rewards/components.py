@@ -127,10 +127,26 @@ def register(cls: type[Component]) -> type[Component]:
     return cls
 
 
-def available_components() -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ComponentDescription:
+    """One registered component as a template author sees it."""
+
+    #: The name a template's ``component:`` gives
+    name: str
+    #: The level it belongs to ("L1" …), "penalty" or "episode"
+    level: str
+    #: "step" or "episode"
+    scope: str
+    #: One line, analyst-readable (:meth:`Component.description`)
+    description: str
+    #: Parameter → its default value
+    params: dict[str, Any]
+
+
+def available_components() -> list[ComponentDescription]:
     """Every registered component: name, level, scope, description, parameters with defaults."""
-    return [{"name": c.name, "level": c.level, "scope": c.scope, "description": c.description(),
-             "params": {k: d for k, (_, d) in c.param_specs().items()}}
+    return [ComponentDescription(name=c.name, level=c.level, scope=c.scope, description=c.description(),
+                                 params={k: d for k, (_, d) in c.param_specs().items()})
             for c in COMPONENTS.values()]
 
 
@@ -802,5 +818,5 @@ class EndsWithAnswer(Component):
         return out
 
 
-__all__ = ["COMPONENTS", "Component", "ScoringContext", "register", "available_components",
-           "LEVELS", "LEVEL_TITLES", "EMBEDDING_MODEL", "TERMINATE", "ESCALATE"]
+__all__ = ["COMPONENTS", "Component", "ComponentDescription", "ScoringContext", "register",
+           "available_components", "LEVELS", "LEVEL_TITLES", "EMBEDDING_MODEL", "TERMINATE", "ESCALATE"]

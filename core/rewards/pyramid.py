@@ -11,7 +11,7 @@ Details: docs/rewards.md (## Scoring in two stages, ## Gating and returns).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -111,11 +111,88 @@ class Pyramid:
         return ScoreResult(self.template, frame, self.compute_matrix(frame, ctx=ctx, cache=cache))
 
 
-def _stats(values: np.ndarray) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class ValueStats:
+    """Mean, standard deviation, minimum and maximum of some values (all None when there are none)."""
+
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class ComponentSummary:
+    """One component's raw values over every step (or, for an episode term, every episode)."""
+
+    #: Level key ("L1" …), "penalty" or "episode"
+    level: str
+    #: The registered component it computes (core.rewards.components.COMPONENTS)
+    component: str
+    weight: float
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    """One level's gated totals over every step."""
+
+    title: str
+    #: The level's gate (None: no gate)
+    gate: float | None
+    #: Share of steps that pass the gate (None without steps)
+    pass_rate: float | None
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class ReturnFormula:
+    """The return's coefficients: ``a × Σγᵗr + b × R_final``."""
+
+    a: float
+    b: float
+    gamma: float
+
+
+@dataclass(frozen=True)
+class StepContribution:
+    """One entry of the audit schema's ``reward_components``: a component's weighted, gated
+    contribution to a step's reward (or an episode term's to R_final)."""
+
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
+class ScoreSummary:
+    """What :meth:`ScoreResult.summary` reports: every component's raw values, every level's
+    gated totals, penalties, step rewards and returns."""
+
+    #: The template's name
+    template: str
+    n_episodes: int
+    n_steps: int
+    #: Component name → its raw values (step components, then episode terms)
+    components: dict[str, ComponentSummary]
+    #: Level key → its gated totals
+    levels: dict[str, LevelSummary]
+    penalties: ValueStats
+    step_reward: ValueStats
+    returns: ValueStats
+    return_formula: ReturnFormula
+
+
+def _stats(values: np.ndarray) -> ValueStats:
     if values.size == 0:
-        return {"mean": None, "std": None, "min": None, "max": None}
-    return {"mean": float(values.mean()), "std": float(values.std()),
-            "min": float(values.min()), "max": float(values.max())}
+        return ValueStats(mean=None, std=None, min=None, max=None)
+    return ValueStats(mean=float(values.mean()), std=float(values.std()),
+                      min=float(values.min()), max=float(values.max()))
 
 
 class ScoreResult:
@@ -256,7 +333,7 @@ class ScoreResult:
                 out[:, j] *= self._earn[level_of[c.group]]
         return out
 
-    def explain(self, episode_id: str, t: int) -> list[dict[str, Any]]:
+    def explain(self, episode_id: str, t: int) -> list[StepContribution]:
         """The audit schema's ``reward_components``: ``[{"name", "value"}]`` for one step.
 
         Values are weighted and gated contributions, so the step components sum to the
@@ -267,11 +344,15 @@ class ScoreResult:
         out = []
         for j, c in enumerate(specs):
             earn = bool(self._earn[level_of[c.group], row]) if c.group in level_of else True
-            out.append({"name": c.name, "value": float(c.weight * self.matrix.step_values[j, row] * earn)})
+            out.append(StepContribution(name=c.name, value=float(c.weight * self.matrix.step_values[j, row] * earn)))
         if t == int(self.frame.ep_len[e]) - 1:
-            for k, c in enumerate(self.template.episode_terms):
-                out.append({"name": c.name, "value": float(c.weight * self.matrix.episode_values[e, k])})
+            out.extend(self.episode_term_contributions(e))
         return out
+
+    def episode_term_contributions(self, e: int) -> list[StepContribution]:
+        """The weighted episode terms of episode number ``e``: what makes up its R_final."""
+        return [StepContribution(name=c.name, value=float(c.weight * self.matrix.episode_values[e, k]))
+                for k, c in enumerate(self.template.episode_terms)]
 
     # ------------------------------------------------------------------ tables
     @property
@@ -320,28 +401,28 @@ class ScoreResult:
             table[f"{c.name} (weighted)"] = value
         return table
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ScoreSummary:
         """Per-component mean/std/min/max (raw values), level totals, rewards and returns."""
         t = self.template
-        comps: dict[str, Any] = {}
+        comps: dict[str, ComponentSummary] = {}
         for j, c in enumerate(t.step_components):
-            comps[c.name] = {"level": c.group, "component": c.component, "weight": c.weight,
-                             **_stats(self.matrix.step_values[j])}
+            comps[c.name] = ComponentSummary(level=c.group, component=c.component, weight=c.weight,
+                                             **asdict(_stats(self.matrix.step_values[j])))
         for k, c in enumerate(t.episode_terms):
-            comps[c.name] = {"level": "episode", "component": c.component, "weight": c.weight,
-                             **_stats(self.matrix.episode_values[:, k])}
-        return {
-            "template": t.name, "n_episodes": self.frame.n_episodes, "n_steps": self.frame.n_steps,
-            "components": comps,
-            "levels": {lv.key: {"title": lv.title, "gate": lv.gate,
-                                "pass_rate": float(self._passed[i].mean()) if self.frame.n_steps else None,
-                                **_stats(self.level_totals[:, i])}
-                       for i, lv in enumerate(t.levels)},
-            "penalties": _stats(self.penalties),
-            "step_reward": _stats(self.step_reward),
-            "returns": _stats(self.returns),
-            "return_formula": {"a": t.a, "b": t.b, "gamma": t.gamma},
-        }
+            comps[c.name] = ComponentSummary(level="episode", component=c.component, weight=c.weight,
+                                             **asdict(_stats(self.matrix.episode_values[:, k])))
+        return ScoreSummary(
+            template=t.name, n_episodes=self.frame.n_episodes, n_steps=self.frame.n_steps,
+            components=comps,
+            levels={lv.key: LevelSummary(title=lv.title, gate=lv.gate,
+                                         pass_rate=float(self._passed[i].mean()) if self.frame.n_steps else None,
+                                         **asdict(_stats(self.level_totals[:, i])))
+                    for i, lv in enumerate(t.levels)},
+            penalties=_stats(self.penalties),
+            step_reward=_stats(self.step_reward),
+            returns=_stats(self.returns),
+            return_formula=ReturnFormula(a=t.a, b=t.b, gamma=t.gamma),
+        )
 
     def write(self, out: str | Path) -> Path:
         """Write the per-step table (with episode returns joined on) to ``.csv`` or ``.parquet``,
@@ -362,4 +443,5 @@ class ScoreResult:
         return out
 
 
-__all__ = ["Pyramid", "ScoreResult", "ComponentMatrix"]
+__all__ = ["ComponentMatrix", "ComponentSummary", "LevelSummary", "Pyramid", "ReturnFormula", "ScoreResult",
+           "ScoreSummary", "StepContribution", "ValueStats"]

@@ -26,6 +26,7 @@ import yaml
 
 from core.base import safe_yaml
 from core.base.errors import ConflictError, InputError
+from core.base.results import to_jsonable
 from core.rewards.template import Template, TemplateError, load_template, parse_template, templates_dir
 from core.access.users import Actor, authorize
 
@@ -99,6 +100,20 @@ class TemplateConflict(ConflictError):
         self.latest, self.saved_since = latest, saved_since
 
 
+@dataclass(frozen=True)
+class TemplateChange:
+    """One change from one template to another (:func:`diff_templates`)."""
+
+    #: template, return, gating, gate, level, component, weight, param, schedule or expectation
+    section: str
+    #: What changed within the section: a component, level, parameter (``component.param``) …
+    key: str
+    #: The value before, as JSON values (None: absent)
+    a: Any
+    #: The value after, as JSON values (None: absent)
+    b: Any
+
+
 @dataclass
 class TemplateDiff:
     """What changed between two versions of a template."""
@@ -108,12 +123,11 @@ class TemplateDiff:
     b: int
     #: Unified diff of the two YAML texts (empty when they are identical).
     unified: str
-    #: Structured changes: ``{"section", "key", "a", "b"}``; section is one of template,
-    #: return, gating, gate, level, component, weight, param, schedule, expectation.
-    changes: list[dict[str, Any]]
+    #: Structured changes (:func:`diff_templates`)
+    changes: list[TemplateChange]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "a": self.a, "b": self.b, "changes": self.changes,
+        return {"name": self.name, "a": self.a, "b": self.b, "changes": to_jsonable(self.changes),
                 "unified": self.unified}
 
 
@@ -358,15 +372,15 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def diff_templates(old: Template, new: Template) -> list[dict[str, Any]]:
+def diff_templates(old: Template, new: Template) -> list[TemplateChange]:
     """Structured changes from ``old`` to ``new``: weights, parameters (defaults filled in),
     components added/removed/moved, gating and gates, return coefficients, schedules,
-    expectations.  Each change is ``{"section", "key", "a", "b"}``."""
-    out: list[dict[str, Any]] = []
+    expectations, each a :class:`TemplateChange`."""
+    out: list[TemplateChange] = []
 
     def add(section: str, key: str, a: Any, b: Any) -> None:
         if a != b:
-            out.append({"section": section, "key": key, "a": _jsonable(a), "b": _jsonable(b)})
+            out.append(TemplateChange(section=section, key=key, a=_jsonable(a), b=_jsonable(b)))
 
     add("template", "name", old.name, new.name)
     add("template", "description", old.description, new.description)
@@ -423,6 +437,6 @@ def diff_versions(ws: "Workspace", name: str, a: int, b: int) -> TemplateDiff:
                         changes=diff_templates(va.template(), vb.template()))
 
 
-__all__ = ["SHIPPED_BY", "TemplateConflict", "TemplateDiff", "TemplateVersion", "check_name",
+__all__ = ["SHIPPED_BY", "TemplateChange", "TemplateConflict", "TemplateDiff", "TemplateVersion", "check_name",
            "diff_templates", "diff_versions", "get_template", "list_versions", "parse_spec",
            "resolve_template", "save_template", "sha256_text", "shipped_version", "template_names"]

@@ -24,9 +24,9 @@ from core.base import safe_yaml
 from core.base.errors import InputError
 from core.rewards.components import COMPONENTS
 from core.rewards.expectations import CheckReport, evaluate_expectations
-from core.rewards.pyramid import ScoreResult
+from core.rewards.pyramid import ScoreResult, StepContribution
 from core.rewards.template import ComponentSpec, Template, TemplateError, parse_template
-from core.rewards.versions import TemplateVersion, get_template, list_versions, parse_spec, template_names
+from core.rewards.versions import TemplateChange, TemplateVersion, get_template, list_versions, parse_spec, template_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -521,9 +521,9 @@ class EpisodeExplanation:
     steps: pd.DataFrame
     #: per step, the audit schema's ``reward_components: [{name, value}]`` (episode terms on
     #: the last step)
-    reward_components: list[list[dict[str, Any]]]
+    reward_components: list[list[StepContribution]]
     #: the episode terms (weighted) that make up R_final
-    episode_terms: list[dict[str, Any]]
+    episode_terms: list[StepContribution]
 
 
 def explain_episode(result: ScoreResult, episode_id: str) -> EpisodeExplanation:
@@ -549,8 +549,7 @@ def explain_episode(result: ScoreResult, episode_id: str) -> EpisodeExplanation:
         table[name] = np.round(contrib[:, j], 4)
     table["step reward"] = np.round(result.step_reward[rows], 4)
     components = [result.explain(episode_id, i) for i in range(n)]
-    terms = [{"name": c.name, "value": float(c.weight * result.matrix.episode_values[e, k])}
-             for k, c in enumerate(t.episode_terms)]
+    terms = result.episode_term_contributions(e)
     formula = (f"return = {t.a:g} × Σγᵗr ({result.discounted[e]:.4f}) + {t.b:g} × R_final "
                f"({result.final[e]:.4f}) = {result.returns[e]:.4f}")
     return EpisodeExplanation(episode_id, formula, pd.DataFrame(table), components, terms)
@@ -570,13 +569,13 @@ def versions_table(ws: "Workspace", name: str) -> pd.DataFrame:
     })
 
 
-def changes_table(changes: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def changes_table(changes: Sequence[TemplateChange]) -> pd.DataFrame:
     """Structured template changes (:func:`core.rewards.versions.diff_templates`) as a table."""
     def show(v: Any) -> str:
         return "—" if v is None else (_yaml_text(v) if isinstance(v, (dict, list)) else str(v))
 
-    return pd.DataFrame({"section": [c["section"] for c in changes], "key": [c["key"] for c in changes],
-                         "before": [show(c["a"]) for c in changes], "after": [show(c["b"]) for c in changes]})
+    return pd.DataFrame({"section": [c.section for c in changes], "key": [c.key for c in changes],
+                         "before": [show(c.a) for c in changes], "after": [show(c.b) for c in changes]})
 
 
 __all__ = ["ComponentEditor", "ComponentShare", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",

@@ -29,6 +29,7 @@ from core.rl.runs import open_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.catalog import CatalogCoverage
+    from core.rl.ope import OffPolicyReport, OffPolicyUnavailable
     from core.rl.sim import SimTables
     from core.rl.runs import RunContext
     from core.records.store import Workspace
@@ -131,8 +132,9 @@ class EvaluationReport:
     #: the run's catalog: the tool calls it cannot express
     catalog_coverage: dict[str, Any]
     #: The off-policy estimate on the logged evaluation episodes
-    #: (:func:`core.rl.ope.off_policy_report`), with its own verdict on support
-    ope: dict[str, Any]
+    #: (:func:`core.rl.ope.off_policy_report`), with its own verdict on support; its keys
+    #: with no figures when the episodes cannot carry an estimate
+    ope: OffPolicyReport | OffPolicyUnavailable
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON values, keyed by its fields (:func:`core.base.results.to_jsonable`):
@@ -227,19 +229,20 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     )
 
 
-def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str, seed: int) -> dict[str, Any]:
+def _off_policy(tables: Any, agent: Any, held: torch.Tensor, *, device: str,
+                seed: int) -> OffPolicyReport | OffPolicyUnavailable:
     """:func:`core.rl.ope.off_policy_report` over the evaluation episodes, grouped by task; when
     the episodes cannot carry an estimate at all, the same keys with no figures and why."""
-    from core.rl.ope import METHOD, off_policy_report  # deferred: loads pandas and scipy
+    from core.rl.ope import METHOD, OffPolicyUnavailable, off_policy_report  # deferred: loads pandas and scipy
 
     try:
         return off_policy_report(tables, agent, held, groups=np.array(tables.task_ids, dtype=object),
                                  device=device, seed=seed)
     except InputError as exc:
-        empty = ("policy_success", "logged_success", "policy_success_ci90", "policy_return", "logged_return",
-                 "support", "effective_sample_size")
-        return {"method": METHOD, **dict.fromkeys(empty), "episodes": int(held.numel()), "tasks": None,
-                "reliable": False, "verdict": "no estimate", "note": exc.reason}
+        return OffPolicyUnavailable(
+            method=METHOD, policy_success=None, logged_success=None, policy_success_ci90=None,
+            policy_return=None, logged_return=None, support=None, effective_sample_size=None,
+            episodes=int(held.numel()), tasks=None, reliable=False, verdict="no estimate", note=exc.reason)
 
 
 def _split_coverage(ws: "Workspace", ctx: "RunContext", held: torch.Tensor) -> "CatalogCoverage":

@@ -13,7 +13,7 @@ Details: docs/learning.md (## The off-policy estimate, ## Off-policy estimate: t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -285,6 +285,108 @@ def _softmax_regression(X: np.ndarray, y: np.ndarray, n_classes: int, C: float, 
 
 
 # =========================================================================== the report
+@dataclass(frozen=True)
+class PolicyEstimate:
+    """The off-policy estimate of one policy on the logged episodes, with its own verdict."""
+
+    #: Estimated success rate (None: no logged episode keeps any weight)
+    policy_success: float | None
+    #: Estimated return (None: no logged episode keeps any weight)
+    policy_return: float | None
+    #: Mean over logged steps of the policy's probability mass on actions with logged support
+    support: float
+    #: Kish's effective sample size of the episodes' whole-trajectory weights
+    effective_sample_size: float
+    #: Whether the logs support the policy enough for the figures to be trusted
+    reliable: bool
+    #: "reliable", or the first reason they cannot be ("thin support", "one task" …)
+    verdict: str
+    #: Every reason, in words a reader follows
+    note: str
+
+
+@dataclass(frozen=True)
+class OffPolicyEstimate:
+    """The ``ope`` report of :func:`off_policy_estimate`: the policy's estimated success and
+    return against the logged ones, intervals over tasks, support and a verdict."""
+
+    #: The estimator, in words
+    method: str
+    policy_success: float | None
+    #: The logged episodes' own success rate
+    logged_success: float
+    #: 90% percentile interval of ``policy_success`` over resampled tasks
+    policy_success_ci90: tuple[float | None, float | None]
+    policy_return: float | None
+    #: The logged episodes' own mean return
+    logged_return: float
+    #: 90% percentile interval of ``policy_return`` over resampled tasks
+    policy_return_ci90: tuple[float | None, float | None]
+    #: Mean over logged steps of the policy's probability mass on actions with logged support
+    support: float
+    episodes: int
+    steps: int
+    tasks: int
+    #: Kish's effective sample size of the episodes' whole-trajectory weights
+    effective_sample_size: float
+    #: Least behaviour propensity (μ is clipped to it)
+    propensity_floor: float
+    reliable: bool
+    verdict: str
+    note: str
+    #: The same estimate for the greedy policy, without intervals (None: not asked for)
+    greedy: PolicyEstimate | None
+
+
+@dataclass(frozen=True)
+class BehaviourModelFit:
+    """The logger's behaviour model behind an off-policy report, and its held-out fit."""
+
+    #: The model, in words
+    model: str
+    #: Folds held out in turn
+    folds: int
+    #: "task" or "episode": what a fold holds out
+    held_out_by: str
+    #: Held-out accuracy on the logged actions
+    accuracy: float
+    #: Held-out log loss (with the propensity floor)
+    log_loss: float
+
+
+@dataclass(frozen=True)
+class OffPolicyReport(OffPolicyEstimate):
+    """The ``ope`` report of an agent on a run's logged episodes (:func:`off_policy_report`)."""
+
+    behaviour_model: BehaviourModelFit
+    #: Share of logged steps where the greedy action has logged support
+    greedy_support: float
+    #: Evaluated episodes without a recorded step (left out of the estimate)
+    episodes_without_steps: int
+
+
+@dataclass(frozen=True)
+class OffPolicyUnavailable:
+    """The ``ope`` report when the episodes cannot carry an estimate at all: the report's
+    keys with no figures, and why (``note``)."""
+
+    method: str
+    policy_success: None
+    logged_success: None
+    policy_success_ci90: None
+    policy_return: None
+    logged_return: None
+    support: None
+    effective_sample_size: None
+    episodes: int
+    tasks: None
+    #: Always False
+    reliable: bool
+    #: "no estimate"
+    verdict: str
+    note: str
+
+
 def _verdict(value: float, ess: float, support: float, n_tasks: int, *, min_ess: float,
              min_support: float) -> tuple[bool, str, str]:
     """``(reliable, verdict, note)``: the verdict names the first reason the logs cannot
@@ -319,7 +421,7 @@ def off_policy_estimate(pi_prob: np.ndarray, mu_prob: np.ndarray, episode_index:
                         support: np.ndarray, groups: np.ndarray | None = None,
                         greedy_prob: np.ndarray | None = None, greedy_support: np.ndarray | None = None,
                         method: str = METHOD, floor: float = PROPENSITY_FLOOR, min_ess: float = MIN_ESS,
-                        min_support: float = MIN_SUPPORT, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+                        min_support: float = MIN_SUPPORT, n_boot: int = 1000, seed: int = 0) -> OffPolicyEstimate:
     """The ``ope`` report of a policy on logged episodes (flat per-step arrays as in :func:`pdwis`).
 
     ``rewards`` [N]: per-step rewards whose ``γ^t``-discounted sum is the episode's return;
@@ -328,7 +430,7 @@ def off_policy_estimate(pi_prob: np.ndarray, mu_prob: np.ndarray, episode_index:
     probability mass on actions with logged support at each state (:func:`support_mass`);
     the reported ``support`` is its mean over steps.  ``greedy_prob``/``greedy_support``
     (optional, [N]): the same for the greedy policy (1 where the logged action is its
-    argmax), reported under ``greedy``.
+    argmax), reported under ``greedy`` (None without them).
 
     ``policy_success_ci90``/``policy_return_ci90``: percentile intervals over resampled
     tasks.  ``effective_sample_size``: Kish's, of the episodes' whole-trajectory weights.
@@ -355,42 +457,40 @@ def off_policy_estimate(pi_prob: np.ndarray, mu_prob: np.ndarray, episode_index:
     outcome_rewards = terminal_rewards(success, episode_index, step_index)
     n_tasks = int(np.unique(groups.astype(str)).shape[0])
 
-    def estimate(pi: np.ndarray, support_steps: np.ndarray, with_ci: bool) -> dict[str, Any]:
+    def estimate(pi: np.ndarray, support_steps: np.ndarray) -> tuple[PolicyEstimate, PDWISTerms, PDWISTerms]:
+        """The estimate of the policy with logged-action probabilities ``pi``, and the
+        weighted terms of its success and its return (what the intervals resample)."""
         succ = pdwis(pi, mu_prob, outcome_rewards, episode_index, step_index, 1.0, floor=floor)
         ret = pdwis(pi, mu_prob, rewards, episode_index, step_index, gamma, floor=floor)
         value_s, value_r = float(succ.trajectory_estimate(success)), ret.value  # one outcome per episode: a float
         ess = effective_sample_size(succ.final_weights)
         share = float(np.mean(support_steps))
         reliable, verdict, note = _verdict(value_s, ess, share, n_tasks, min_ess=min_ess, min_support=min_support)
-        out: dict[str, Any] = {"policy_success": _finite(value_s), "policy_return": _finite(value_r)}
-        if with_ci:
-            stats = {"policy_success_ci90": lambda rows: succ.trajectory_estimate(success, np.bincount(rows, minlength=E)),
-                     "policy_return_ci90": lambda rows: ret.estimate(np.bincount(rows, minlength=E))}
-            for key, stat in stats.items():
-                lo, hi = bootstrap_ci(stat, groups, n_boot=n_boot, level=0.90, seed=seed)
-                out[key] = [_finite(lo), _finite(hi)]
-        out.update({"support": share, "effective_sample_size": ess, "reliable": reliable, "verdict": verdict,
-                    "note": note})
-        return out
+        return (PolicyEstimate(policy_success=_finite(value_s), policy_return=_finite(value_r), support=share,
+                               effective_sample_size=ess, reliable=reliable, verdict=verdict, note=note),
+                succ, ret)
 
-    main = estimate(np.asarray(pi_prob, dtype=np.float64), support, with_ci=True)
+    def over_tasks(stat: Any) -> tuple[float | None, float | None]:
+        lo, hi = bootstrap_ci(stat, groups, n_boot=n_boot, level=0.90, seed=seed)
+        return _finite(lo), _finite(hi)
+
+    main, succ, ret = estimate(np.asarray(pi_prob, dtype=np.float64), support)
+    success_ci = over_tasks(lambda rows: succ.trajectory_estimate(success, np.bincount(rows, minlength=E)))
+    return_ci = over_tasks(lambda rows: ret.estimate(np.bincount(rows, minlength=E)))
     returns = np.bincount(np.unique(episode_index, return_inverse=True)[1],
                           weights=rewards * float(gamma) ** step_index, minlength=E)
-    report: dict[str, Any] = {
-        "method": method,
-        "policy_success": main["policy_success"], "logged_success": float(success.mean()),
-        "policy_success_ci90": main["policy_success_ci90"],
-        "policy_return": main["policy_return"], "logged_return": float(returns.mean()),
-        "policy_return_ci90": main["policy_return_ci90"],
-        "support": main["support"], "episodes": int(E), "steps": int(episode_index.shape[0]), "tasks": n_tasks,
-        "effective_sample_size": main["effective_sample_size"], "propensity_floor": float(floor),
-        "reliable": main["reliable"], "verdict": main["verdict"], "note": main["note"],
-    }
+    greedy = None
     if greedy_prob is not None:
         g_support = support if greedy_support is None else np.asarray(greedy_support, dtype=np.float64)
-        greedy = estimate(np.asarray(greedy_prob, dtype=np.float64), g_support, with_ci=False)
-        report["greedy"] = greedy
-    return report
+        greedy = estimate(np.asarray(greedy_prob, dtype=np.float64), g_support)[0]
+    return OffPolicyEstimate(
+        method=method,
+        policy_success=main.policy_success, logged_success=float(success.mean()), policy_success_ci90=success_ci,
+        policy_return=main.policy_return, logged_return=float(returns.mean()), policy_return_ci90=return_ci,
+        support=main.support, episodes=int(E), steps=int(episode_index.shape[0]), tasks=n_tasks,
+        effective_sample_size=main.effective_sample_size, propensity_floor=float(floor),
+        reliable=main.reliable, verdict=main.verdict, note=main.note, greedy=greedy,
+    )
 
 
 # =========================================================================== from a run
@@ -461,7 +561,7 @@ def policy_probs(agent: Any, obs: dict[str, "torch.Tensor"], mask: "torch.Tensor
 
 def off_policy_report(tables: "SimTables", agent: Any, episodes: "torch.Tensor | np.ndarray", *,
                       groups: np.ndarray | None = None, device: str = "cpu", seed: int = 0,
-                      n_boot: int = 1000, n_folds: int = 5) -> dict[str, Any]:
+                      n_boot: int = 1000, n_folds: int = 5) -> OffPolicyReport:
     """The ``ope`` report of ``agent`` on the logged ``episodes`` of ``tables``.
 
     ``groups``: the task of every episode — one entry per episode of the tables, or one per
@@ -535,19 +635,20 @@ def off_policy_report(tables: "SimTables", agent: Any, episodes: "torch.Tensor |
     rewards = tables.a * r + np.where(last, tables.b * final / gamma ** states.t, 0.0)
     success = tables.success.double().cpu().numpy()[ep_ids]
 
-    report = off_policy_estimate(pi_logged, mu.logged, states.episode, states.t, rewards, gamma, success,
-                                 support=support, groups=groups, greedy_prob=greedy_logged,
-                                 greedy_support=greedy_support, n_boot=n_boot, seed=seed)
-    report["behaviour_model"] = {
-        "model": "multinomial logistic regression on the policy's flat state features",
-        "folds": mu.folds, "held_out_by": held_out_by,
-        "accuracy": mu.accuracy, "log_loss": mu.log_loss,
-    }
-    report["greedy_support"] = float(greedy_support.mean())
-    report["episodes_without_steps"] = int((~used).sum())
-    return report
+    estimate = off_policy_estimate(pi_logged, mu.logged, states.episode, states.t, rewards, gamma, success,
+                                   support=support, groups=groups, greedy_prob=greedy_logged,
+                                   greedy_support=greedy_support, n_boot=n_boot, seed=seed)
+    return OffPolicyReport(
+        **{f.name: getattr(estimate, f.name) for f in fields(estimate)},
+        behaviour_model=BehaviourModelFit(
+            model="multinomial logistic regression on the policy's flat state features",
+            folds=mu.folds, held_out_by=held_out_by, accuracy=mu.accuracy, log_loss=mu.log_loss),
+        greedy_support=float(greedy_support.mean()),
+        episodes_without_steps=int((~used).sum()),
+    )
 
 
-__all__ = ["LoggedStates", "METHOD", "MIN_ESS", "MIN_SUPPORT", "PDWISTerms", "PROPENSITY_FLOOR", "Propensities",
+__all__ = ["BehaviourModelFit", "LoggedStates", "METHOD", "MIN_ESS", "MIN_SUPPORT", "OffPolicyEstimate",
+           "OffPolicyReport", "OffPolicyUnavailable", "PDWISTerms", "PROPENSITY_FLOOR", "PolicyEstimate", "Propensities",
            "behaviour_propensities", "effective_sample_size", "logged_states", "off_policy_estimate",
            "off_policy_report", "pdwis", "policy_probs", "support_mass", "terminal_rewards"]

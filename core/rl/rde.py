@@ -395,13 +395,25 @@ def fit_rde(episodes: Sequence["Episode"], catalog: "Catalog", *, config: RdeCon
     return model
 
 
-def rde_accuracy(model: RdeModel, episodes: Sequence["Episode"], catalog: "Catalog") -> dict[str, Any]:
+@dataclass(frozen=True)
+class RdeAccuracy:
+    """How well the RDE tree predicts the logged actions of some episodes (:func:`rde_accuracy`)."""
+
+    #: Logged decisions scored (steps whose call maps onto a catalog token)
+    decisions: int
+    #: Share of those where the tree's choice is the logged token (None without decisions)
+    accuracy: float | None
+    #: The tree's mean confidence in its choice (None without decisions)
+    mean_confidence: float | None
+
+
+def rde_accuracy(model: RdeModel, episodes: Sequence["Episode"], catalog: "Catalog") -> RdeAccuracy:
     """How often the tree picks the logged action on ``episodes`` (e.g. held-out expert
     ones), and its mean confidence."""
     states, task_types, step_t, prev, tokens = decisions_of(episodes, catalog)
     keep = tokens >= 0
     if not keep.any():
-        return {"decisions": 0, "accuracy": None, "mean_confidence": None}
+        return RdeAccuracy(decisions=0, accuracy=None, mean_confidence=None)
     pred, conf = model.predict(model.featurize(states, task_types, step_t, prev)[keep])
-    return {"decisions": int(keep.sum()), "accuracy": float((pred == tokens[keep]).mean()),
-            "mean_confidence": float(conf.mean())}
+    return RdeAccuracy(decisions=int(keep.sum()), accuracy=float((pred == tokens[keep]).mean()),
+                       mean_confidence=float(conf.mean()))

@@ -12,6 +12,7 @@ import optuna
 
 from core.access.users import Actor, authorize
 from core.base.errors import InputError, RwbError
+from core.base.results import to_jsonable
 from core.rewards.template import parse_template
 from core.rewards.versions import diff_templates, save_template
 from core.tuning.config import SearchSpace
@@ -59,7 +60,7 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
     new = base.with_weights(weights)
     for comp, p in params.items():
         new = new.with_params(comp, {**dict(new.component(comp).params), **dict(p)})
-    diff = diff_templates(base, new)
+    diff = to_jsonable(diff_templates(base, new))  # stored in the version's meta and the applications table
     if not diff:
         raise InputError(f"trial {chosen.number} of study {name!r} keeps the template's own weights; there is "
                          "nothing to apply", field="study")
