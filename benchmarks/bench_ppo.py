@@ -145,7 +145,7 @@ def run_sb3(tables: SimTables, cfg: ppo.PPOConfig, n_envs: int, encoder: StateEn
 def greedy_return(tables: SimTables, agent: Any, seed: int = 0) -> dict[str, float]:
     idx = torch.arange(tables.n_episodes)
     s = episode_stats(tables, agent, idx, every_episode=True, seed=seed)
-    return {k: s[k] for k in ("return_mean", "success_rate", "off_support_rate", "mask_violations")}
+    return {k: getattr(s, k) for k in ("return_mean", "success_rate", "off_support_rate", "mask_violations")}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

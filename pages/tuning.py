@@ -91,9 +91,9 @@ with start_tab:
                 st.session_state[START_NOTICE] = ("error", f"Could not start: {user_message(exc)}")
             else:
                 st.session_state[START_NOTICE] = (
-                    "success", f"Started study {started['study']} (tuning run {started['run_id']}, worker "
-                               f"process {started['pid']}): watch it in the Studies tab.")
-                st.session_state["tune_show"] = started["study"]
+                    "success", f"Started study {started.study} (tuning run {started.run_id}, worker "
+                               f"process {started.pid}): watch it in the Studies tab.")
+                st.session_state["tune_show"] = started.study
         show_notice(START_NOTICE)
 
 # --------------------------------------------------------------------------- preference labels
@@ -221,8 +221,8 @@ with studies_tab:
                         st.session_state[applied_key] = ("error", f"Not applied: {user_message(exc)}")
                     else:
                         st.session_state[applied_key] = (
-                            "success", f"Saved {applied['label']} from trial {applied['trial']} "
-                                       f"({len(applied['diff'])} changes): pick it as the reward template "
+                            "success", f"Saved {applied.label} from trial {applied.trial} "
+                                       f"({len(applied.diff)} changes): pick it as the reward template "
                                        "to train or tune on.")
                         # the template pickers (here and on Training) list the new version now
                         resources.refresh_template_specs()

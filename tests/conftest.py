@@ -23,9 +23,14 @@ _EMBEDDING_STORE: list[str] = []
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist each worker computes with one thread: the workers already fill the
     cores, and a second intra-op thread per worker only makes them contend (children
-    started by tests inherit the setting).  The first process of the run (the controller
+    started by tests inherit the setting); files are handed out in collection order.  The
+    first process of the run (the controller
     under xdist, which starts the workers after this hook) names the run's shared
     embedding store, unless the caller named one."""
+    if hasattr(config.option, "loadscopereorder"):
+        # pytest-xdist hands out whole files (--dist loadfile), by default the files with the
+        # most tests first; the collection order (long files first, below) is kept instead
+        config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ.setdefault(name, "1")

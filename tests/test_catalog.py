@@ -379,7 +379,8 @@ def test_catalog_for_dataset(tmp_path, trading_tools):
     with pytest.raises(InputError, match="no dataset named 'nope'.*with_tools"):
         catalog_for_dataset(ws, "nope")
     summary = show_catalog(ws, dataset="with_tools")
-    assert summary["n_tokens"] == len(cat) and summary["version"] == cat.version
+    assert summary.n_tokens == len(cat) and summary.version == cat.version and summary.source == "dataset with_tools"
+    assert summary.tokens == cat.tokens and [t.name for t in summary.tools] == list(cat.tools)
     ws.close()
 
 
@@ -406,7 +407,9 @@ def test_cli_catalog_show(capsys):
     assert main(["catalog", "show", "--tools", str(tools), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["n_tools"] == 17 and out["n_tokens"] == len(out["tokens"])
-    assert {"id", "name", "label", "risk", "preset"} <= set(out["tokens"][5])
+    assert list(out) == ["source", "version", "n_tools", "n_tokens", "inferred_tools", "tools", "tokens"]
+    assert list(out["tools"][0]) == ["tool_id", "name", "risk", "n_presets", "preset_params"]
+    assert list(out["tokens"][5]) == ["id", "name", "kind", "tool", "tool_id", "preset", "label", "risk"]
     assert main(["catalog", "show", "--tools", str(tools)]) == 0
     text = capsys.readouterr().out
     assert "A12T3" in text and "get_stock_data(period=q3" in text and out["version"] in text

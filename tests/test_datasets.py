@@ -476,10 +476,10 @@ def test_good_behaviours_pass_the_shipped_masks(domain, good):
     ds = datasets.generate(domain, 400, seed=31)
     catalog = build_catalog(ds.tools, ds.episodes)
     report = logged_mask_report(load_masks(datasets.datasets_dir() / domain / "masks.yaml", catalog), ds.episodes)
-    for behaviour, row in report["by_behaviour"].items():
+    for behaviour, row in report.by_behaviour.items():
         if behaviour in good:
-            assert row["blocked"] == 0, (behaviour, report)
-    assert report["blocked"] > 0
+            assert row.blocked == 0, (behaviour, report)
+    assert report.blocked > 0
 
 
 def test_behaviours_keeps_only_the_named_ones(tmp_path):

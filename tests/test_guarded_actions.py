@@ -9,6 +9,7 @@ tests/test_runs.py and tests/test_tuning_page.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,14 +88,14 @@ def test_study_already_running_is_refused_naming_its_run(ws, children):
     first = tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=5)
     with pytest.raises(ConflictError) as refused:
         tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=5)
-    assert f"study {first['study']!r} is already running (tuning run {first['run_id']}" in str(refused.value)
-    with pytest.raises(ConflictError, match=f"tuning run {first['run_id']}"):   # same name given explicitly
-        tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=50, study=first["study"])
+    assert f"study {first.study!r} is already running (tuning run {first.run_id}" in str(refused.value)
+    with pytest.raises(ConflictError, match=f"tuning run {first.run_id}"):   # same name given explicitly
+        tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=50, study=first.study)
     assert [len(tuning.study_runs(ws, s.name)) for s in tuning.list_studies(ws)] == [1]
     # other settings make another study, which may run beside it
     other = tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=5,
                                  config=tuning.TuneConfig(seed=1))
-    assert other["study"] != first["study"] and len(tuning.list_studies(ws)) == 2
+    assert other.study != first.study and len(tuning.list_studies(ws)) == 2
 
 
 def test_a_study_whose_worker_died_can_be_started_again(ws, children):
@@ -102,7 +103,18 @@ def test_a_study_whose_worker_died_can_be_started_again(ws, children):
     children[-1].kill()
     children[-1].wait()
     again = tuning.launch_tuning(ws, LOCAL_ADMIN, "fin_fast@1", dataset="fin", trials=5, study="s")
-    assert again["run_id"] != first["run_id"] and len(tuning.study_runs(ws, "s")) == 2
+    assert again.run_id != first.run_id and len(tuning.study_runs(ws, "s")) == 2
+
+
+def test_cli_background_study_prints_its_worker(ws, children, capsys):
+    from core.cli import main
+
+    assert main(["tune", "--template", "fin_fast@1", "--dataset", "fin", "--trials", "5", "--study", "bg",
+                 "--background", "--json"]) == 0
+    started = json.loads(capsys.readouterr().out)
+    assert list(started) == ["study", "run_id", "pid", "log"]
+    assert started["study"] == "bg" and started["pid"] == children[-1].pid
+    assert started["run_id"] == tuning.study_runs(ws, "bg")[0].id
 
 
 # --------------------------------------------------------------------------- pages
@@ -180,4 +192,4 @@ def test_tuning_page_stop_is_acknowledged(ws, children):
     at = AppTest.from_file(TUNING, default_timeout=120)
     at.session_state["tune_name"] = "halt"
     at.run()
-    assert ack not in [i.value for i in at.info] and started["run_id"] == tuning.study_runs(ws, "halt")[0].id
+    assert ack not in [i.value for i in at.info] and started.run_id == tuning.study_runs(ws, "halt")[0].id

@@ -431,11 +431,12 @@ def test_shipped_masks_leave_good_behaviour_alone_and_catch_bad(domain, good, ca
     rules.compile(build_catalog(tools))                 # compiles on the schemas alone
     compiled = rules.compile(build_catalog(tools, episodes))  # and on the dataset's learned catalog
     report = logged_mask_report(compiled, episodes)
-    assert report["fallback_states"] == 0
+    assert report.fallback_states == 0
     for behaviour in good:
-        assert report["by_behaviour"][behaviour]["blocked"] == 0, report
+        assert report.by_behaviour[behaviour].blocked == 0, report
     for behaviour in caught:
-        assert report["by_behaviour"][behaviour]["blocked"] > 0, report
+        assert report.by_behaviour[behaviour].blocked > 0, report
+    assert report.blocked == sum(b.blocked for b in report.by_behaviour.values())
     feats, _, tokens, _ = logged_inputs(episodes, compiled.catalog)
     assert set(compiled.required_features) <= set(feats)
     assert len(tokens) == sum(e.n_steps for e in episodes)
@@ -464,6 +465,8 @@ def test_cli_catalog_masks(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["rules"][0]["name"] == "live_quotes_in_trading_hours" and out["rules"][0]["line"] == 12
     assert out["rules"][0]["targets"] == ["A10T0"]
+    assert list(out) == ["file", "catalog_version", "n_tokens", "required_features", "rules"]
+    assert list(out["rules"][0]) == ["name", "kind", "line", "n_targets", "targets"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - name: x\n    kind: risk\n    targets: {tools: [nope]}\n    when: {v: 1}\n")
     assert main(["catalog", "masks", str(bad), "--tools", str(tools)]) == 2
@@ -471,6 +474,26 @@ def test_cli_catalog_masks(capsys, tmp_path):
     assert "line 2" in err and "unknown tool 'nope'" in err
     with pytest.raises(InputError, match="exactly one"):
         check_masks(masks)
+
+
+def test_cli_catalog_masks_on_a_dataset(capsys, tmp_path, monkeypatch):
+    """Against a dataset, the check also says what the rules would have blocked in its logs."""
+    from _tuning_fixtures import finance_workspace
+    from core.cli import main
+
+    ws = finance_workspace(tmp_path / "ws", n_episodes=30, seed=3)
+    monkeypatch.setenv("RWB_WORKSPACE", str(ws.root))
+    masks = REPO / "datasets" / "finance" / "masks.yaml"
+    assert main(["catalog", "masks", str(masks), "--dataset", "fin", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["file", "catalog_version", "n_tokens", "required_features", "rules", "logged"]
+    logged = out["logged"]
+    assert list(logged) == ["steps", "blocked", "fallback_states", "by_behaviour", "by_rule"]
+    assert logged["steps"] == sum(len(e.steps) for e in ws.load_episodes("fin"))
+    assert all(list(b) == ["steps", "valid_actions", "blocked"] for b in logged["by_behaviour"].values())
+    assert main(["catalog", "masks", str(masks), "--dataset", "fin"]) == 0
+    assert f"on the {logged['steps']} logged steps of fin" in capsys.readouterr().out
+    ws.close()
 
 
 _scalars = st.none() | st.booleans() | st.integers(-5, 30) | st.floats(-1, 30) | st.sampled_from(

@@ -468,3 +468,30 @@ def test_support_is_the_policy_mass_on_tokens_logged_in_the_same_cluster(run_tab
     greedy = [float((*key(n), int(probs[n].argmax())) in taken) for n in range(states.steps.size)]
     assert rep.support == pytest.approx(float(np.mean(mass)), abs=1e-9)
     assert rep.greedy_support == pytest.approx(float(np.mean(greedy)), abs=1e-12)
+
+
+def test_the_same_fit_is_computed_once_per_process_and_shared_read_only(monkeypatch):
+    """Exporting a bundle and registering it evaluate the same logs: the behaviour model is
+    fitted once for identical inputs, and again for any input that differs."""
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(120, 6))
+    actions = rng.integers(0, 3, size=120)
+    tasks = np.repeat(np.array(["a", "b", "c", "d"], dtype=object), 30)
+    fits = []
+    fit = ope._fit_propensities
+    monkeypatch.setattr(ope, "_fit_propensities", lambda *a, **kw: fits.append(1) or fit(*a, **kw))
+    first = ope.behaviour_propensities(features, actions, tasks, n_folds=3, seed=11)
+    again = ope.behaviour_propensities(features.copy(), actions.copy(), tasks.copy(), n_folds=3, seed=11)
+    assert again is first and len(fits) == 1
+    with pytest.raises(ValueError):
+        first.probs[0, 0] = 1.0                         # shared: nobody may change it
+    changed = features.copy()
+    changed[7, 2] += 1e-9
+    for args, kwargs in [((changed, actions, tasks), {"seed": 11}), ((features, actions, tasks), {"seed": 12}),
+                         ((features, actions, None), {"seed": 11}),
+                         ((features, actions, tasks), {"seed": 11, "C": 0.1})]:
+        ope.behaviour_propensities(*args, n_folds=3, **kwargs)
+    assert len(fits) == 5
+    assert np.array_equal(ope._fit_propensities(features, actions, tasks, n_folds=3, C=0.03, n_components=64,
+                                                seed=11, max_iter=150, floor=ope.PROPENSITY_FLOOR).probs,
+                          first.probs)

@@ -88,9 +88,9 @@ def _fixed_batch(agent: Agent, n: int = 256, seed: int = 0) -> dict:
         logits, _ = agent.heads(state)
         dist = MaskedCategorical(logits, mask)
         actions = dist.sample(g)
-        return {"state": state, "mask": mask, "actions": actions, "logprobs": dist.log_prob(actions),
-                "old_logp_all": dist.log_probs_all.clone(), "advantages": torch.randn(n, generator=g),
-                "returns": torch.randn(n, generator=g), "boot": torch.ones(n, agent.n_critics)}
+        return ppo.PPOBatch(state=state, mask=mask, actions=actions, logprobs=dist.log_prob(actions),
+                            old_logp_all=dist.log_probs_all.clone(), advantages=torch.randn(n, generator=g),
+                            returns=torch.randn(n, generator=g), boot=torch.ones(n, agent.n_critics))
 
 
 @pytest.mark.parametrize("lr, expected", [(0.0, 0.5), (0.5, 1.5)])
@@ -218,14 +218,15 @@ class _MemoryRecorder:
 # --------------------------------------------------------------------------- warm start and metrics
 def test_warm_start_imitates_the_best_logged_behaviour(data):
     bc = ppo.warm_start_set(data, device="cpu", seed=0, gamma=0.95)
-    assert bc["behaviour"] == data.best_behaviour == max(data.logged_returns, key=data.logged_returns.get)
-    assert bc["n_logged"] == len(bc["action"]) > 0
+    assert bc.behaviour == data.best_behaviour == max(data.logged_returns, key=data.logged_returns.get)
+    assert bc.n_logged == len(bc.action) == len(bc.returns) == len(bc.mask) > 0
+    assert all(len(v) == bc.n_logged for v in bc.obs.values())
     tb = data.tables
     # every label is allowed in its state and is what the expert logged there
-    assert bool(bc["mask"].gather(1, bc["action"][:, None]).all())
-    labels = set(bc["action"].tolist())
+    assert bool(bc.mask.gather(1, bc.action[:, None]).all())
+    labels = set(bc.action.tolist())
     expert_tokens = {int(tb.token[s]) for s in range(tb.n_steps)
-                     if tb.behaviours[int(tb.step_episode[s])] == bc["behaviour"]}
+                     if tb.behaviours[int(tb.step_episode[s])] == bc.behaviour}
     assert labels <= expert_tokens
     agent = Agent(tb.n_actions, tiny(encoder={"dim": 64, "gating": "on"}).encoder_config(), hidden=64,
                       n_critics=2)
@@ -295,10 +296,11 @@ def test_short_run_beats_random_in_mask_clearly(data):
     held = data.heldout_episodes
     policy = episode_stats(data.tables, res.agent, held, every_episode=True, seed=5)
     random = episode_stats(data.tables, None, held, every_episode=True, seed=5)
-    assert policy["mask_violations"] == 0 and random["mask_violations"] == 0
-    assert policy["episodes"] == random["episodes"] == int(held.numel())
-    assert policy["return_mean"] > random["return_mean"] + 1.0, (policy["return_mean"], random["return_mean"])
-    assert policy["off_support_rate"] < random["off_support_rate"]
+    assert policy.mask_violations == 0 and random.mask_violations == 0
+    assert policy.episodes == random.episodes == int(held.numel())
+    assert policy.return_mean > random.return_mean + 1.0, (policy.return_mean, random.return_mean)
+    assert policy.off_support_rate < random.off_support_rate
+    assert len(policy.rewards) == policy.steps and policy.probs is not None and random.probs is None
 
 
 def test_ppo_alone_learns(data):

@@ -271,6 +271,8 @@ def test_cli_states_map_and_entropy(fx_ws, tmp_path, monkeypatch, capsys):
     assert rwb(["states", "map", "--dataset", "fx", "--out", str(out), "--max-points", "100", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["n_points"] == 100 and data["out"] == str(out)
+    assert list(data) == ["source", "space", "n_steps", "n_points", "fidelity", "entropy", "timings", "settings",
+                          "color_fields", "out"]
     assert len(pd.read_csv(out)) == 100 and "behaviour" in data["color_fields"]
     assert set(data["fidelity"]) >= {"silhouette", "silhouette_shuffled", "knn_agreement", "verdict"}
     assert data["entropy"]["overall"] > 0

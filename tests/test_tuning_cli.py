@@ -44,6 +44,11 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
         assert set(body["best"]["figures"][side]) >= {"auc", "soft_auc", "kendall_tau"}
         assert set(body["baseline"]["figures"][side]) >= {"auc", "kendall_tau"}
     assert body["best_value"] >= body["baseline"]["figures"]["train"]["soft_auc"]   # the baseline is trial 0
+    assert list(body["trials"][0]) == ["trial", "state", "value", "held_out", "held_out_auc", "cv_auc", "penalty",
+                                       "params", "feasible", "baseline"]
+    assert list(body["split"]) == ["by", "group_key", "groups", "train_episodes", "held_out_episodes",
+                                   "held_out_groups", "design_folds", "folds_used", "unused_folds",
+                                   "labelled_design_episodes", "labelled_held_out_episodes"]
     study = body["study"]
     assert study.startswith("fin_fast-outcome-fin-")
 
@@ -51,6 +56,8 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
     assert code == 0, err
     applied = json.loads(out)
     assert applied["label"] == "fin_fast@2" and applied["base_version"] == 1
+    assert list(applied) == ["study", "trial", "template", "base_version", "version", "label", "diff", "figures",
+                             "message"]
     weights = {c["key"]: c["b"] for c in applied["diff"] if c["section"] == "weight"}
     new = get_template(ws, "fin_fast", 2)
     assert weights and all(new.template().weights()[k] == pytest.approx(v) for k, v in weights.items())

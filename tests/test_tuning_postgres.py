@@ -109,4 +109,4 @@ def test_two_workers_share_one_study(postgres_url, tmp_path):
     # `rwb tune apply` (in process here) reads the shared study through the URL the
     # workspace recorded for it
     applied = tuning.apply_study(ws, current_user(ws), "shared")
-    assert applied["label"] == "fin_fast@1" and applied["trial"] == best.number
+    assert applied.label == "fin_fast@1" and applied.trial == best.number

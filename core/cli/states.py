@@ -66,7 +66,7 @@ def map_(
         tsne=TsneConfig(seed=seed), max_points=max_points, clusters=clusters, template=template,
         progress=None if as_json else (lambda msg: typer.echo(f"… {msg}", err=True)))
     if as_json:
-        print_json({**report.summary(), "out": str(out)})
+        print_json(report.summary(out))
         return
     f = report.fidelity
     typer.echo(f"Wrote the map's points to {out} ({len(report.index)} of {report.n_steps} steps)")

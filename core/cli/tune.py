@@ -119,7 +119,7 @@ def tune(
         if as_json:
             print_json(started)
         else:
-            typer.echo(f"study {started['study']}: worker {started['pid']} started (log {started['log']})")
+            typer.echo(f"study {started.study}: worker {started.pid} started (log {started.log})")
         return
     update, bar = (None, None) if quiet or as_json else _trial_progress()
     if bar is not None:
@@ -164,11 +164,11 @@ def _trial_progress():
     """The progress printer of a study: one step per trial, with its value and held-out AUC."""
     def describe(m: dict[str, Any]) -> str:
         row = m["trial"]
-        text = f"trial {row['trial']} {row['state']} · value {_fmt(row['value'])}"
-        if row.get("cv_auc") is not None or row.get("held_out_auc") is not None:
-            text += f" · CV AUC {_fmt(row.get('cv_auc'))} · held-out AUC {_fmt(row.get('held_out_auc'))}"
-        elif row.get("held_out") is not None:
-            text += f" · held out {_fmt(row['held_out'])}"
+        text = f"trial {row.trial} {row.state} · value {_fmt(row.value)}"
+        if row.cv_auc is not None or row.held_out_auc is not None:
+            text += f" · CV AUC {_fmt(row.cv_auc)} · held-out AUC {_fmt(row.held_out_auc)}"
+        elif row.held_out is not None:
+            text += f" · held out {_fmt(row.held_out)}"
         return text + f" · best {_fmt(m['best_value'])}"
 
     return progress_printer("tuning", "trial", lambda m: (m["trials_done"], m["trials"]), describe)
@@ -190,8 +190,8 @@ def apply(
     if as_json:
         print_json(out)
         return
-    typer.echo(f"saved {out['label']} from trial {out['trial']} of {out['study']}: {out['message']}")
-    for c in out["diff"]:
+    typer.echo(f"saved {out.label} from trial {out.trial} of {out.study}: {out.message}")
+    for c in out.diff:
         typer.echo(f"  {c['section']} {c['key']}: {_fmt(c['a'])} -> {_fmt(c['b'])}")
 
 

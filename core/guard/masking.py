@@ -21,7 +21,7 @@ import re
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -1254,10 +1254,71 @@ def load_masks(path: str | Path, catalog: Catalog) -> CompiledMasks:
     return MaskRules.from_yaml(Path(path)).compile(catalog)
 
 
+@dataclass(frozen=True)
+class BehaviourBlocked:
+    """What mask rules would block of one logged behaviour's steps (:class:`LoggedMaskReport`)."""
+
+    steps: int
+    #: Steps whose logged action maps to a catalog token (not INVALID).
+    valid_actions: int
+    #: Of those, actions the masks forbid in the step's state.
+    blocked: int
+
+
+@dataclass(frozen=True)
+class LoggedMaskReport:
+    """How many logged actions mask rules would block (:func:`logged_mask_report`)."""
+
+    steps: int
+    #: Valid logged actions the masks forbid in their state.
+    blocked: int
+    #: States in which the masks leave no action (the fallback applies).
+    fallback_states: int
+    #: Logged behaviour → its steps and blocked actions, behaviours in name order.
+    by_behaviour: dict[str, BehaviourBlocked]
+    #: Rule name → blocked logged actions it forbids (of the first 2000 blocked steps).
+    by_rule: dict[str, int]
+
+
+@dataclass(frozen=True)
+class MaskRuleCheck:
+    """One compiled mask rule and the tokens it targets (:class:`MaskCheck`)."""
+
+    name: str
+    kind: str
+    #: Line of the rule in the YAML file (None when not read from a file).
+    line: int | None
+    n_targets: int
+    #: Names of the tokens it targets, in id order.
+    targets: list[str]
+
+
+@dataclass(frozen=True)
+class MaskCheck:
+    """A mask-rules file compiled against a catalog (:func:`check_masks` with a tools file)."""
+
+    file: str
+    catalog_version: str
+    n_tokens: int
+    #: State features the rules read.
+    required_features: list[str]
+    rules: list[MaskRuleCheck]
+
+
+@dataclass(frozen=True)
+class MaskCheckOnDataset(MaskCheck):
+    """A mask-rules file compiled against a dataset's catalog, with what the rules would
+    have blocked in its logged episodes (:func:`check_masks` with a dataset)."""
+
+    logged: LoggedMaskReport
+
+
 def check_masks(path: str | Path, ws: Any = None, *, dataset: str | None = None,
-                tools_file: str | Path | None = None) -> dict[str, Any]:
+                tools_file: str | Path | None = None) -> MaskCheck:
     """Compile a mask-rules file against a dataset's or a tools file's catalog and say what
-    each rule targets (``rwb catalog masks``); errors name the rule and line."""
+    each rule targets (``rwb catalog masks``); errors name the rule and line.  With a
+    dataset, the result is a :class:`MaskCheckOnDataset`: also what the rules would have
+    blocked in its logged episodes."""
     if (dataset is None) == (tools_file is None):
         raise InputError("give exactly one of --dataset NAME or --tools FILE")
     if tools_file is not None:
@@ -1267,18 +1328,17 @@ def check_masks(path: str | Path, ws: Any = None, *, dataset: str | None = None,
             raise InputError("a workspace is needed to check masks against a dataset's catalog")
         catalog = catalog_for_dataset(ws, dataset)  # type: ignore[arg-type]
     compiled = MaskRules.from_yaml(Path(path)).compile(catalog)
-    report: dict[str, Any] = {
-        "file": str(path), "catalog_version": catalog.version, "n_tokens": len(catalog),
-        "required_features": compiled.required_features,
-        "rules": [{"name": r.name, "kind": r.kind, "line": r.line,
-                   "n_targets": len(compiled.rule_targets(i)),
-                   "targets": [catalog.tokens[a].name for a in compiled.rule_targets(i)]}
-                  for i, r in enumerate(compiled.rules)],
-    }
-    if dataset is not None:
-        # What the rules would have blocked in the logged data (the expert should be untouched).
-        report["logged"] = logged_mask_report(compiled, ws.load_episodes(dataset))
-    return report
+    report = MaskCheck(
+        file=str(path), catalog_version=catalog.version, n_tokens=len(catalog),
+        required_features=compiled.required_features,
+        rules=[MaskRuleCheck(name=r.name, kind=r.kind, line=r.line, n_targets=len(compiled.rule_targets(i)),
+                             targets=[catalog.tokens[a].name for a in compiled.rule_targets(i)])
+               for i, r in enumerate(compiled.rules)])
+    if dataset is None:
+        return report
+    # What the rules would have blocked in the logged data (the expert should be untouched).
+    return MaskCheckOnDataset(**{f.name: getattr(report, f.name) for f in fields(report)},
+                              logged=logged_mask_report(compiled, ws.load_episodes(dataset)))
 
 
 def logged_inputs(episodes: Sequence[Any], catalog: Catalog, features: Sequence[str] | None = None
@@ -1325,7 +1385,7 @@ def counts_from_prior(prior: np.ndarray, rows: np.ndarray, n_actions: int) -> np
 
 
 def logged_mask_report(compiled: CompiledMasks, episodes: Sequence[Any], *, chunk: int = 4096
-                       ) -> dict[str, Any]:
+                       ) -> LoggedMaskReport:
     """How many logged actions the masks would block, per behaviour and per rule.
 
     A good rule set blocks (almost) nothing the expert did and catches what it should."""
@@ -1344,16 +1404,16 @@ def logged_mask_report(compiled: CompiledMasks, episodes: Sequence[Any], *, chun
         valid = tokens[rows] >= 0
         blocked[rows[valid]] = ~result.mask[np.flatnonzero(valid), tokens[rows][valid]]
         fallback[rows] = result.fallback
-    per_behaviour: dict[str, dict[str, int]] = {}
+    per_behaviour: dict[str, BehaviourBlocked] = {}
     for b in sorted(set(behaviours)):
         sel = np.array([x == b for x in behaviours])
-        per_behaviour[b] = {"steps": int(sel.sum()), "valid_actions": int((tokens[sel] >= 0).sum()),
-                            "blocked": int(blocked[sel].sum())}
+        per_behaviour[b] = BehaviourBlocked(steps=int(sel.sum()), valid_actions=int((tokens[sel] >= 0).sum()),
+                                            blocked=int(blocked[sel].sum()))
     by_rule: dict[str, int] = {}
     for row in np.flatnonzero(blocked)[:2000]:
         state = {f: feats[f][row] for f in compiled.required_features}
         counts = counts_from_prior(prior, np.array([row]), compiled.n_actions)[0]
         for name in compiled.explain(state, counts)[compiled.catalog.tokens[tokens[row]].name]:
             by_rule[name] = by_rule.get(name, 0) + 1
-    return {"steps": len(tokens), "blocked": int(blocked.sum()), "fallback_states": int(fallback.sum()),
-            "by_behaviour": per_behaviour, "by_rule": by_rule}
+    return LoggedMaskReport(steps=len(tokens), blocked=int(blocked.sum()), fallback_states=int(fallback.sum()),
+                            by_behaviour=per_behaviour, by_rule=by_rule)

@@ -20,7 +20,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -934,15 +934,60 @@ class Catalog:
                              field="tokens")
         return cat
 
-    def summary(self) -> dict[str, Any]:
-        """Version, counts and every token, as one JSON-able object."""
-        return {"version": self.version, "n_tools": len(self.tools), "n_tokens": len(self.tokens),
-                "inferred_tools": self.inferred,
-                "tools": [{"tool_id": s.tool_id, "name": n, "risk": s.schema.risk,
-                           "n_presets": int(np.prod([d.size() for d in s.dims])) if s.dims else 1,
-                           "preset_params": [d.param for d in s.dims]}
-                          for n, s in self._specs.items()],
-                "tokens": [t.to_dict() for t in self.tokens]}
+    def summary(self) -> "CatalogSummary":
+        """Version, counts, every tool and every token."""
+        return CatalogSummary(
+            version=self.version, n_tools=len(self.tools), n_tokens=len(self.tokens), inferred_tools=self.inferred,
+            tools=[CatalogTool(tool_id=s.tool_id, name=n, risk=s.schema.risk,
+                               n_presets=int(np.prod([d.size() for d in s.dims])) if s.dims else 1,
+                               preset_params=[d.param for d in s.dims])
+                   for n, s in self._specs.items()],
+            tokens=list(self.tokens))
+
+
+@dataclass(frozen=True)
+class CatalogTool:
+    """One tool of a catalog, as :meth:`Catalog.summary` lists it."""
+
+    tool_id: int
+    name: str
+    #: The risk its schema declares ("low", "medium", "high").
+    risk: str
+    #: Tokens of the tool: the product of its preset dimensions' sizes (1 without presets).
+    n_presets: int
+    #: The parameters its presets vary, one per preset dimension.
+    preset_params: list[str]
+
+
+@dataclass(frozen=True)
+class CatalogSummary:
+    """A catalog's version, counts, tools and tokens (:meth:`Catalog.summary`)."""
+
+    version: str
+    n_tools: int
+    n_tokens: int
+    #: Whether the tools were inferred from logged calls (the dataset had no tool schemas).
+    inferred_tools: bool
+    tools: list[CatalogTool]
+    #: Every action token, in id order.
+    tokens: list[ActionToken]
+
+
+@dataclass(frozen=True)
+class ShownCatalog:
+    """The catalog of a dataset or a tools file, as ``rwb catalog show`` prints it
+    (:func:`show_catalog`): where it comes from, then the fields of :class:`CatalogSummary`."""
+
+    #: "dataset NAME" or the tools file's path.
+    source: str
+    version: str
+    n_tools: int
+    n_tokens: int
+    #: Whether the tools were inferred from logged calls (the dataset had no tool schemas).
+    inferred_tools: bool
+    tools: list[CatalogTool]
+    #: Every action token, in id order.
+    tokens: list[ActionToken]
 
 
 def build_catalog(tools: Sequence[ToolSchema] | None, episodes: Sequence[Episode] | None = None, *,
@@ -1118,7 +1163,7 @@ def load_tools_file(path: str | Path) -> list[ToolSchema]:
 
 
 def show_catalog(ws: "Workspace | None" = None, *, dataset: str | None = None,
-                 tools_file: str | Path | None = None) -> dict[str, Any]:
+                 tools_file: str | Path | None = None) -> ShownCatalog:
     """The catalog of a dataset or of a tools file, summarised for display (``rwb catalog show``)."""
     if (dataset is None) == (tools_file is None):
         raise InputError("give exactly one of --dataset NAME or --tools FILE")
@@ -1130,4 +1175,5 @@ def show_catalog(ws: "Workspace | None" = None, *, dataset: str | None = None,
             raise InputError("a workspace is needed to show a dataset's catalog")
         cat = catalog_for_dataset(ws, dataset)  # type: ignore[arg-type]
         source = f"dataset {dataset}"
-    return {"source": source, **cat.summary()}
+    summary = cat.summary()
+    return ShownCatalog(source=source, **{f.name: getattr(summary, f.name) for f in fields(summary)})

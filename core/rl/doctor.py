@@ -220,10 +220,10 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     # 1 + 4: a rollout of the policy as it trained (sampled actions) on training episodes
     rollout = episode_stats(tables, agent, ctx.data.train_episodes, n_envs=min(256, episodes), seed=seed,
                             min_episodes=episodes, greedy=False, support_episodes=None)
-    probs = rollout["probs"]
+    probs = rollout.probs
     allowed = float(np.mean((probs > 0).sum(axis=1))) if probs is not None and len(probs) else float("nan")
     allowed_exact = _mean_allowed(tables, ctx.data.train_episodes, seed)
-    steps.append(reward_integrity(rollout["rewards"], allowed_exact, tables.n_actions))
+    steps.append(reward_integrity(rollout.rewards, allowed_exact, tables.n_actions))
 
     # 2: fidelity of the trained encoder on recorded states
     rng = np.random.default_rng(seed)

@@ -30,6 +30,7 @@ from core.rl.runs import open_run
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.catalog import CatalogCoverage
     from core.rl.ope import OffPolicyReport, OffPolicyUnavailable
+    from core.rl.rollouts import RolloutStats
     from core.rl.sim import SimTables
     from core.rl.runs import RunContext
     from core.records.store import Workspace
@@ -142,23 +143,24 @@ class EvaluationReport:
         return cast("dict[str, Any]", to_jsonable(self))
 
 
-def _summarise(passes: list[dict[str, Any]]) -> PooledReturns:
+def _summarise(passes: "list[RolloutStats]") -> PooledReturns:
     """Pool several passes (:func:`core.rl.rollouts.episode_stats`) over the same episodes
     (means over all finished episodes)."""
-    n = sum(p["episodes"] for p in passes)
-    steps = sum(p["steps"] for p in passes)
+    n = sum(p.episodes for p in passes)
+    steps = sum(p.steps for p in passes)
 
     def wmean(key: str, weight: str) -> float:
-        pairs = [(p[key], p[weight]) for p in passes if p[weight] and p[key] is not None and math.isfinite(p[key])]
+        figures = [(getattr(p, key), getattr(p, weight)) for p in passes]
+        pairs = [(v, w) for v, w in figures if w and v is not None and math.isfinite(v)]
         total = sum(w for _, w in pairs)
         return sum(v * w for v, w in pairs) / total if total else float("nan")
 
     return PooledReturns(
         return_mean=wmean("return_mean", "episodes"),
-        return_std_between_passes=float(np.std([p["return_mean"] for p in passes])) if len(passes) > 1 else 0.0,
+        return_std_between_passes=float(np.std([p.return_mean for p in passes])) if len(passes) > 1 else 0.0,
         success_rate=wmean("success_rate", "episodes"),
         off_support_rate=wmean("off_support_rate", "steps"),
-        mask_violations=int(sum(p["mask_violations"] for p in passes)),
+        mask_violations=int(sum(p.mask_violations for p in passes)),
         episodes=int(n), steps=int(steps), passes=len(passes),
     )
 

@@ -12,7 +12,10 @@ Details: docs/learning.md (## The off-policy estimate, ## Off-policy estimate: t
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import math
+import threading
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -191,6 +194,13 @@ class Propensities:
     log_loss: float
 
 
+#: Fits :func:`behaviour_propensities` keeps, newest last: exporting a bundle and registering it
+#: evaluate the same logs, and the fit depends on nothing else.
+_FIT_CACHE: "collections.OrderedDict[str, Propensities]" = collections.OrderedDict()
+_FIT_CACHE_SIZE = 4
+_FIT_CACHE_LOCK = threading.Lock()
+
+
 def behaviour_propensities(features: np.ndarray, actions: np.ndarray, groups: np.ndarray | None = None, *,
                            n_folds: int = 5, C: float = 0.03, n_components: int = 64, seed: int = 0,
                            max_iter: int = 150, floor: float = PROPENSITY_FLOOR) -> Propensities:
@@ -207,7 +217,38 @@ def behaviour_propensities(features: np.ndarray, actions: np.ndarray, groups: np
     ``C`` is the inverse L2 strength as in scikit-learn (loss ``C·Σ CE + ½‖W‖²``); the
     fit stops after ``max_iter`` L-BFGS iterations, past which the held-out fit barely
     moves.  An action absent from a fold's training steps gets probability 0 there; a fold
-    whose training steps show one action only predicts it with certainty."""
+    whose training steps show one action only predicts it with certainty.
+
+    The fit is a pure function of its inputs, so the last few are kept per process, keyed
+    by a digest of every input (their arrays are read-only: callers share them)."""
+    X = np.ascontiguousarray(features, dtype=np.float64)
+    y = np.ascontiguousarray(actions).reshape(-1)
+    g = None if groups is None else np.asarray(groups).reshape(-1)
+    digest = hashlib.sha256()
+    for part in (X, y, g):
+        if part is not None:
+            digest.update(f"{part.dtype.str}{part.shape}".encode())
+            digest.update(part.tobytes() if part.dtype != object else "\x1f".join(map(str, part)).encode())
+    digest.update(repr((g is None, n_folds, float(C), n_components, seed, max_iter, float(floor))).encode())
+    key = digest.hexdigest()
+    with _FIT_CACHE_LOCK:
+        if key in _FIT_CACHE:
+            _FIT_CACHE.move_to_end(key)
+            return _FIT_CACHE[key]
+    fitted = _fit_propensities(X, y, g, n_folds=n_folds, C=C, n_components=n_components, seed=seed,
+                               max_iter=max_iter, floor=floor)
+    for array in (fitted.logged, fitted.probs, fitted.classes):
+        array.setflags(write=False)
+    with _FIT_CACHE_LOCK:
+        _FIT_CACHE[key] = fitted
+        while len(_FIT_CACHE) > _FIT_CACHE_SIZE:
+            _FIT_CACHE.popitem(last=False)
+    return fitted
+
+
+def _fit_propensities(features: np.ndarray, actions: np.ndarray, groups: np.ndarray | None, *, n_folds: int,
+                      C: float, n_components: int, seed: int, max_iter: int, floor: float) -> Propensities:
+    """:func:`behaviour_propensities` itself (no cache)."""
     X = np.asarray(features, dtype=np.float64)
     y = np.asarray(actions).reshape(-1)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:

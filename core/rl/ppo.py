@@ -30,7 +30,7 @@ from core.rl.checkpoints import (CHECKPOINT_VERSION, load_agent, load_optimizer_
                                  load_trainer_state, save_checkpoint)
 from core.rl.common import AdaptiveKL, MaskedCategorical, gae
 from core.rl.env import BatchedEnv
-from core.rl.rollouts import episode_stats, mean_return
+from core.rl.rollouts import RolloutStats, episode_stats, mean_return
 from core.rl.sim import BatchedSim, SimConfig, SimTables, random_masked_actions
 from core.state.features import StateEncoderConfig
 from core.guard.review import ApprovedExample, ReviewRequest
@@ -285,8 +285,32 @@ class Curriculum:
 
 
 # =========================================================================== warm start (L0)
+@dataclass(frozen=True)
+class WarmStartSet:
+    """The behaviour-cloning set of level L0 (:func:`warm_start_set`): N recorded steps,
+    as the simulator shows them when it follows the log."""
+
+    #: [N, …] the observation of each step, by input name
+    obs: dict[str, torch.Tensor]
+    #: [N, A] the actions allowed in each step's state
+    mask: torch.Tensor
+    #: [N] the label: the logged token, or the approved one
+    action: torch.Tensor
+    #: [N] Monte-Carlo returns of the followed logs (the critic's targets)
+    returns: torch.Tensor
+    #: Steps from the best behaviour's logs and from approved review items
+    n_logged: int
+    n_approved: int
+    #: Approved review items that could not be used (unknown episode or step, masked or invalid token)
+    approved_skipped: int
+    #: The best logged behaviour, whose training episodes are imitated
+    behaviour: str
+    #: Its training episodes
+    episodes: int
+
+
 def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int, gamma: float
-                   ) -> dict[str, Any]:
+                   ) -> WarmStartSet:
     """The behaviour-cloning set: every step of the best behaviour's training episodes and
     every approved review step, as the simulator shows them when it follows the log.
 
@@ -294,8 +318,7 @@ def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int,
     tokens — batched over environments, one loop over the (≤ step cap) steps.  A step
     whose logged call is INVALID, or masked in that state, cannot be imitated: its
     environment stops collecting there.  Monte-Carlo returns of the followed logs seed the
-    critic.  Returns ``obs`` (dict of [N, …]), ``mask`` [N, A], ``action`` [N], ``returns``
-    [N], ``n_logged``, ``n_approved``, ``approved_skipped``."""
+    critic."""
     tb = data.tables
     best = data.best_behaviour
     train = data.train_episodes.cpu().tolist()
@@ -348,20 +371,20 @@ def warm_start_set(data: TrainingData, *, device: str | torch.device, seed: int,
     rec = torch.stack([s["record"] for s in steps])                     # [T, B]
     pick = rec.flatten().nonzero().squeeze(1)
     cat = lambda xs: torch.stack(xs).flatten(0, 1).index_select(0, pick)  # noqa: E731
-    return {
-        "obs": {k: cat([s["obs"][k] for s in steps]) for k in steps[0]["obs"]},
-        "mask": cat([s["mask"] for s in steps]), "action": cat([s["label"] for s in steps]),
-        "returns": cat(returns), "n_logged": int(rec[:, :n_log].sum()), "n_approved": int(rec[:, n_log:].sum()),
-        "approved_skipped": skipped + (len(ex_eps) - int(rec[:, n_log:].sum())), "behaviour": best,
-        "episodes": n_log,
-    }
+    return WarmStartSet(
+        obs={k: cat([s["obs"][k] for s in steps]) for k in steps[0]["obs"]},
+        mask=cat([s["mask"] for s in steps]), action=cat([s["label"] for s in steps]),
+        returns=cat(returns), n_logged=int(rec[:, :n_log].sum()), n_approved=int(rec[:, n_log:].sum()),
+        approved_skipped=skipped + (len(ex_eps) - int(rec[:, n_log:].sum())), behaviour=best,
+        episodes=n_log,
+    )
 
 
-def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, generator: torch.Generator
+def behaviour_cloning(agent: Agent, bc: WarmStartSet, cfg: PPOConfig, generator: torch.Generator
                       ) -> dict[str, float]:
     """Fit the actor to the warm-start labels (masked cross-entropy) and the critic to the
     logged Monte-Carlo returns; returns the final accuracy and losses."""
-    n = int(bc["action"].shape[0])
+    n = int(bc.action.shape[0])
     if n == 0:
         return {"bc_samples": 0.0, "bc_accuracy": float("nan"), "bc_loss": float("nan")}
     opt = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=cfg.bc_lr)
@@ -371,41 +394,39 @@ def behaviour_cloning(agent: Agent, bc: Mapping[str, Any], cfg: PPOConfig, gener
     # The critic regresses the logged returns through the shared encoder: that extra signal
     # shapes the state faster than imitation alone (docs/training.md, ## Behaviour cloning warm start).
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator).to(bc["action"].device)
+        perm = torch.randperm(n, generator=generator).to(bc.action.device)
         for start in range(0, n, mb):
             idx = perm[start:start + mb]
-            logits, values = agent.heads(agent.state({k: v[idx] for k, v in bc["obs"].items()}))
-            dist = MaskedCategorical(logits, bc["mask"][idx])
-            ce = -dist.log_prob(bc["action"][idx]).mean()
-            v_loss = 0.5 * ((values - bc["returns"][idx, None]) ** 2).mean()
+            logits, values = agent.heads(agent.state({k: v[idx] for k, v in bc.obs.items()}))
+            dist = MaskedCategorical(logits, bc.mask[idx])
+            ce = -dist.log_prob(bc.action[idx]).mean()
+            v_loss = 0.5 * ((values - bc.returns[idx, None]) ** 2).mean()
             opt.zero_grad()
             (ce + cfg.vf_coef * v_loss).backward()
             nn.utils.clip_grad_norm_(agent.parameters(), 1.0)
             opt.step()
     with torch.no_grad():
-        logits, values = agent.heads(agent.state(bc["obs"]))
-        dist = MaskedCategorical(logits, bc["mask"])
-        acc = float((dist.greedy() == bc["action"]).float().mean())
-        loss = float(-dist.log_prob(bc["action"]).mean())
+        logits, values = agent.heads(agent.state(bc.obs))
+        dist = MaskedCategorical(logits, bc.mask)
+        acc = float((dist.greedy() == bc.action).float().mean())
+        loss = float(-dist.log_prob(bc.action).mean())
     return {"bc_samples": float(n), "bc_accuracy": acc, "bc_loss": loss}
 
 
 
 # =========================================================================== the update
-def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: Mapping[str, Any], cfg: PPOConfig,
+def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: PPOBatch, cfg: PPOConfig,
                beta: float, *, train_policy: bool = True, generator: torch.Generator | None = None,
                layers: Sequence[str] | None = None) -> dict[str, Any]:
     """Optimise the clipped surrogate + value + β·KL − entropy loss over one batch.
 
-    ``batch``: ``obs`` (dict of [N, …]) or ``state`` [N, D] (a fixed encoder), ``mask``
-    [N, A], ``actions``, ``logprobs`` (of the behaviour that chose them), ``old_logp_all``
-    [N, A] (π_old, for the KL), ``advantages``, ``returns``, ``boot`` [N, K] (critic
-    bootstrap masks).  ``train_policy=False`` (L0) fits only the critic heads.
+    ``batch``: the samples (:class:`PPOBatch`, from :func:`flatten_batch`).
+    ``train_policy=False`` (L0) fits only the critic heads.
     Returns the mean KL of the last epoch (what the β controller reads), clip fraction,
     losses, entropy and per-layer gradient norms (mean over minibatches)."""
-    N = int(batch["actions"].shape[0])
+    N = int(batch.actions.shape[0])
     mb_size = N // cfg.n_minibatches
-    device = batch["actions"].device
+    device = batch.actions.device
     names = layers if layers is not None else layer_names(agent)
     modules = dict(agent.named_modules())
     params, layer_of = [], []
@@ -425,30 +446,30 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: Mapping[st
         perm = torch.randperm(N, generator=generator).to(device)
         for start in range(0, N, mb_size):
             mb = perm[start:start + mb_size]
-            if "state" in batch:
-                state = batch["state"][mb]
+            if batch.state is not None:
+                state = batch.state[mb]
             elif train_policy:
-                state = agent.state({k: v[mb] for k, v in batch["obs"].items()})
+                state = agent.state({k: v[mb] for k, v in batch.observations().items()})
             else:  # L0: the encoder (and the actor reading it) stay as behaviour cloning left them
                 with torch.no_grad():
-                    state = agent.state({k: v[mb] for k, v in batch["obs"].items()})
+                    state = agent.state({k: v[mb] for k, v in batch.observations().items()})
             logits, values = agent.heads(state)
-            dist = MaskedCategorical(logits, batch["mask"][mb])
-            newlogprob = dist.log_prob(batch["actions"][mb])
-            logratio = newlogprob - batch["logprobs"][mb]
+            dist = MaskedCategorical(logits, batch.mask[mb])
+            newlogprob = dist.log_prob(batch.actions[mb])
+            logratio = newlogprob - batch.logprobs[mb]
             ratio = logratio.exp()
-            kl = dist.kl_from(batch["old_logp_all"][mb]).mean()
+            kl = dist.kl_from(batch.old_logp_all[mb]).mean()
             clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
 
-            mb_adv = batch["advantages"][mb]
+            mb_adv = batch.advantages[mb]
             if cfg.norm_adv:
                 mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
             # Policy loss: the clipped surrogate
             pg_loss = torch.max(-mb_adv * ratio,
                                 -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
             # Value loss: every critic head on its bootstrap share of the minibatch
-            boot = batch["boot"][mb]
-            v_loss = 0.5 * (((values - batch["returns"][mb, None]) ** 2) * boot).sum() / boot.sum().clamp_min(1.0)
+            boot = batch.boot[mb]
+            v_loss = 0.5 * (((values - batch.returns[mb, None]) ** 2) * boot).sum() / boot.sum().clamp_min(1.0)
             entropy = dist.entropy().mean()
             if train_policy:
                 loss = pg_loss + cfg.vf_coef * v_loss + beta * kl - cfg.ent_coef * entropy
@@ -654,8 +675,8 @@ def start_fresh(agent: Agent, data: TrainingData | None, cfg: PPOConfig, *, devi
     if not cfg.curriculum or data is None:
         return state
     bc = warm_start_set(data, device=device, seed=cfg.seed, gamma=gamma)
-    state.warm_start = {"behaviour": bc["behaviour"], "episodes": bc["episodes"], "bc_logged_steps": bc["n_logged"],
-                        "bc_approved_steps": bc["n_approved"], "approved_skipped": bc["approved_skipped"]}
+    state.warm_start = {"behaviour": bc.behaviour, "episodes": bc.episodes, "bc_logged_steps": bc.n_logged,
+                        "bc_approved_steps": bc.n_approved, "approved_skipped": bc.approved_skipped}
     state.warm_start.update(behaviour_cloning(agent, bc, cfg, generator))
     return state
 
@@ -812,27 +833,52 @@ def compute_advantages(agent: Agent, ro: Rollout, cfg: PPOConfig, *, level: int,
     return Advantages(advantages=advantages, returns=returns, ucb_bonus=bonus, critic_std=sigma)
 
 
-def flatten_batch(ro: Rollout, adv: Advantages, cfg: PPOConfig, generator: torch.Generator) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PPOBatch:
+    """N samples of one PPO update (:func:`ppo_update`; :func:`flatten_batch` makes them
+    from a rollout): each sample's input is its observation or, with a fixed encoder, its
+    encoded state."""
+
+    #: [N, A] the actions allowed in each sample's state
+    mask: torch.Tensor
+    #: [N] the actions taken, and their log-probabilities under the behaviour that chose them
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    #: [N, A] log π_old of every action, for the KL
+    old_logp_all: torch.Tensor
+    #: [N] GAE advantages and the critic's return targets
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    #: [N, K] bootstrap masks of the K critic heads (1: the head learns from the sample)
+    boot: torch.Tensor
+    #: [N, …] observations by input name, when PPO trains the encoder (else None)
+    obs: dict[str, torch.Tensor] | None = None
+    #: [N, D] encoded states, when the encoder is fixed (else None)
+    state: torch.Tensor | None = None
+
+    def observations(self) -> dict[str, torch.Tensor]:
+        """:attr:`obs`; refused for a batch of encoded states."""
+        if self.obs is None:
+            raise ValueError("this batch holds encoded states, not observations")
+        return self.obs
+
+
+def flatten_batch(ro: Rollout, adv: Advantages, cfg: PPOConfig, generator: torch.Generator) -> PPOBatch:
     """The rollout as one batch of T·B samples (what :func:`ppo_update` reads), with fresh
     bootstrap masks of the critic heads."""
     n, A = ro.actions.numel(), ro.masks.shape[-1]
-    batch: dict[str, Any] = {
-        "mask": ro.masks.reshape(n, A), "actions": ro.actions.reshape(-1), "logprobs": ro.logprobs.reshape(-1),
-        "old_logp_all": ro.old_logp_all.reshape(n, A), "advantages": adv.advantages.reshape(-1),
-        "returns": adv.returns.reshape(-1),
-        "boot": (torch.rand((n, cfg.n_critics), generator=generator).to(ro.actions.device)
-                 < cfg.critic_bootstrap).float(),
-    }
-    if cfg.train_encoder:
-        batch["obs"] = {k: v.reshape(n, *v.shape[2:]) for k, v in ro.obs.items()}
-    else:
-        batch["state"] = ro.state.reshape(n, -1)
-    return batch
+    boot = (torch.rand((n, cfg.n_critics), generator=generator).to(ro.actions.device) < cfg.critic_bootstrap).float()
+    return PPOBatch(
+        mask=ro.masks.reshape(n, A), actions=ro.actions.reshape(-1), logprobs=ro.logprobs.reshape(-1),
+        old_logp_all=ro.old_logp_all.reshape(n, A), advantages=adv.advantages.reshape(-1),
+        returns=adv.returns.reshape(-1), boot=boot,
+        obs={k: v.reshape(n, *v.shape[2:]) for k, v in ro.obs.items()} if cfg.train_encoder else None,
+        state=None if cfg.train_encoder else ro.state.reshape(n, -1))
 
 
 # --------------------------------------------------------------------------- metrics
 def measure_progress(agent: Agent, data: TrainingData | None, scale: ProgressScale | None, *, seed: int,
-                     device: str) -> tuple[dict[str, Any] | None, float | None]:
+                     device: str) -> tuple[RolloutStats | None, float | None]:
     """The greedy policy's rollouts from the fixed training starts, and where their return
     lies on the progress scale (rollout returns carry ε-noise; these do not)."""
     if data is None or scale is None:
@@ -841,12 +887,12 @@ def measure_progress(agent: Agent, data: TrainingData | None, scale: ProgressSca
                            support_episodes=data.train_episodes)
     if scale.best_logged - scale.random_return <= 1e-9:
         return greedy, None
-    return greedy, (greedy["return_mean"] - scale.random_return) / (scale.best_logged - scale.random_return)
+    return greedy, (greedy.return_mean - scale.random_return) / (scale.best_logged - scale.random_return)
 
 
 def log_update(ro: Rollout, adv: Advantages, stats: Mapping[str, Any], *, env: BatchedEnv, kinds: ActionKinds,
                cfg: PPOConfig, level: int, epsilon: float, beta: float, beta_next: float,
-               greedy: Mapping[str, Any] | None, progress: float | None, scale: ProgressScale | None,
+               greedy: RolloutStats | None, progress: float | None, scale: ProgressScale | None,
                lr: float, policy_trained: bool) -> dict[str, Any]:
     """The metrics of one update: the rollout's returns and reward terms, the update's
     losses, KL and gradient norms, entropies, the critic's fit and the curriculum's state."""
@@ -874,9 +920,9 @@ def log_update(ro: Rollout, adv: Advantages, stats: Mapping[str, Any], *, env: B
         "mask_violations": int(ro.violations.sum()),
         "curriculum_level": level if cfg.curriculum else None, "epsilon": epsilon,
         "ucb_bonus": float(adv.ucb_bonus.mean()), "critic_std": float(adv.critic_std.mean()),
-        "eval_return": None if greedy is None else greedy["return_mean"],
-        "eval_success_rate": None if greedy is None else greedy["success_rate"],
-        "eval_off_support_rate": None if greedy is None else greedy["off_support_rate"],
+        "eval_return": None if greedy is None else greedy.return_mean,
+        "eval_success_rate": None if greedy is None else greedy.success_rate,
+        "eval_off_support_rate": None if greedy is None else greedy.off_support_rate,
         "progress": progress, "random_return": None if scale is None else scale.random_return,
         "best_logged_return": None if scale is None else scale.best_logged,
         "high_risk_repeats": int(ro.flags.sum()),
@@ -1001,7 +1047,7 @@ def train(cfg: PPOConfig, data: TrainingData | None = None, *, env: BatchedEnv |
                        stopped=stopped, device=device, seconds=time.time() - t_start)
 
 
-__all__ = ["ActionKinds", "Advantages", "Curriculum", "PPOConfig", "ProgressScale", "Recorder", "Rollout",
-           "TrainResult", "TrainerState", "TrainingData", "behaviour_action", "behaviour_cloning",
-           "collect_rollout", "compute_advantages", "flatten_batch", "log_update", "ppo_update", "resolve_device",
-           "train", "warm_start_set"]
+__all__ = ["ActionKinds", "Advantages", "Curriculum", "PPOBatch", "PPOConfig", "ProgressScale", "Recorder",
+           "Rollout", "TrainResult", "TrainerState", "TrainingData", "WarmStartSet", "behaviour_action",
+           "behaviour_cloning", "collect_rollout", "compute_advantages", "flatten_batch", "log_update", "ppo_update",
+           "resolve_device", "train", "warm_start_set"]

@@ -8,12 +8,13 @@ training doctor and the registry's re-evaluation all read these numbers.
 Example::
 
     >>> stats = episode_stats(data.tables, agent, data.heldout_episodes, every_episode=True)  # doctest: +SKIP
-    >>> stats["return_mean"], stats["mask_violations"]                                         # doctest: +SKIP
+    >>> stats.return_mean, stats.mask_violations                                               # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,16 +33,40 @@ def mean_return(tables: SimTables, agent: Agent | None, episodes: torch.Tensor, 
     stats = episode_stats(tables, agent, episodes, n_envs=n_envs, device=device, seed=seed,
                           min_episodes=min_episodes, greedy=greedy, max_steps=max_steps,
                           support_episodes=support_episodes)
-    return float(stats["return_mean"])
+    return float(stats.return_mean)
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """What a rollout of a policy (or random-in-mask) did in the simulator (:func:`episode_stats`)."""
+
+    #: Mean and standard deviation of the finished episodes' template returns (NaN when
+    #: none finished; the deviation needs two)
+    return_mean: float
+    return_std: float
+    #: Share of finished episodes that succeeded (NaN when none finished)
+    success_rate: float
+    #: Share of steps whose action no logged step took in a similar state (NaN without steps)
+    off_support_rate: float
+    #: Actions taken that the masks forbid
+    mask_violations: int
+    #: Episodes finished
+    episodes: int
+    #: Steps taken
+    steps: int
+    #: [steps] the reward of every step taken
+    rewards: np.ndarray
+    #: [steps, actions] the policy's action probabilities in the visited states (None for random-in-mask)
+    probs: np.ndarray | None
 
 
 def episode_stats(tables: SimTables, agent: Agent | None, episodes: torch.Tensor, *, n_envs: int = 256,
                   device: str | torch.device = "cpu", seed: int = 0, min_episodes: int = 256,
                   greedy: bool = True, max_steps: int | None = None, every_episode: bool = False,
-                  support_episodes: Any = "all") -> dict[str, Any]:
-    """Run a policy (or random-in-mask) in the simulator and summarise finished episodes:
-    ``return_mean``, ``success_rate``, ``off_support_rate``, ``mask_violations``,
-    ``episodes``, ``steps``, the step ``rewards`` (numpy) and ``probs`` of the visited states.
+                  support_episodes: Any = "all") -> RolloutStats:
+    """Run a policy (or random-in-mask) in the simulator and summarise finished episodes
+    (:class:`RolloutStats`: return, success and off-support rates, mask violations, and the
+    step rewards and action probabilities of the visited states).
 
     ``support_episodes``: where counterfactual outcomes are drawn from — by default every
     recorded step of the tables (the simulator's whole world: a held-out evaluation holds
@@ -92,15 +117,15 @@ def episode_stats(tables: SimTables, agent: Agent | None, episodes: torch.Tensor
         obs, mask = out.obs, out.mask
     r = torch.cat(returns).double().cpu() if returns else torch.zeros(0)
     s = torch.cat(successes).double().cpu() if successes else torch.zeros(0)
-    return {
-        "return_mean": float(r.mean()) if r.numel() else float("nan"),
-        "return_std": float(r.std()) if r.numel() > 1 else float("nan"),
-        "success_rate": float(s.mean()) if s.numel() else float("nan"),
-        "off_support_rate": off / steps if steps else float("nan"),
-        "mask_violations": viol, "episodes": int(r.numel()), "steps": steps,
-        "rewards": torch.cat(rewards_all).cpu().numpy() if rewards_all else np.zeros(0),
-        "probs": torch.cat(probs_all).cpu().numpy() if probs_all else None,
-    }
+    return RolloutStats(
+        return_mean=float(r.mean()) if r.numel() else float("nan"),
+        return_std=float(r.std()) if r.numel() > 1 else float("nan"),
+        success_rate=float(s.mean()) if s.numel() else float("nan"),
+        off_support_rate=off / steps if steps else float("nan"),
+        mask_violations=viol, episodes=int(r.numel()), steps=steps,
+        rewards=torch.cat(rewards_all).cpu().numpy() if rewards_all else np.zeros(0),
+        probs=torch.cat(probs_all).cpu().numpy() if probs_all else None,
+    )
 
 
-__all__ = ["episode_stats", "mean_return"]
+__all__ = ["RolloutStats", "episode_stats", "mean_return"]

@@ -426,7 +426,7 @@ def _step_tuning(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
     if result.best is not None:
         figures["auc_best_weights"] = _aucs(result.best.get("figures"))
         applied = tuning.apply_study(ws, analyst, result.study, message="rwb demo: tuned weights")
-        figures["applied_as"] = applied.get("label") or applied.get("version")
+        figures["applied_as"] = applied.label
         notes.append("the best feasible weights are saved as a new template version (nothing overwritten)")
     return figures, "Tuning page → study demo-weights", notes
 

@@ -734,6 +734,30 @@ NUMERIC_COLORS = {"final_reward", "reward_total", "t", "curriculum_level"}
 _NUMERIC_COLUMNS = ("t", "cluster", "final_reward", "reward_total", "curriculum_level")
 
 
+@dataclass(frozen=True)
+class StateMapSummary:
+    """A state map's figures without its points (:meth:`StateMapReport.summary`)."""
+
+    #: The dataset's or episodes file's name.
+    source: str
+    #: "encoded" or "raw".
+    space: str
+    #: All steps of the source.
+    n_steps: int
+    #: Steps on the map (a seeded sample of at most ``max_points``).
+    n_points: int
+    fidelity: Fidelity
+    entropy: EntropyReport
+    #: Seconds per stage (features_s, encode_s, …; cached: 1.0 when read from the cache).
+    timings: dict[str, float]
+    #: The settings the map was computed with (space, encoder, tsne, max_points, clusters).
+    settings: dict[str, Any]
+    #: Fields the map can be coloured by.
+    color_fields: list[str]
+    #: The CSV file the map's points were written to (None: not written).
+    out: str | None = None
+
+
 @dataclass
 class StateMapReport:
     """Everything the State Explorer shows for one set of steps."""
@@ -779,12 +803,13 @@ class StateMapReport:
         frame = self.points()
         return write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
 
-    def summary(self) -> dict[str, Any]:
-        """The JSON-able figures (what ``--json`` prints)."""
-        return {"source": self.source, "space": self.space, "n_steps": self.n_steps,
-                "n_points": int(len(self.index)), "fidelity": self.fidelity.to_dict(),
-                "entropy": self.entropy.to_dict(), "timings": self.timings, "settings": self.settings,
-                "color_fields": self.color_fields()}
+    def summary(self, out: str | Path | None = None) -> "StateMapSummary":
+        """The map's figures without its points (what ``rwb states map --json`` prints);
+        ``out``: the CSV file its points were written to."""
+        return StateMapSummary(source=self.source, space=self.space, n_steps=self.n_steps,
+                               n_points=int(len(self.index)), fidelity=self.fidelity, entropy=self.entropy,
+                               timings=dict(self.timings), settings=dict(self.settings),
+                               color_fields=self.color_fields(), out=None if out is None else str(out))
 
     # ------------------------------------------------------------------ artifact cache
     def save(self, path: Path) -> None:

@@ -13,7 +13,7 @@ May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
 Details: docs/tuning.md (## The package's modules).
 """
 
-from core.tuning.apply import NoFeasibleTrial, WeightApplication, apply_study, list_applications
+from core.tuning.apply import AppliedStudy, NoFeasibleTrial, WeightApplication, apply_study, list_applications
 from core.tuning.config import (CV_FOLDS, LABELS, METRICS, OBJECTIVES, OUTCOME_COMPONENTS, POLICY_DEFAULTS,
                                 SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig, outcome_readers,
                                 parse_bounds)
@@ -23,8 +23,8 @@ from core.tuning.data import (TemplateRef, default_study_name, load_data, load_e
 from core.tuning.labels import (COMFORTABLE_LABELLED, COMFORTABLE_PER_CLASS, COMFORTABLE_TASKS, MIN_LABELLED,
                                 MIN_PER_CLASS, MIN_TASKS, SMALL_DATA_PENALTY, Labels, OutcomeDataCheck,
                                 check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups)
-from core.tuning.objectives import (OutcomeObjective, PolicyObjective, PreferenceObjective, TuningObjective,
-                                    policy_objective)
+from core.tuning.objectives import (OutcomeObjective, OutcomeSplit, PolicyObjective, PreferenceObjective,
+                                    TuningObjective, policy_objective)
 from core.tuning.preferences import PreferenceLabel, add_preference, list_preferences, preference_pairs
 from core.tuning.problem import TuningProblem
 from core.tuning.records import (CONFIG_ATTR, RunningWorker, StudyRecord, StudyRun, get_study, list_studies,
@@ -34,19 +34,20 @@ from core.tuning.reweighting import Combined, ReturnModel, matrix_layout
 from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
 from core.tuning.storage import (BatchedTrialWriter, count_trials, default_storage_url, describe_url, driver_url,
                                  migrate_legacy_db, open_journal, open_rdb, open_storage, study_id)
-from core.tuning.studies import TuneResult, make_sampler, trial_row, tune
-from core.tuning.workers import CLI, launch_tuning, stop_tuning, tuning_log
+from core.tuning.studies import TrialRow, TuneResult, make_sampler, trial_row, tune
+from core.tuning.workers import CLI, LaunchedTuning, launch_tuning, stop_tuning, tuning_log
 
 __all__ = [
     "BatchedTrialWriter", "count_trials", "default_storage_url", "describe_url", "driver_url", "migrate_legacy_db",
     "open_journal", "open_rdb", "open_storage", "study_id",
-    "CLI", "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR", "CV_FOLDS",
-    "Combined", "ExpectationConstraints", "LABELS", "Labels", "METRICS", "MIN_LABELLED", "MIN_PER_CLASS",
-    "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS", "OutcomeDataCheck", "OutcomeObjective",
+    "AppliedStudy", "CLI", "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR",
+    "CV_FOLDS", "Combined", "ExpectationConstraints", "LABELS", "Labels", "LaunchedTuning", "METRICS",
+    "MIN_LABELLED", "MIN_PER_CLASS", "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS",
+    "OutcomeDataCheck", "OutcomeObjective", "OutcomeSplit",
     "POLICY_DEFAULTS", "ParamRange", "PolicyObjective", "PreferenceLabel", "PreferenceObjective", "ReturnModel",
     "RunningWorker", "SAMPLERS", "SMALL_DATA_PENALTY", "SPLIT_FIELDS", "ScoredTrial", "SearchSpace", "StudyCharts",
-    "StudyRecord", "StudyReport", "StudyRun", "TemplateRef", "TuneConfig", "TuneResult", "TuningObjective",
-    "TuningProblem", "WeightApplication", "add_preference",
+    "StudyRecord", "StudyReport", "StudyRun", "TemplateRef", "TrialRow", "TuneConfig", "TuneResult",
+    "TuningObjective", "TuningProblem", "WeightApplication", "add_preference",
     "apply_study", "auc", "check_outcome_data", "default_study_name", "get_study", "kendall_tau",
     "launch_tuning", "list_applications", "list_preferences", "list_studies", "load_data",
     "load_episodes_and_frame", "load_study", "make_sampler", "outcome_labels", "outcome_pairs",

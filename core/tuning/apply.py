@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
@@ -27,8 +27,29 @@ class NoFeasibleTrial(RwbError):
     """The study has no completed trial that satisfies every expectation."""
 
 
+@dataclass(frozen=True)
+class AppliedStudy:
+    """The template version :func:`apply_study` wrote from a study's weights."""
+
+    #: The study and its trial whose weights were applied
+    study: str
+    trial: int
+    #: The template, the version the study started from and the version written
+    template: str
+    base_version: int | None
+    version: int
+    #: The new version as "name@version"
+    label: str
+    #: What changed from the base version (one entry per changed weight or parameter)
+    diff: list[dict[str, Any]]
+    #: The objective's figures of the trial, as recorded with the new version
+    figures: dict[str, Any]
+    #: The version's message: the one given, or one that names the study, trial and figures
+    message: str
+
+
 def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None = None,
-                trial: int | None = None, message: str | None = None) -> dict[str, Any]:
+                trial: int | None = None, message: str | None = None) -> AppliedStudy:
     """Write a study's best feasible weights (or trial ``trial``'s) as a **new version** of
     the template it tuned, with the diff and the objective's figures recorded.
 
@@ -82,9 +103,9 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
                      "figures, diff, applied_by, applied_at) VALUES (?,?,?,?,?,?,?,?,?)",
                      (name, chosen.number, tinfo["name"], tinfo["version"], saved.version,
                       json.dumps(figures, sort_keys=True), json.dumps(diff, sort_keys=True), actor.name, now_iso()))
-    return {"study": name, "trial": chosen.number, "template": tinfo["name"], "base_version": tinfo["version"],
-            "version": saved.version, "label": saved.label, "diff": diff, "figures": figures,
-            "message": saved.message}
+    return AppliedStudy(study=name, trial=chosen.number, template=tinfo["name"], base_version=tinfo["version"],
+                        version=saved.version, label=saved.label, diff=cast("list[dict[str, Any]]", diff),
+                        figures=figures, message=saved.message)
 
 
 @dataclass(frozen=True)

@@ -176,17 +176,34 @@ class OutcomeObjective(TuningObjective):
                 "episodes": int(self.held.size), "successes": int(y[self.held].sum())}
         return {"train": train, "held_out": held}
 
-    def split_summary(self) -> dict[str, Any]:
-        """Which tasks (groups) lie where: the held-out ones and those of each design fold
-        (``unused_folds``: positions of the folds left out for holding one outcome only)."""
+    def split_summary(self) -> "OutcomeSplit":
+        """Which tasks (groups) lie where: the held-out ones and those of each design fold."""
         def names(idx: np.ndarray) -> list[str]:
             return sorted({str(g) for g in self.groups[idx].tolist()})
         used = {id(f) for f in self.folds}
-        return {"held_out_groups": names(self.problem.held_idx), "design_folds": [names(f) for f in self.dealt],
-                "folds_used": len(self.folds),
-                "unused_folds": [i for i, f in enumerate(self.dealt) if id(f) not in used],
-                "labelled_design_episodes": int(self.train.size),
-                "labelled_held_out_episodes": int(self.held.size)}
+        return OutcomeSplit(held_out_groups=names(self.problem.held_idx),
+                            design_folds=[names(f) for f in self.dealt], folds_used=len(self.folds),
+                            unused_folds=[i for i, f in enumerate(self.dealt) if id(f) not in used],
+                            labelled_design_episodes=int(self.train.size),
+                            labelled_held_out_episodes=int(self.held.size))
+
+
+@dataclass(frozen=True)
+class OutcomeSplit:
+    """Where the outcome objective's tasks lie (:meth:`OutcomeObjective.split_summary`); a
+    study records it in its ``split`` attributes."""
+
+    #: Tasks (groups) of the outer held-out side, in name order.
+    held_out_groups: list[str]
+    #: Tasks of each task-grouped design fold, in name order.
+    design_folds: list[list[str]]
+    #: Design folds that hold both outcomes (the cross-validation uses only these).
+    folds_used: int
+    #: Positions in ``design_folds`` of the folds left out for holding one outcome only.
+    unused_folds: list[int]
+    #: Episodes with a known outcome on the design (training) side and on the held-out side.
+    labelled_design_episodes: int
+    labelled_held_out_episodes: int
 
 
 class PreferenceObjective(TuningObjective):
@@ -271,7 +288,7 @@ class PolicyObjective(TuningObjective):
             return None
         stats = episode_stats(tables, agent, episodes, every_episode=True, seed=self.cfg.seed,
                               device=agent_device(agent))
-        value = stats["success_rate"]
+        value = stats.success_rate
         return None if value is None or not math.isfinite(value) else float(value)
 
     def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:

@@ -4,6 +4,7 @@ Optuna study each record names (:func:`load_study`, in its recorded storage)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,9 +37,12 @@ def now_iso() -> str:
 
 def finite(x: Any) -> Any:
     """A result made JSON-safe: non-finite floats become None, numpy scalars Python numbers
-    (recursively through dicts, lists and tuples)."""
+    (recursively through dicts, lists, tuples and the fields of dataclasses)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: finite(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init})
     if isinstance(x, dict):
         return {k: finite(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

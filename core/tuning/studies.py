@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import optuna
@@ -28,6 +28,7 @@ import optuna
 from core.access.users import Actor, authorize
 from core.base.embed import workspace_embedder
 from core.base.errors import ConflictError, InputError
+from core.base.results import to_jsonable
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
 from core.rewards.expectations import evaluate_expectations
@@ -77,9 +78,8 @@ class TuneResult:
     run_id: int | None = None
     #: what the analyst should know about the result (small labelled set, …)
     warnings: list[str] = field(default_factory=list)
-    #: the trials this call ran (at most TRIAL_ROWS, the most recent): number, state, value,
-    #: held_out, held_out_auc, cv_auc, penalty, params, feasible
-    trials: list[dict[str, Any]] = field(default_factory=list)
+    #: the trials this call ran (at most TRIAL_ROWS, the most recent)
+    trials: list[TrialRow] = field(default_factory=list)
 
     @property
     def best_value(self) -> float | None:
@@ -123,7 +123,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     from) or, without them, the request text.
 
     ``progress``, when given, is called after every trial with ``{"study", "trials_done",
-    "trials", "best_value", "trial": <the trial's row, as in TuneResult.trials>}``.
+    "trials", "best_value", "trial": <the trial's TrialRow, as in TuneResult.trials>}``.
 
     ``storage``: None for the workspace's Optuna journal (in-memory trials, written in
     batches every ``flush_seconds``), or an SQLAlchemy URL (Optuna's RDB storage) or a
@@ -203,7 +203,8 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
                  "content_hash": full.content_hash, "n_episodes": full.n_episodes, "n_steps": full.n_steps},
         "split": {"by": cfg.split_by, "group_key": cfg.group_key, "groups": int(np.unique(keys.astype(str)).size),
                   "train_episodes": int((~held).sum()), "held_out_episodes": int(held.sum()),
-                  **(objective.split_summary() if isinstance(objective, OutcomeObjective) else {})},
+                  **(cast("dict[str, Any]", to_jsonable(objective.split_summary()))
+                     if isinstance(objective, OutcomeObjective) else {})},
         "baseline": finite(baseline), "metric": _objective_metric(cfg),
     }
 
@@ -265,8 +266,8 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         state.done += 1
         if progress is not None:
             row = trial_row(frozen)
-            if row["feasible"] and (state.best is None or row["value"] > state.best):
-                state.best = row["value"]   # running best: study.best_value is O(trials) per call
+            if row.feasible and row.value is not None and (state.best is None or row.value > state.best):
+                state.best = row.value   # running best: study.best_value is O(trials) per call
             progress({"study": name, "trials_done": state.done, "trials": trials, "best_value": state.best,
                       "trial": row})
         if state.stop or time.monotonic() - state.flushed_at >= flush_seconds:
@@ -334,15 +335,40 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         trials=finite([trial_row(tr) for tr in all_trials[state.first:]][-TRIAL_ROWS:]))
 
 
-def trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial of a study as the CLI, :class:`TuneResult` and the page list it (:func:`trial_row`)."""
+
+    #: The trial's number in the study
+    trial: int
+    #: Optuna's state in lower case: "complete", "pruned", "fail", "running", …
+    state: str
+    #: The objective's training figure (None until complete)
+    value: float | None
+    #: The objective's held-out figure
+    held_out: float | None
+    #: Outcome objective: AUC on the outer held-out tasks and mean AUC over the design folds
+    held_out_auc: float | None
+    cv_auc: float | None
+    #: Outcome objective: the small-data pull toward the template's weights
+    penalty: float | None
+    #: Optuna's parameters of the trial (weights and component parameters)
+    params: dict[str, Any]
+    #: Complete and satisfying every expectation
+    feasible: bool
+    #: The template's own weights (the study's first trial)
+    baseline: bool
+
+
+def trial_row(trial: optuna.trial.FrozenTrial) -> TrialRow:
     """One trial as the CLI, the result and the page list it."""
     complete = trial.state == optuna.trial.TrialState.COMPLETE
     attrs = trial.user_attrs
-    return {"trial": trial.number, "state": trial.state.name.lower(), "value": trial.value,
-            "held_out": attrs.get("held_out"), "held_out_auc": attrs.get("held_out_auc"),
-            "cv_auc": attrs.get("cv_auc"), "penalty": attrs.get("penalty"), "params": dict(trial.params),
-            "feasible": complete and all(v <= 0 for v in trial.constraints.values()),
-            "baseline": bool(attrs.get("baseline", False))}
+    return TrialRow(trial=trial.number, state=trial.state.name.lower(), value=trial.value,
+                    held_out=attrs.get("held_out"), held_out_auc=attrs.get("held_out_auc"),
+                    cv_auc=attrs.get("cv_auc"), penalty=attrs.get("penalty"), params=dict(trial.params),
+                    feasible=complete and all(v <= 0 for v in trial.constraints.values()),
+                    baseline=bool(attrs.get("baseline", False)))
 
 
 def _expectation_checks(template: Template, problem: TuningProblem,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +47,24 @@ def stop_tuning(ws: "Workspace", actor: Actor, name: str) -> StudyRecord:
     return get_study(ws, name)
 
 
+@dataclass(frozen=True)
+class LaunchedTuning:
+    """A study's background worker as :func:`launch_tuning` started it."""
+
+    #: The study's name, settled before the worker starts
+    study: str
+    #: The worker's tuning run (``tuning_runs.id``; ``rwb tune … --run-id``)
+    run_id: int
+    #: The worker's process id
+    pid: int
+    #: The worker's log file (``artifacts/tuning/logs/``)
+    log: str
+
+
 def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str | None = None,
                   episodes: str | Path | None = None, config: TuneConfig | None = None, trials: int = 200,
                   storage: str | None = None, study: str | None = None,
-                  bounds: Mapping[str, Any] | None = None, fixed: Sequence[str] = ()) -> dict[str, Any]:
+                  bounds: Mapping[str, Any] | None = None, fixed: Sequence[str] = ()) -> LaunchedTuning:
     """Start :func:`~core.tuning.studies.tune` as a detached background process (``rwb tune … --run-id N``).
 
     It has its own session, so it survives the page that launched it (and the app); its
@@ -124,7 +139,7 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
                                 start_new_session=True, env=env)
     with ws.transaction() as conn:
         conn.execute("UPDATE tuning_runs SET pid=?, host=? WHERE id=?", (proc.pid, socket.gethostname(), run_id))
-    return {"study": name, "run_id": run_id, "pid": proc.pid, "log": str(log_path)}
+    return LaunchedTuning(study=name, run_id=run_id, pid=proc.pid, log=str(log_path))
 
 
 def tuning_log(ws: "Workspace", name: str, tail: int = 4000) -> str:
