@@ -20,12 +20,11 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, TypeAlias
 
-#: What :func:`to_jsonable` returns: the values :func:`json.dumps` writes without help.
-
 #: Field metadata key naming a dataclass field in JSON when its own name cannot be the key:
 #: ``return_: float = field(metadata={JSON_NAME: "return"})`` is written as ``"return"``
 #: (a Python keyword is no field name).
 JSON_NAME = "json_name"
+#: What :func:`to_jsonable` returns: the values :func:`json.dumps` writes without help.
 JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
 
 
