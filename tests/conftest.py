@@ -60,6 +60,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _main_module_restored():
+    """Puts back ``sys.modules["__main__"]`` after each test: Streamlit's AppTest runs a page
+    as ``__main__`` and can leave it there, and a ``spawn`` child started by a later test in
+    the same worker would then run that page again as its own main module."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
+
+
 @pytest.fixture
 def ws(tmp_path):
     """A fresh workspace in the test's temporary folder (a module may define its own)."""
