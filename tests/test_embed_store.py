@@ -130,3 +130,19 @@ def test_a_new_workspace_scores_its_samples_from_their_shipped_stores(tmp_path, 
     assert len(cache.cached()[0]) >= len(distinct) > 1000
     probe = distinct[:: max(1, len(distinct) // 12)][:12]
     assert np.allclose(cache.encode(probe), _model_encode(probe), atol=1e-5)
+
+
+def test_a_truncated_pack_is_skipped_and_a_row_count_mismatch_refused(tmp_path):
+    digest = "44" * 32
+    folder = tmp_path / digest[:32]
+    folder.mkdir()
+    (folder / "cut.npy").write_bytes(b"")                                 # cut short: no header at all
+    (folder / "cut.keys").write_bytes(bytes.fromhex(_hashes(["x"])[0]))
+    store = SharedEmbeddings(tmp_path, digest, 4)
+    assert store.lookup(_hashes(["x"])) == {}
+    with pytest.raises(ValueError, match="2 hashes for 1 rows"):
+        store.add(_hashes(["x", "y"]), np.ones((1, 4), np.float32))
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert SharedEmbeddings(blocked, digest, 4).add(_hashes(["x"]), np.ones((1, 4), np.float32)) is False
+    assert store.add(_hashes(["x"]), np.ones((1, 4), np.float32)) is True

@@ -93,7 +93,7 @@ class SharedEmbeddings:
             try:
                 keys = keys_file.read_bytes()
                 rows = np.load(self.folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError):
+            except (OSError, ValueError, EOFError):   # unreadable, not an .npy, or cut short
                 continue
             n = len(keys) // _KEY_BYTES
             if rows.dtype != np.float32 or rows.shape != (n, self.dim) or len(keys) != n * _KEY_BYTES:
@@ -116,12 +116,15 @@ class SharedEmbeddings:
                     found[h] = np.array(self._packs[where[0]][where[1]], dtype=np.float32)
         return found
 
-    def add(self, hashes: Sequence[str], vectors: np.ndarray, *, name: str | None = None) -> None:
+    def add(self, hashes: Sequence[str], vectors: np.ndarray, *, name: str | None = None) -> bool:
         """Store ``vectors`` (one row per hash) as a new pack (``name``: the pack's file name,
-        for a store that ships; default one no other writer uses); an unwritable folder is
-        skipped (the store only saves work, it never holds the only copy)."""
+        for a store that ships; default one no other writer uses).  False when the folder is
+        unwritable: the pack is skipped, since the store only saves work and never holds the
+        only copy (a caller that needs the files checks)."""
+        if len(hashes) != len(vectors):
+            raise ValueError(f"{len(hashes)} hashes for {len(vectors)} rows")
         if not len(hashes):
-            return
+            return True
         name = name or f"{os.getpid()}-{uuid.uuid4().hex}"
         rows = np.ascontiguousarray(vectors, dtype=np.float32)
         try:
@@ -133,13 +136,14 @@ class SharedEmbeddings:
                     write(f)
                 os.replace(tmp, self.folder / f"{name}{suffix}")   # .keys last: a reader sees whole packs only
         except OSError:
-            return
+            return False
         with self._lock:
             self._seen.add(name)
             pack = len(self._packs)
             self._packs.append(rows)
             for row, h in enumerate(hashes):
                 self._rows.setdefault(bytes.fromhex(h), (pack, row))
+        return True
 
 
 #: The folder of a sample dataset that holds its embeddings store.

@@ -184,10 +184,11 @@ def write_sample_embeddings(out: Path | None = None, *, work_dir: Path,
         finally:
             ws.close()
         store = SharedEmbeddings(root / domain / SAMPLE_STORE_FOLDER, digest, DIM)
-        if store.folder.is_dir():
-            for old in store.folder.iterdir():
-                old.unlink()
-        store.add(hashes, vectors, name="sample")
+        if not store.add(hashes, vectors, name="sample"):   # replaces sample.npy/.keys whole
+            raise RwbError(f"could not write the embeddings store of the {domain} sample into {store.folder}")
+        for other in store.folder.iterdir():                 # packs of earlier writers, if any
+            if other.name not in ("sample.npy", "sample.keys"):
+                other.unlink()
         written.append(SampleEmbeddings(domain, str(store.folder), len(hashes)))
     return written
 
