@@ -72,13 +72,52 @@ def test_the_machine_floor_of_nothing_is_empty_rather_than_a_crash(bench):
         assert (empty["n"], empty["p50"], empty["p99"], empty["steal"]) == (0, None, None, None)
 
 
-def test_the_tail_ratio_is_decides_p99_over_its_floors_p99_paced_and_back_to_back(bench):
-    out = {"replay": {"all": {"n": 100, "p50": 2.0, "p99": 3.9}}, "machine_floor": {"p50": 2.1, "p99": 2.6},
-           "back_to_back": {"all": {"n": 100, "p50": 1.4, "p99": 2.0}}, "back_to_back_floor": {"p50": 1.3, "p99": 1.6}}
-    t = bench.tail_ratios(out)
-    assert t == {"paced": pytest.approx(1.5), "back_to_back": pytest.approx(1.25), "goal": bench.TAIL_RATIO_GOAL}
-    out["back_to_back_floor"] = {"p50": None, "p99": None}   # nothing measured: no ratio rather than a crash
-    assert bench.tail_ratios(out)["back_to_back"] is None
+def test_the_tail_ratio_is_decides_p99_over_its_floors_p99_over_the_pooled_rounds(bench):
+    def part(ms):
+        return {"all": bench.percentiles(ms), "rl_boost": bench.percentiles(ms[::2]), "all_ms": ms, "rl_boost_ms": ms[::2]}
+
+    def floor(ms):
+        return {**bench.percentiles(ms), "chunk_ms": 1.0, "steal": None, "wall_ms": ms}
+
+    slow, fast = [1.0] * 99 + [3.0], [1.0] * 100
+    rounds = [{"paced": part(slow), "paced_floor": floor(fast), "back_to_back": part(fast), "back_to_back_floor": floor(fast)},
+              {"paced": part(fast), "paced_floor": floor(fast), "back_to_back": part(fast), "back_to_back_floor": floor(slow)}]
+    tail = bench.pooled_tail(rounds)
+    assert tail["rounds"] == 2 and tail["paced"]["all"]["n"] == 200
+    # pooled: one slow request in 200 sits beyond the p99, so the pooled ratio is 1 while the first round's is not
+    t = bench.tail_ratios({"tail": tail})
+    assert t["paced"] == pytest.approx(bench.percentiles(slow + fast)["p99"] / 1.0)
+    assert t["paced_per_round"] == [pytest.approx(bench.percentiles(slow)["p99"]), pytest.approx(1.0)]
+    assert t["back_to_back_per_round"][1] == pytest.approx(1.0 / bench.percentiles(slow)["p99"])
+    assert t["goal"] == bench.TAIL_RATIO_GOAL and t["rounds"] == 2
+    assert all("all_ms" not in r["paced"] and "wall_ms" not in r["paced_floor"] for r in rounds)  # raw times dropped
+    empty = bench.pooled_tail([{"paced": part([]), "paced_floor": floor([]), "back_to_back": part([]),
+                                "back_to_back_floor": floor([])}])
+    assert bench.tail_ratios({"tail": empty})["back_to_back"] is None   # nothing measured: no ratio, no crash
+
+
+def test_the_paired_pass_runs_the_floors_computation_after_every_request(bench, monkeypatch):
+    spins = []
+    monkeypatch.setattr(bench, "spin_iterations", lambda chunk_ms: 7)
+    monkeypatch.setattr(bench, "_spin", lambda n: spins.append(n))
+
+    class Engine:
+        def __init__(self):
+            self.ids = []
+
+        def decide(self, request):
+            assert len(spins) == len(self.ids)          # the floor's run of the request before came first
+            self.ids.append(request["episode_id"])
+            return SimpleNamespace(rl_boost=True, intent_pending=False)
+
+        def flush(self):
+            pass
+
+    steps = [[bench.Step({"episode_id": f"e{i}"}, float(k), 1.0) for k in range(2)] for i in range(3)]
+    engine = Engine()
+    decide, floor = bench.paired_back_to_back(engine, bench.ReplayClock(), steps, 10.0, "-pair", 0.9)
+    assert engine.ids == ["e0-pair"] * 2 + ["e1-pair"] * 2 + ["e2-pair"] * 2
+    assert spins == [7] * 6 and decide["all"]["n"] == floor["n"] == 6 and floor["chunk_ms"] == 0.9
 
 
 def test_back_to_back_decides_every_request_under_new_episode_ids_and_sorts_out_rl_boosts(bench):

@@ -381,3 +381,18 @@ def test_cli_refuses_an_unknown_policy_before_serving(tmp_path, capsys):
 
     code = main(["--workspace", str(tmp_path / "w"), "serve", "http", "--policy", str(tmp_path / "none.zip")])
     assert code == 2 and "no bundle at" in capsys.readouterr().err
+
+
+def test_cli_serves_with_the_collector_frozen_and_run_between_requests(tmp_path, monkeypatch, capsys):
+    from core.cli import main
+
+    for name in serve_http.ServiceSettings(policy="p").to_env():  # the CLI sets them for its workers
+        monkeypatch.delenv(name, raising=False)
+    ran = []
+    monkeypatch.setattr("core.serve.serve_http.check_policy", lambda settings: "svc@0.1.0")
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: ran.append((app, kw)))
+    code = main(["--workspace", str(tmp_path / "w"), "serve", "http", "--policy", "svc", "--workers", "2"])
+    assert code == 0 and ran and ran[0][0] == "core.serve.serve_http:create_app"
+    config = json.loads(os.environ[serve_http.ENV_CONFIG])
+    assert config["freeze_gc"] is True and config["idle_gc"] is True   # a serving process's settings
+    assert "svc@0.1.0" in capsys.readouterr().out

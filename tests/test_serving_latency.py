@@ -502,3 +502,38 @@ def test_the_engine_freezes_the_collector_when_asked(bundle, ws):
     engine = DecisionEngine(ws, _confident(bundle), embedder=HashEmbedder())
     assert gc.get_freeze_count() == 0                        # the default leaves the collector alone
     engine.close()
+
+
+def test_the_engine_collects_between_requests_not_inside_them_when_asked(bundle, ws):
+    import gc
+
+    assert gc.isenabled()
+    starts: list[str] = []
+
+    def record(phase, info):
+        if phase == "start":
+            starts.append(threading.current_thread().name)
+
+    engine = DecisionEngine(ws, _boosting(bundle), embedder=HashEmbedder(),
+                            config=ServingConfig(idle_gc=True, wait_for_intent=True))
+    gc.callbacks.append(record)
+    try:
+        assert not gc.isenabled()                             # no collection starts from a request's allocation
+        for i in range(45):
+            for _ in range(2 * gc.get_threshold()[0]):   # cyclic garbage: a collection due
+                cycle: list = []
+                cycle.append(cycle)
+            before = sum(engine.collector.collections)
+            assert engine.decide(_request(f"gc{i}")).rl_boost
+            deadline = time.monotonic() + 10
+            while sum(engine.collector.collections) == before and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert sum(engine.collector.collections) == before + 1   # run after the request, on its thread
+        # the older generations are collected as often as CPython's own rule has them
+        assert engine.collector.collections[1] >= 3
+        assert starts and set(starts) == {"rwb-gc"}
+    finally:
+        gc.callbacks.remove(record)
+        engine.close()
+    assert gc.isenabled()                                     # switched back on with the last engine
+    assert serving.ServingConfig().idle_gc is False           # the default leaves the collector alone

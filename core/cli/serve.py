@@ -152,7 +152,10 @@ def http(
         raise InputError(f"the HTTP service needs the [http] extra ({exc.name} is not installed): "
                          "pip install 'reward-workbench[http]'") from None
 
-    options: dict = {"force_rde_override": force_rde, "wait_for_intent": wait_for_intent}
+    # a serving process: the loaded engine frozen out of the collector's reach, and the
+    # collector run between requests (ServingConfig.freeze_gc, idle_gc)
+    options: dict = {"force_rde_override": force_rde, "wait_for_intent": wait_for_intent,
+                     "freeze_gc": True, "idle_gc": True}
     if confidence is not None:
         options["confidence_threshold"] = confidence
     if budget_ms is not None:

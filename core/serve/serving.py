@@ -44,6 +44,7 @@ from core.govern.bundle import BundleError, load_bundle
 from core.govern.policy_folder import INDEX, active_version, load_bundle_for
 from core.govern.policy_folder import policies_root as policies_folder  # the engine's parameter is policies_root
 from core.govern.registry_records import policy_names, promoted_digest
+from core.serve.idle_gc import IdleCollector
 import core.base.embed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,6 +133,12 @@ class ServingConfig:
     #: walk them: what a serving process wants after loading.  False leaves the collector
     #: as it is (a process that builds many engines, like a test run).
     freeze_gc: bool = False
+    #: Run the cyclic garbage collector between requests instead of inside them
+    #: (:class:`core.serve.idle_gc.IdleCollector`: the automatic collector off, process-wide,
+    #: while the engine is open; the same collections on a background thread right after the
+    #: request that made one due).  What a serving process wants; False leaves the collector
+    #: as it is.
+    idle_gc: bool = False
     #: AuditWriter settings: records per commit, seconds before a partial batch commits,
     #: and commit-per-record (durable before decide() returns, slower).
     audit_batch_size: int = 256
@@ -798,6 +805,8 @@ class DecisionEngine:
         if self.config.freeze_gc:
             gc.collect()
             gc.freeze()
+        #: Runs the collector between requests (ServingConfig.idle_gc), else None.
+        self.collector = IdleCollector(self._lock) if self.config.idle_gc else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -926,7 +935,10 @@ class DecisionEngine:
             per = (time.perf_counter() - t0) / len(rows)
             for _ in rows:
                 self.metrics.latency.observe(per)
-            return [Decision(**fields, latency_ms=per * 1000.0) for fields in made]
+            decisions = [Decision(**fields, latency_ms=per * 1000.0) for fields in made]
+            if self.collector is not None:  # it collects once this lock is released
+                self.collector.after_request()
+            return decisions
 
     def _prepare(self, index: int, req: DecisionRequest, now: float) -> _Row:
         """Episode state, latest result and trace of one request (nothing is changed yet:
@@ -1365,6 +1377,8 @@ class DecisionEngine:
             self._closed = True
         self._pool.shutdown(wait=True)
         self._intent_pool.shutdown(wait=True)
+        if self.collector is not None:
+            self.collector.close()
         close_embedder = getattr(self.embedder, "close", None)
         if self._own_embedder and callable(close_embedder):
             close_embedder()
