@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,7 @@ from core.govern import registry
 from core.guard import review
 from core.serve import serving
 from core.govern.bundle import load_bundle
-from core.base.errors import InputError
+from core.base.errors import ConflictError, InputError
 from core.serve.serving import DecisionEngine, ServingConfig, _Boost, alert_rules
 from core.state.features import result_context, step_context, trace_arrays
 from core.records.store import Workspace
@@ -390,8 +391,9 @@ def test_high_risk_low_confidence_goes_to_review_and_a_rejection_is_never_served
     assert (d.final_action, d.risk, d.review_item) == (high, "high", d.review_item)
     assert d.review_item is not None
     assert _metric(engine, "rwb_review_queue_pushes_total", policy_version=engine.policy_version) == 1
+    engine.flush()                                          # the item is written off the request's path
     [item] = review.list_items(ws, origin="serving")
-    assert (item.token_id, item.decision_id, item.episode_id) == (high, d.decision_id, "risky")
+    assert (item.id, item.token_id, item.decision_id, item.episode_id) == (d.review_item, high, d.decision_id, "risky")
     assert "high-risk" in item.reason and item.state["volatility"] == STATE["volatility"]
     assert item.task_type == "analysis" and item.confidence == pytest.approx(0.6)
 
@@ -408,6 +410,77 @@ def test_high_risk_low_confidence_goes_to_review_and_a_rejection_is_never_served
     engine.close()
 
 
+def test_a_review_push_is_written_off_the_requests_path_under_the_id_the_decision_carries(bundle, ws, monkeypatch):
+    low, high, _ = _tokens(bundle)
+    engine = _engine(ws, _with_rde(bundle, {high: 0.6, low[0]: 0.4}), force_rde_override=True)
+    writers, reservations, in_request = [], [], threading.local()
+    enqueue, reserve, decide = review.enqueue_many, review.reserve_item_ids, engine.decide
+    monkeypatch.setattr(review, "enqueue_many",   # whether a write ran inside a request, on its thread
+                        lambda *a, **kw: writers.append(getattr(in_request, "on", False)) or enqueue(*a, **kw))
+    monkeypatch.setattr(review, "reserve_item_ids", lambda *a: reservations.append(a[2]) or reserve(*a))
+
+    def deciding(request):
+        in_request.on = True
+        try:
+            return decide(request)
+        finally:
+            in_request.on = False
+
+    engine.decide = deciding
+    first = engine.decide(_request("push-1"))
+    # another writer queues an item meanwhile: it is numbered after the engine's reserved block
+    other = review.enqueue(ws, LOCAL_ADMIN, review.ReviewRequest(
+        origin="serving", reason="queued by hand", state={}, token_id=high, episode_id="by-hand", step_t=0,
+        decision_id="by-hand-1"))
+    second = engine.decide(_request("push-2"))
+    engine.flush()
+    assert reservations == [serving.REVIEW_ID_BLOCK]                 # one block serves both pushes
+    assert second.review_item == first.review_item + 1 and other > first.review_item + serving.REVIEW_ID_BLOCK - 1
+    assert len(writers) == 3 and not any(writers)               # by hand, and the engine's two: none in a request
+    items = {i.id: i for i in review.list_items(ws, origin="serving")}
+    assert items[first.review_item].decision_id == first.decision_id
+    assert items[second.review_item].decision_id == second.decision_id
+    engine.close()
+
+
+def test_a_review_write_that_fails_stays_pending_and_is_retried(bundle, ws, monkeypatch):
+    low, high, _ = _tokens(bundle)
+    engine = _engine(ws, _with_rde(bundle, {high: 0.6, low[0]: 0.4}), force_rde_override=True)
+    enqueue = review.enqueue_many
+
+    def locked(*a, **kw):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(review, "enqueue_many", locked)
+    d = engine.decide(_request("locked"))                    # served all the same, with its item's id
+    assert d.review_item is not None
+    with pytest.raises(sqlite3.OperationalError):
+        engine.flush()
+    assert isinstance(engine.review_error, sqlite3.OperationalError)
+    assert _metric(engine, "rwb_review_write_failures_total") >= 1
+    assert review.list_items(ws, origin="serving") == []
+    monkeypatch.setattr(review, "enqueue_many", enqueue)
+    engine.flush()                                            # retried: nothing was lost
+    [item] = review.list_items(ws, origin="serving")
+    assert (item.id, item.decision_id) == (d.review_item, d.decision_id) and engine.review_error is None
+    engine.close()
+
+
+def test_reserved_review_ids_are_never_given_out_again(ws):
+    first = review.reserve_item_ids(ws, LOCAL_ADMIN, 3)
+    mine = review.enqueue(ws, LOCAL_ADMIN, review.ReviewRequest(origin="serving", reason="r", state={}, token_id=1,
+                                                                 episode_id="e", step_t=0, decision_id="d-1"))
+    again = review.reserve_item_ids(ws, LOCAL_ADMIN, 2)
+    assert len(set(first) | {mine} | set(again)) == 6 and mine > max(first) and min(again) > mine
+    req = review.ReviewRequest(origin="serving", reason="r", state={}, token_id=1, episode_id="e", step_t=1,
+                               decision_id="d-2")
+    assert review.enqueue_many(ws, LOCAL_ADMIN, [req], ids=[first[0]]) == [first[0]]
+    with pytest.raises(ConflictError):                         # the same source step under another reserved id
+        review.enqueue_many(ws, LOCAL_ADMIN, [req], ids=[first[1]])
+    with pytest.raises(InputError):
+        review.reserve_item_ids(ws, LOCAL_ADMIN, 0)
+
+
 def test_a_rejection_decided_in_another_process_is_picked_up_by_the_next_check(bundle, ws, monkeypatch):
     """This process's own rejections count at the next decision (above); the workspace is
     checked for other processes' every MASK_RULES_CHECK_S seconds."""
@@ -416,6 +489,7 @@ def test_a_rejection_decided_in_another_process_is_picked_up_by_the_next_check(b
     engine = _engine(ws, _with_rde(bundle, {high: 0.6, l1: 0.4}), force_rde_override=True)
     d = engine.decide(_request("elsewhere"))
     assert d.final_action == high and d.review_item is not None
+    engine.flush()
     review.claim(ws, LOCAL_ADMIN)
     counter = review._rules_added
     review.decide(ws, LOCAL_ADMIN, d.review_item, "reject", "decided by a reviewer in the app")

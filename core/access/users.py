@@ -76,6 +76,7 @@ ACTIONS: dict[str, str] = {
     "core.rl.runs.stop_run": "train",
     "core.guard.review.enqueue": "enqueue_review",
     "core.guard.review.enqueue_many": "enqueue_review",
+    "core.guard.review.reserve_item_ids": "enqueue_review",
     "core.guard.review.send_step": "enqueue_review",
     "core.guard.review.claim": "review",
     "core.guard.review.release": "review",

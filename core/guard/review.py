@@ -329,15 +329,25 @@ def _get_row(conn: "sqlite3.Connection", item_id: int) -> tuple[Any, ...]:
 
 
 # --------------------------------------------------------------------------- enqueue
-def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest]) -> list[int]:
+def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest], *,
+                 ids: Sequence[int] | None = None, created_at: float | None = None) -> list[int]:
     """Queue several steps in one transaction; returns their item ids (an already queued
-    source step returns its existing item).  Needs ``enqueue_review``."""
+    source step returns its existing item).  Needs ``enqueue_review``.
+
+    ``ids``: ids taken from :func:`reserve_item_ids`, one per request, which the items get
+    (then a source step queued already is a :class:`ConflictError`, nothing written: the
+    caller has handed its reserved id out).  ``created_at``: the time the steps were
+    queued, when they are written later (default now)."""
     authorize(ws, actor, "enqueue_review")
-    now = time.time()
+    now = time.time() if created_at is None else float(created_at)
     rows = [_validated_row(r, actor, now) for r in requests]
-    ids: list[int] = []
+    if ids is not None and len(ids) != len(rows):
+        raise InputError(f"{len(ids)} reserved ids for {len(rows)} review requests", field="ids")
+    out: list[int] = []
     with ws.transaction() as conn:
-        for row in rows:
+        for k, row in enumerate(rows):
+            if ids is not None:
+                row = {"id": int(ids[k]), **row}
             cur = conn.execute(
                 f"INSERT INTO review_items({', '.join(row)}) VALUES ({', '.join('?' * len(row))}) "
                 "ON CONFLICT(source_key) DO NOTHING", list(row.values()))
@@ -345,11 +355,34 @@ def enqueue_many(ws: "Workspace", actor: Actor, requests: Sequence[ReviewRequest
                 assert cur.lastrowid is not None  # an INSERT sets it
                 item_id = int(cur.lastrowid)
                 _event(conn, item_id, "enqueued", actor, now, {"origin": row["origin"]})
+            elif ids is not None:  # rolled back with the transaction
+                raise ConflictError(f"review request {k}: its source step is queued already, under "
+                                    f"another id than the reserved {ids[k]}")
             else:  # this source step is queued already
                 item_id = int(conn.execute("SELECT id FROM review_items WHERE source_key=?",
                                            (row["source_key"],)).fetchone()[0])
-            ids.append(item_id)
-    return ids
+            out.append(item_id)
+    return out
+
+
+def reserve_item_ids(ws: "Workspace", actor: Actor, n: int) -> list[int]:
+    """``n`` item ids no other writer will give out (one transaction moving the table's
+    AUTOINCREMENT counter past them), for items written later with
+    ``enqueue_many(ids=...)``: a decision engine hands an item's id out with the decision
+    and writes the item off the request's path.  An id reserved and never written is a
+    gap in the numbering, nothing more.  Needs ``enqueue_review``."""
+    authorize(ws, actor, "enqueue_review")
+    if n < 1:
+        raise InputError(f"reserve at least one id, not {n}", field="n")
+    with ws.transaction() as conn:
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='review_items'").fetchone()
+        top = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM review_items").fetchone()[0])
+        start = max(top, 0 if row is None else int(row[0])) + 1
+        if row is None:
+            conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('review_items', ?)", (start + n - 1,))
+        else:
+            conn.execute("UPDATE sqlite_sequence SET seq=? WHERE name='review_items'", (start + n - 1,))
+    return list(range(start, start + n))
 
 
 def enqueue(ws: "Workspace", actor: Actor, request: ReviewRequest) -> int:

@@ -60,6 +60,9 @@ ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
 #: Distinct query texts whose intent (embedding + rules) is kept in memory.
 INTENT_CACHE_SIZE = 4096
+#: Review item ids an engine reserves at once (core.guard.review.reserve_item_ids): one short
+#: transaction on a request's path per this many review pushes.
+REVIEW_ID_BLOCK = 64
 #: Seconds between checks of the workspace for review mask rules another process added
 #: (this process's own are picked up at the next decision).
 MASK_RULES_CHECK_S = 0.1
@@ -318,6 +321,9 @@ class ServingMetrics:
                            ["policy_version"], registry=r)
         self.review_pushes = Counter("rwb_review_queue_pushes", "Served actions put on the review queue.",
                                      ["policy_version"], registry=r)
+        self.review_write_failures = Counter("rwb_review_write_failures", "Writes of queued review items "
+                                             "that failed (the items stay pending and are retried).",
+                                             registry=r)
         self.outcomes = Counter("rwb_action_outcomes", "Reported outcomes of served actions.",
                                 ["policy_version", "result"], registry=r)
         self.failures = Counter("rwb_action_failures", "Served actions reported as failed.",
@@ -801,6 +807,16 @@ class DecisionEngine:
         warm_up = getattr(self.embedder, "warm_up", None)
         if callable(warm_up):
             self._intent_pool.submit(warm_up)
+        # Review items are written off the request's path: the decision carries an id reserved
+        # beforehand, and this thread writes the item right after (flush() waits for it).
+        self._review_ids: collections.deque[int] = collections.deque()
+        #: Items accepted and not written yet: (their reserved ids, requests, queued at), oldest first.
+        self._review_pending: list[tuple[list[int], list[review.ReviewRequest], float]] = []
+        self._review_lock = threading.Lock()          # guards the two above
+        self._review_write_lock = threading.Lock()    # one writer of pending items at a time
+        self._review_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rwb-review")
+        #: The latest failure to write review items (they stay pending), None after a success.
+        self.review_error: BaseException | None = None
         self._closed = False
         if self.config.freeze_gc:
             gc.collect()
@@ -1049,7 +1065,7 @@ class DecisionEngine:
         items: dict[int, int] = {}
         if to_review:
             reqs = [self._review_request(rt, rows[b], out[b], reasons[b]) for b in to_review]
-            items = dict(zip(to_review, review.enqueue_many(self.ws, self.actor, reqs)))
+            items = dict(zip(to_review, self._queue_reviews(reqs)))
 
         # ---------------------------------------------------------------- audit, then commit state
         decisions = []
@@ -1128,6 +1144,40 @@ class DecisionEngine:
             decision_id=r.decision_id,
             meta={"policy_version": rt.version, "explanation": o["why"], "query": r.request.query,
                   "rl_candidates": [c.audit() for c in o["cands"]]})
+
+    def _queue_reviews(self, reqs: list["review.ReviewRequest"]) -> list[int]:
+        """Reserved ids for ``reqs``, whose items the review thread writes right after the
+        request (a new block of ids is reserved here when the engine's are used up)."""
+        with self._review_lock:
+            if len(self._review_ids) < len(reqs):
+                self._review_ids.extend(review.reserve_item_ids(self.ws, self.actor,
+                                                                max(REVIEW_ID_BLOCK, len(reqs))))
+            ids = [self._review_ids.popleft() for _ in reqs]
+            self._review_pending.append((ids, reqs, time.time()))
+        self._review_pool.submit(self._write_reviews)
+        return ids
+
+    def _write_reviews(self) -> int:
+        """Write every pending review item, oldest first, each push in its own transaction;
+        returns how many were written.  A push that fails stays pending with those after it
+        (the next push or flush() retries them), its error in ``review_error``, and is raised."""
+        with self._review_write_lock:
+            with self._review_lock:
+                pushes, self._review_pending = self._review_pending, []
+            written = 0
+            for k, (ids, reqs, at) in enumerate(pushes):
+                try:
+                    review.enqueue_many(self.ws, self.actor, reqs, ids=ids, created_at=at)
+                except Exception as exc:
+                    with self._review_lock:
+                        self._review_pending[:0] = pushes[k:]
+                    self.review_error = exc
+                    self.metrics.review_write_failures.inc()
+                    raise
+                written += len(ids)
+            if pushes:
+                self.review_error = None
+            return written
 
     # ------------------------------------------------------------------ RL-Boost
     def _intent_ready(self, row: _Row) -> bool:
@@ -1354,7 +1404,10 @@ class DecisionEngine:
         return self.metrics.text()
 
     def flush(self) -> int:
-        """Commit every audit record written so far (returns how many this call committed)."""
+        """Write the review items queued so far and commit every audit record written so far
+        (returns how many audit records this call committed); raises when either cannot be
+        written (the items and records stay pending)."""
+        self._write_reviews()
         return self.audit.flush()
 
     def ready(self, timeout: float | None = None) -> bool:
@@ -1370,22 +1423,27 @@ class DecisionEngine:
         return True
 
     def close(self) -> None:
-        """Commit the remaining audit records and stop the worker."""
+        """Write the queued review items, commit the remaining audit records and stop the
+        workers (a failed write is raised once the audit records are committed)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._pool.shutdown(wait=True)
         self._intent_pool.shutdown(wait=True)
+        self._review_pool.shutdown(wait=True)
         if self.collector is not None:
             self.collector.close()
-        close_embedder = getattr(self.embedder, "close", None)
-        if self._own_embedder and callable(close_embedder):
-            close_embedder()
-        if self._own_audit:
-            self.audit.close()
-        else:
-            self.audit.flush()
+        try:
+            self._write_reviews()  # what a failed write left pending
+        finally:
+            close_embedder = getattr(self.embedder, "close", None)
+            if self._own_embedder and callable(close_embedder):
+                close_embedder()
+            if self._own_audit:
+                self.audit.close()
+            else:
+                self.audit.flush()
 
     def __enter__(self) -> "DecisionEngine":
         return self
