@@ -97,6 +97,7 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
     "core.rl.runs.stop_run": lambda f, ws, a, t, d: f(ws, a, "no-such-run"),
     "core.guard.review.enqueue": lambda f, ws, a, t, d: f(ws, a, _review_request()),
     "core.guard.review.enqueue_many": lambda f, ws, a, t, d: f(ws, a, [_review_request()]),
+    "core.guard.review.reserve_item_ids": lambda f, ws, a, t, d: f(ws, a, 2),
     "core.guard.review.send_step": lambda f, ws, a, t, d: _send_step(f, ws, a, t),
     "core.guard.review.claim": lambda f, ws, a, t, d: f(ws, a, dataset=f"no-items-{t}"),
     "core.guard.review.release": lambda f, ws, a, t, d: f(ws, a, 10**9),
@@ -124,7 +125,7 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
 #: Calls above that are real and must succeed for a role that holds the permission.
 SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.import_upload",
             "core.rewards.versions.save_template", "core.rl.runs.create_run", "core.guard.review.enqueue",
-            "core.guard.review.enqueue_many", "core.guard.review.send_step", "core.guard.review.claim", "core.access.audit.AuditWriter",
+            "core.guard.review.enqueue_many", "core.guard.review.reserve_item_ids", "core.guard.review.send_step", "core.guard.review.claim", "core.access.audit.AuditWriter",
             "core.access.audit.recover_unflushed", "core.access.audit.export", "core.access.users.list_users",
             "core.access.users.add_user", "core.access.users.set_role", "core.access.users.set_password",
             "core.access.users.disable_user", "core.access.keys.rotate"}
