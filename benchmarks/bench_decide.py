@@ -471,21 +471,26 @@ def sequential(engine: DecisionEngine, clock: ReplayClock, episodes: list[list[S
 
 
 def back_to_back(engine: DecisionEngine, clock: ReplayClock, episodes: list[list[Step]], rate: float,
-                 suffix: str) -> dict:
-    """Every episode again under a new id (``suffix``), one request after the other with
-    nothing in between: decide()'s wall-time percentiles (ms), its RL-Boost requests' apart."""
-    wall, boosted = [], []
+                 suffix: str, after_each: Callable[[], Any] | None = None) -> dict:
+    """Every episode again under a new id (``suffix``), one request after the other, with
+    nothing in between but ``after_each()`` (timed apart, as ``after_ms``): decide()'s
+    wall-time percentiles (ms), its RL-Boost requests' apart."""
+    wall, boosted, after = [], [], []
     for i, steps in enumerate(episodes):
         for step in steps:
             clock.t = i / rate + step.t
             t0 = time.perf_counter()
             d = engine.decide(renamed(step.request, suffix))
-            ms = (time.perf_counter() - t0) * 1e3
-            wall.append(ms)
+            t1 = time.perf_counter()
+            if after_each is not None:
+                after_each()
+                after.append((time.perf_counter() - t1) * 1e3)
+            wall.append((t1 - t0) * 1e3)
             if d.rl_boost and not d.intent_pending:
-                boosted.append(ms)
+                boosted.append(wall[-1])
     engine.flush()
-    return {"all": percentiles(wall), "rl_boost": percentiles(boosted), "all_ms": wall, "rl_boost_ms": boosted}
+    return {"all": percentiles(wall), "rl_boost": percentiles(boosted), "all_ms": wall, "rl_boost_ms": boosted,
+            "after_ms": after}
 
 
 def paired_back_to_back(engine: DecisionEngine, clock: ReplayClock, episodes: list[list[Step]], rate: float,
@@ -494,22 +499,11 @@ def paired_back_to_back(engine: DecisionEngine, clock: ReplayClock, episodes: li
     request followed by one run of the floor's fixed computation scaled to ``chunk_ms``:
     decide()'s and the floor's wall-time percentiles (ms) from the same stretch of time, so
     a slower spell of the machine reaches both alike."""
-    n = spin_iterations(chunk_ms)
-    wall, boosted, floor, steal0 = [], [], [], cpu_ticks()
-    for i, steps in enumerate(episodes):
-        for step in steps:
-            clock.t = i / rate + step.t
-            t0 = time.perf_counter()
-            d = engine.decide(renamed(step.request, suffix))
-            t1 = time.perf_counter()
-            _spin(n)
-            floor.append((time.perf_counter() - t1) * 1e3)
-            wall.append((t1 - t0) * 1e3)
-            if d.rl_boost and not d.intent_pending:
-                boosted.append(wall[-1])
-    engine.flush()
-    return ({"all": percentiles(wall), "rl_boost": percentiles(boosted), "all_ms": wall, "rl_boost_ms": boosted},
-            {**percentiles(floor), "chunk_ms": chunk_ms, "steal": steal_share(steal0, cpu_ticks()), "wall_ms": floor})
+    n, steal0 = spin_iterations(chunk_ms), cpu_ticks()
+    decide = back_to_back(engine, clock, episodes, rate, suffix, after_each=lambda: _spin(n))
+    floor = decide.pop("after_ms")
+    return decide, {**percentiles(floor), "chunk_ms": chunk_ms, "steal": steal_share(steal0, cpu_ticks()),
+                    "wall_ms": floor}
 
 
 def tail_round(engine: DecisionEngine, clock: ReplayClock, embedder: TimedEmbedder, episodes: list[list[Step]],
@@ -807,7 +801,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5,
                         help="Rounds of the tail ratio (section 5), each on a fresh engine; the ratio pools them.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    return args
 
 
 def policy_size(bundle: Any) -> str:

@@ -443,6 +443,32 @@ def test_a_review_push_is_written_off_the_requests_path_under_the_id_the_decisio
     engine.close()
 
 
+def test_the_next_block_of_review_ids_is_reserved_off_the_requests_path(bundle, ws, monkeypatch):
+    low, high, _ = _tokens(bundle)
+    monkeypatch.setattr(serving, "REVIEW_ID_BLOCK", 4)
+    engine = _engine(ws, _with_rde(bundle, {high: 0.6, low[0]: 0.4}), force_rde_override=True)
+    reservations, in_request, reserve, decide = [], threading.local(), review.reserve_item_ids, engine.decide
+    monkeypatch.setattr(review, "reserve_item_ids",
+                        lambda *a: reservations.append(getattr(in_request, "on", False)) or reserve(*a))
+
+    def deciding(request):
+        in_request.on = True
+        try:
+            return decide(request)
+        finally:
+            in_request.on = False
+
+    engine.decide = deciding
+    ids = []
+    for k in range(10):
+        ids.append(engine.decide(_request(f"burst-{k}")).review_item)
+        engine.flush()                                       # each push written (and the ids topped up)
+    assert reservations[0] is True and len(reservations) >= 3 and not any(reservations[1:])
+    assert len(set(ids)) == 10
+    assert {i.id for i in review.list_items(ws, origin="serving")} == set(ids)
+    engine.close()
+
+
 def test_a_review_write_that_fails_stays_pending_and_is_retried(bundle, ws, monkeypatch):
     low, high, _ = _tokens(bundle)
     engine = _engine(ws, _with_rde(bundle, {high: 0.6, low[0]: 0.4}), force_rde_override=True)

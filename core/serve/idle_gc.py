@@ -2,9 +2,9 @@
 
 CPython starts a collection from whatever allocation crosses the youngest generation's
 threshold, so in a serving process a collection lands inside some request and adds its
-whole length to that request's latency.  :class:`IdleCollector` switches the automatic collector off and runs the same
-collections on a background thread right after a request that crossed the threshold,
-holding the engine's request lock: a collection then runs while the engine is idle, and a
+whole length to that request's latency.  :class:`IdleCollector` switches the automatic
+collector off and runs the same collections on a background thread right after a request
+that crossed the threshold, holding the engine's request lock: a collection then runs while the engine is idle, and a
 request that arrives meanwhile waits for the rest of it instead of carrying all of it.
 
 Which generation is collected follows CPython's own rule (the oldest generation whose count

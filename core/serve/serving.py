@@ -60,8 +60,9 @@ ALERT_RULES_FILE = Path(__file__).with_name("serving_alerts.yaml")
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 5.0)
 #: Distinct query texts whose intent (embedding + rules) is kept in memory.
 INTENT_CACHE_SIZE = 4096
-#: Review item ids an engine reserves at once (core.guard.review.reserve_item_ids): one short
-#: transaction on a request's path per this many review pushes.
+#: Review item ids an engine reserves at once (core.guard.review.reserve_item_ids).  The
+#: first block is reserved by the first push; the review thread reserves the next one when
+#: fewer than half are left, so a request reserves again only after a burst of this many.
 REVIEW_ID_BLOCK = 64
 #: Seconds between checks of the workspace for review mask rules another process added
 #: (this process's own are picked up at the next decision).
@@ -1177,6 +1178,15 @@ class DecisionEngine:
                 written += len(ids)
             if pushes:
                 self.review_error = None
+                with self._review_lock:
+                    low = len(self._review_ids) < REVIEW_ID_BLOCK // 2
+                if low:  # the next block, here rather than on a request's path
+                    try:
+                        more = review.reserve_item_ids(self.ws, self.actor, REVIEW_ID_BLOCK)
+                    except Exception:  # the items are written; a request reserves when the ids run out
+                        more = []
+                    with self._review_lock:
+                        self._review_ids.extend(more)
             return written
 
     # ------------------------------------------------------------------ RL-Boost
