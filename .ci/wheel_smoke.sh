@@ -32,7 +32,7 @@ step "build the sdist and the wheel (isolated build: the declared build requirem
 import shutil, sys
 shutil.copytree(sys.argv[1], sys.argv[2], symlinks=True, ignore=shutil.ignore_patterns(
     ".git", ".venv", "workspace", "demo-workspace", "test-output", "__pycache__", "*.egg-info", "build",
-    "dist", ".hypothesis", ".pytest_cache"))
+    "dist", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache"))
 EOF_COPY
 .venv/bin/python -m build --outdir "$WORK/dist" "$WORK/src" > "$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
 .venv/bin/python -m twine check --strict "$WORK"/dist/*
