@@ -55,6 +55,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "write_audit": frozenset({"admin", SERVICE_ROLE}),
     "export_audit": frozenset({"analyst", "approver", "admin"}),
     "manage_users": frozenset({"admin"}),
+    "label": frozenset({"analyst", "reviewer", "admin"}),
 }
 
 #: Every core function that changes the workspace -> the permission it checks first.
@@ -67,6 +68,8 @@ ACTIONS: dict[str, str] = {
     "core.rewards.versions.save_template": "edit_template",
     "core.tuning.apply.apply_study": "edit_template",
     "core.tuning.preferences.add_preference": "edit_template",
+    "core.rewards.labels.add_label": "label",
+    "core.data.task_criteria.import_criteria": "import",
     "core.tuning.studies.tune": "train",
     "core.tuning.workers.launch_tuning": "train",
     "core.tuning.workers.stop_tuning": "train",

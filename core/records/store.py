@@ -468,9 +468,41 @@ def _m7_sign_in(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m8_criteria_and_labels(conn: sqlite3.Connection) -> None:
+    """Task criteria (what a task's success requires: expected calls, what to communicate),
+    one record per (dataset, task id), joined to the dataset's episodes by task id; and
+    outcome labels given by people, append-only: an episode's label is its latest event, and
+    the label set's version is the highest event id."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS task_criteria (
+            dataset TEXT NOT NULL REFERENCES datasets(name),
+            task_id TEXT NOT NULL,
+            criteria TEXT NOT NULL,
+            source_file TEXT,
+            source_line INTEGER,
+            source_format TEXT NOT NULL,
+            imported_by TEXT NOT NULL,
+            imported_at TEXT NOT NULL,
+            PRIMARY KEY (dataset, task_id)
+        );
+        CREATE TABLE IF NOT EXISTS label_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            dataset TEXT NOT NULL REFERENCES datasets(name),
+            episode_id TEXT NOT NULL,
+            outcome INTEGER CHECK (outcome IS NULL OR outcome IN (0, 1)),
+            note TEXT,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_label_events_episode ON label_events(dataset, episode_id, id)
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
                                                           _m4_template_versions, _m5_policy_registry,
-                                                          _m6_tuning, _m7_sign_in]
+                                                          _m6_tuning, _m7_sign_in, _m8_criteria_and_labels]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

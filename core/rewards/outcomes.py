@@ -8,13 +8,16 @@ Shared by outcome calibration, the learned outcome component and tuning towards 
   imported record (``task_id`` by default, as tau2 and many agent logs name it), else the
   user's request; episodes of one task are never split across folds;
 * :func:`auc` (ties count half), :func:`grouped_folds` and :func:`bootstrap_ci`, which
-  resamples whole tasks, so an interval reflects how many distinct tasks were labelled.
+  resamples whole tasks, so an interval reflects how many distinct tasks were labelled;
+* :func:`within_task_auc` (pairs of a success and a failure of the same task: the primary
+  fidelity figure) and :func:`fidelity`, both figures with their intervals over tasks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -138,3 +141,107 @@ def bootstrap_ci(stat, groups: np.ndarray, *, n_boot: int = 200, level: float = 
         return float("nan"), float("nan")
     lo, hi = np.quantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
+
+
+# --------------------------------------------------------------------------- within-task ranking
+# A trainer with a per-task baseline (GRPO, PPO with a per-task critic) only ever compares runs
+# of the same task, so the primary fidelity figure is the AUC over pairs of a success and a
+# failure of the *same* task; the all-pairs AUC is reported beside it.
+
+@dataclass(frozen=True)
+class AucFigure:
+    """One ranking figure with its 90% bootstrap interval over tasks."""
+
+    #: AUC (NaN when no pair exists)
+    value: float
+    #: 90% percentile interval over resampled tasks
+    ci90: tuple[float, float]
+    #: Tasks that contribute pairs (within-task: those with both outcomes)
+    n_tasks: int
+    #: (success, failure) pairs compared
+    n_pairs: int
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How well a score ranks recorded outcomes: over all pairs and within each task."""
+
+    all_pairs: AucFigure
+    within_task: AucFigure
+
+
+def _codes(groups: np.ndarray) -> tuple[np.ndarray, int]:
+    uniq, inverse = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+    return inverse.astype(np.int64), int(uniq.shape[0])
+
+
+def within_task_parts(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(Mann-Whitney U, pairs) per task: U counts the (success, failure) pairs of that task the
+    score orders right, ties half; pairs is successes × failures (0 for a one-outcome task)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    pos = np.asarray(labels, dtype=np.float64) > 0.5
+    code, n_groups = _codes(groups)
+    if scores.size == 0:
+        return np.zeros(n_groups), np.zeros(n_groups)
+    order = np.lexsort((scores, code))
+    s, g = scores[order], code[order]
+    new_tie = np.concatenate([[True], (s[1:] != s[:-1]) | (g[1:] != g[:-1])])
+    tie = np.cumsum(new_tie) - 1
+    starts = np.flatnonzero(new_tie)
+    ends = np.append(starts[1:], s.size)
+    group_start = np.searchsorted(g, np.arange(n_groups), side="left")
+    avg_rank = ((starts + 1 + ends) / 2.0)[tie] - group_start[g]   # 1-based rank inside the task
+    ranks = np.empty(scores.size)
+    ranks[order] = avg_rank
+    n_pos = np.bincount(code, weights=pos.astype(np.float64), minlength=n_groups)
+    n_all = np.bincount(code, minlength=n_groups).astype(np.float64)
+    rank_sum = np.bincount(code[pos], weights=ranks[pos], minlength=n_groups)
+    u = rank_sum - n_pos * (n_pos + 1) / 2.0
+    return u, n_pos * (n_all - n_pos)
+
+
+def within_task_auc(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> float:
+    """AUC over every pair of a success and a failure of the same task (each pair counts
+    once; ties half); NaN when no task has both outcomes."""
+    if np.isnan(np.asarray(scores, dtype=np.float64)).any():
+        return float("nan")
+    u, pairs = within_task_parts(scores, labels, groups)
+    total = pairs.sum()
+    return float(u.sum() / total) if total > 0 else float("nan")
+
+
+def tasks_with_both(labels: np.ndarray, groups: np.ndarray) -> int:
+    """How many tasks have at least one success and one failure."""
+    pos = np.asarray(labels, dtype=np.float64) > 0.5
+    code, n_groups = _codes(groups)
+    n_pos = np.bincount(code, weights=pos.astype(np.float64), minlength=n_groups)
+    n_all = np.bincount(code, minlength=n_groups)
+    return int(((n_pos > 0) & (n_pos < n_all)).sum())
+
+
+def fidelity(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, *, n_boot: int = 200,
+             seed: int = 0) -> Fidelity:
+    """All-pairs and within-task AUC of ``scores`` against 0/1 ``labels`` (NaN labels left
+    out), each with a 90% interval over resampled tasks.  The within-task interval resamples
+    the tasks' own pair counts, so a task drawn twice counts its pairs twice."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    keep = ~np.isnan(labels)
+    scores, labels, groups = scores[keep], labels[keep], np.asarray(groups)[keep]
+    pos = labels > 0.5
+    lo, hi = bootstrap_ci(lambda r: auc(scores[r], labels[r]), groups, n_boot=n_boot, seed=seed) \
+        if scores.size else (float("nan"), float("nan"))
+    all_pairs = AucFigure(auc(scores, labels), (lo, hi), int(np.unique(groups.astype(str)).size),
+                          int(pos.sum()) * int((~pos).sum()))
+    u, pairs = within_task_parts(scores, labels, groups)
+    both = np.flatnonzero(pairs > 0)
+    value = float(u.sum() / pairs.sum()) if both.size and not np.isnan(scores).any() else float("nan")
+    w_lo = w_hi = float("nan")
+    if both.size >= 2 and not np.isnan(value):
+        rng = np.random.default_rng(seed)
+        pick = both[rng.integers(0, both.size, size=(int(n_boot), both.size))]
+        draws = u[pick].sum(axis=1) / pairs[pick].sum(axis=1)
+        w_lo, w_hi = (float(x) for x in np.quantile(draws, [0.05, 0.95]))
+    within = AucFigure(value, (w_lo, w_hi), int(both.size), int(pairs.sum()))
+    return Fidelity(all_pairs, within)
