@@ -54,10 +54,18 @@ def trial_series_figure(series: dict[str, list], *, height: int = 300) -> go.Fig
 
 
 def calibration_table(cal: CalibrationReport) -> pd.DataFrame:
-    """One row per score (the return first, then each component): power and its interval."""
-    return pd.DataFrame([{"score": p.name, "level": p.level, cal.metric: round(p.value, 3),
-                          "90% low": round(p.ci90[0], 3), "90% high": round(p.ci90[1], 3)}
-                         for p in [cal.return_power, *cal.components]])
+    """One row per score (the return first, then each component): power and its interval;
+    for 0/1 outcomes the within-task AUC beside it, its interval and the tasks with both outcomes."""
+    rows = []
+    for p in [cal.return_power, *cal.components]:
+        row = {"score": p.name, "level": p.level, cal.metric: round(p.value, 3),
+               "90% low": round(p.ci90[0], 3), "90% high": round(p.ci90[1], 3)}
+        if p.within_task is not None:
+            w = p.within_task
+            row.update({"within-task AUC": round(w.value, 3), "within 90% low": round(w.ci90[0], 3),
+                        "within 90% high": round(w.ci90[1], 3), "tasks with both": w.n_tasks})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def roc_figure(cal: CalibrationReport) -> go.Figure:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from core.rewards.calibration import CalibrationReport
+    from core.rewards.label_queue import Proposals
     from core.rewards.views import PyramidReport
     from core.rl.doctor import Diagnosis
     from core.rl.evaluation import EvaluationReport
@@ -168,30 +169,64 @@ def pyramid_report(dataset: str, template: "Template") -> "PyramidReport":
     return build_report(base, template)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _outcomes(path: str, dataset: str, version: str) -> tuple["np.ndarray", "np.ndarray"]:
-    from core.rewards.calibration import outcome_columns
+def labels_version(dataset: str) -> int:
+    """The version of ``dataset``'s label set (a cache key: a new label changes it)."""
+    from core.rewards.labels import labels_version as version_of
 
-    return outcome_columns(_workspace(path).load_episodes(dataset))
+    return version_of(workspace(), dataset)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _outcomes(path: str, dataset: str, version: str, labels: int) -> tuple["np.ndarray", "np.ndarray"]:
+    # People's labels over the recorded outcomes: keyed by the label set's version too.
+    from core.rewards.labels import dataset_outcomes
+
+    return dataset_outcomes(_workspace(path), dataset)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _calibration(path: str, dataset: str, version: str, template_text: str, n_boot: int,
+def _calibration(path: str, dataset: str, version: str, labels_at: int, template_text: str, n_boot: int,
                  _template: "Template") -> "CalibrationReport":
     # Keyed by the whole template's text: weights, gating and return terms all move the
     # returns it ranks, so coming back to a template already seen reads it from here.
     from core.rewards.calibration import calibrate_result
 
-    labels, groups = _outcomes(path, dataset, version)
+    labels, groups = _outcomes(path, dataset, version, labels_at)
     return calibrate_result(pyramid_report(dataset, _template).result, labels, groups, n_boot=n_boot)
 
 
 def calibration(dataset: str, template: "Template", n_boot: int = 100) -> "CalibrationReport":
-    """Outcome calibration of ``template`` on ``dataset`` (labels and task groups are read
-    once per dataset version; the scores come from :func:`pyramid_report`'s cache; each
-    template is calibrated once per dataset version)."""
-    return _calibration(_session_path(), dataset, dataset_version(workspace(), dataset),
+    """Outcome calibration of ``template`` on ``dataset`` (outcomes and task groups are read
+    once per dataset and label set version; the scores come from :func:`pyramid_report`'s
+    cache; each template is calibrated once per dataset and label set version)."""
+    return _calibration(_session_path(), dataset, dataset_version(workspace(), dataset), labels_version(dataset),
                         template.to_yaml(), n_boot, template)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _learning_curve(path: str, dataset: str, version: str, labels_at: int) -> Any:
+    from core.rewards.label_queue import dataset_learning_curve
+
+    return dataset_learning_curve(_workspace(path), dataset)
+
+
+def learning_curve(dataset: str) -> Any:
+    """Held-out AUC against the number of labelled episodes on ``dataset``, once per dataset
+    and label set version (:func:`core.rewards.label_queue.dataset_learning_curve`)."""
+    return _learning_curve(_session_path(), dataset, dataset_version(workspace(), dataset), labels_version(dataset))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _label_proposals(path: str, dataset: str, version: str, labels_at: int, n: int) -> "Proposals":
+    from core.rewards.label_queue import propose_next
+
+    return propose_next(_workspace(path), dataset, n)
+
+
+def label_proposals(dataset: str, n: int = 5) -> "Proposals":
+    """The next episodes of ``dataset`` to label, once per dataset and label set version: a
+    new label proposes afresh (:func:`core.rewards.label_queue.propose_next`)."""
+    return _label_proposals(_session_path(), dataset, dataset_version(workspace(), dataset), labels_version(dataset), n)
 
 
 # --------------------------------------------------------------------------- acting user

@@ -1,32 +1,38 @@
-"""Real labelled agent logs: how well the rewards track real success, and how fast a first run is.
+"""Real labelled agent logs: how well each reward tracks real success on tasks it never saw.
 
-For every labelled real dataset in ``datasets/real`` (tau2 runs of Grok agents and of the
-Whissle production agent; 0/1 outcome per episode, task id in ``task_id``), side by side in
-one run:
+For every labelled real set in ``datasets/real`` (tau2 airline runs of the Whissle agent, one
+per task; tau2 airline and telecom runs of Grok agents; AgentDojo runs of six LLM agents),
+side by side in one run, each figure as AUC over all (success, failure) pairs and **within
+task** (pairs of the same task: the primary figure), with its 90% interval over tasks and the
+tasks that have both outcomes:
 
-* **untuned** — AUC of the shipped generic ``tool_agent`` pyramid's episode return against
-  the recorded outcome (the outcome withheld from scoring: the template reads none);
-* **best single feature** — the best AUC of one tool-use statistic (calls, writes, errors,
-  repeats, steps, …), its direction chosen on the same data (an optimistic reference);
-* **tuned** — ``rwb tune --objective outcome``: the held-out AUC of the best trial on tasks
-  Optuna never saw (task-grouped; no selection on the held-out tasks);
-* **learned** — the learned outcome component (``rwb reward learn``): held-out AUC of its
-  task-grouped cross-validation;
-* **first run** — a fresh process on an empty workspace: import the file and score it with
-  ``tool_agent`` (sentence model load and every embedding included), against the
-  reference: the same with the previous generic pyramid, which embedded every reply of the
-  agent against the tool results before it (``benchmarks/reference_tool_agent_every_reply.yaml``).
-  Both scale with the episodes; the target is ≤ 30 s for 600 episodes.
+* **untuned** — the shipped generic ``tool_agent`` pyramid (no labels read), and its
+  **leave-one-set-out** figure: the template rebuilt from the terms whose sign held on the
+  other sets only (``benchmarks/design_tool_agent.py``), measured on the set left out;
+* **criteria** — ``tool_agent_criteria`` on the episodes whose task carries criteria (the
+  tau2 airline ``tasks.json``), with the coverage;
+* **baselines** — logistic regression on eight counts, and the same plus task-relative counts
+  and MiniLM embeddings of the request and the last answer, on held-out tasks;
+* **learned** — the learned outcome model (nested cross-validation grouped by task; criteria
+  among its features where present), on the same held-out tasks, with the interval it
+  reports for new tasks;
+* **tuned** — ``rwb tune --objective outcome`` on half the tasks: the best trial and the
+  template's own weights on the other half;
+* **learning curve** — the learned model's held-out AUC with 10/20/40/80/160 labels;
+* **first run** — a fresh process on an empty workspace, no embedding store: import the file
+  and score it with ``tool_agent``, against the previous generic pyramid that embedded every
+  reply against the tool results before it (``benchmarks/reference_tool_agent_every_reply.yaml``).
 
 Run::
 
-    .venv/bin/python benchmarks/bench_real_logs.py [--trials 100] [--no-reference] [--json]
+    .venv/bin/python benchmarks/bench_real_logs.py [--trials 100] [--no-reference] [--only SET] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -39,10 +45,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 REAL = ROOT / "datasets" / "real"
-#: labelled real datasets: folder -> import options (as their README says)
-DATASETS = {"tau2_whissle": {"reward_key": "outcome", "id_key": "id"},
-            "tau2_grok": {"reward_key": "outcome", "id_key": "id"}}
+AIRLINE_TASKS = REAL / "tau2" / "airline" / "tasks.json"
+#: labelled real sets: folder -> import options (as datasets/real/README.md says) and the task
+#: criteria file, where the tasks carry criteria
+DATASETS = {"tau2_whissle": ({"reward_key": "outcome", "id_key": "id"}, AIRLINE_TASKS),
+            "tau2_grok": ({"reward_key": "outcome", "id_key": "id"}, AIRLINE_TASKS),
+            "agentdojo": ({"reward_key": "success", "id_key": "eid"}, None)}
 REFERENCE_TEMPLATE = ROOT / "benchmarks" / "reference_tool_agent_every_reply.yaml"
+CURVE_SIZES = (10, 20, 40, 80, 160)
 
 
 def first_run_child(path: str, template: str, workspace: str, options: str) -> None:
@@ -65,53 +75,48 @@ def first_run_child(path: str, template: str, workspace: str, options: str) -> N
 
 
 def first_run(path: Path, template: str, options: dict) -> dict:
-    """Wall time of a first run in a fresh process with an empty workspace."""
+    """Wall time of a first run in a fresh process with an empty workspace (no shared
+    embedding store: every text goes through the model)."""
+    env = {k: v for k, v in os.environ.items() if k != "RWB_EMBEDDING_CACHE"} | {"HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory(prefix="rwb-bench-real-") as tmp:
         t0 = time.perf_counter()
         out = subprocess.run([sys.executable, __file__, "--first-run-child", str(path), template, tmp,
-                              json.dumps(options)], capture_output=True, text=True, check=True,
-                             env=os.environ | {"HF_HUB_OFFLINE": "1"})
+                              json.dumps(options)], capture_output=True, text=True, check=True, env=env)
         wall = time.perf_counter() - t0
     body = json.loads(out.stdout.strip().splitlines()[-1])
     return body | {"process_wall_s": round(wall, 2)}
 
 
-def best_single_feature(frame, labels) -> tuple[str, float]:
-    """(name, AUC) of the best single tool-use statistic, its direction chosen on the data."""
-    import numpy as np
-
-    from core.rewards.agent_signals import WriteActions
-    from core.rewards.learned import STAT_FEATURES, episode_stats
-    from core.rewards.outcomes import auc
-
-    keep = ~np.isnan(labels)
-    y = labels[keep] > 0.5
-    stats = episode_stats(frame)
-    writes = -WriteActions(per=1.0)(frame, None)
-    columns = dict(zip(STAT_FEATURES, stats.T)) | {
-        "writes": np.bincount(frame.episode, weights=writes, minlength=frame.n_episodes)}
-    best = ("", 0.5)
-    for name, values in columns.items():
-        a = auc(values[keep], y)
-        for label, value in ((f"more {name}", a), (f"fewer {name}", 1.0 - a)):
-            if value > best[1]:
-                best = (label, value)
-    return best[0], round(float(best[1]), 4)
+def _num(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
 
 
-def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
+def figure(fid) -> dict:
+    """A :class:`~core.rewards.outcomes.Fidelity` as JSON: both figures, intervals, counts."""
+    def one(f):
+        return {"value": _num(f.value), "ci90": [_num(v) for v in f.ci90], "n_tasks": int(f.n_tasks),
+                "n_pairs": int(f.n_pairs)}
+    return {"all_pairs": one(fid.all_pairs), "within_task": one(fid.within_task)}
+
+
+def measure(name: str, options: dict, tasks: Path | None, trials: int, reference: bool,
+            leave_one_out: dict | None) -> dict:
     import numpy as np
 
     from core import tuning
-    from core.data.importers import import_file
-    from core.rewards.api import load_frame, score
-    from core.rewards.calibration import calibrate_result, outcome_columns
-    from core.rewards.learned import fit_outcome_model
-    from core.rewards.components import ScoringContext
+    from core.access.users import current_user
     from core.base.embed import workspace_embedder
     from core.base.errors import InputError
+    from core.data.importers import import_file
+    from core.data.task_criteria import import_criteria
     from core.records.store import Workspace
-    from core.access.users import current_user
+    from core.rewards.api import load_frame, score
+    from core.rewards.components import ScoringContext
+    from core.rewards.criteria import frame_criteria
+    from core.rewards.labels import dataset_outcomes
+    from core.rewards.learned import fit_outcome_model
+    from core.rewards.outcome_model import learning_curve
+    from core.rewards.outcomes import fidelity
 
     path = REAL / name / "episodes.jsonl"
     out: dict = {"dataset": name, "first_run": first_run(path, "tool_agent", options)}
@@ -119,41 +124,84 @@ def measure(name: str, options: dict, trials: int, reference: bool) -> dict:
         out["first_run_reference"] = first_run(path, str(REFERENCE_TEMPLATE), options)
         out["first_run_speedup"] = round(out["first_run_reference"]["process_wall_s"]
                                          / out["first_run"]["process_wall_s"], 2)
-    # scaled to 600 episodes only from a file near that size (a small file is all fixed costs)
-    n = out["first_run"]["episodes"]
-    out["first_run_per_600_episodes_s"] = (round(out["first_run"]["process_wall_s"] * 600 / n, 1)
-                                           if n >= 300 else None)
     with tempfile.TemporaryDirectory(prefix="rwb-bench-real-ws-") as tmp:
         ws = Workspace.open(Path(tmp))
+        actor = current_user(ws)
         import_file(ws, path, dataset=name, **options)
+        if tasks is not None:
+            import_criteria(ws, actor, tasks, name)
         frame = load_frame(ws, name)
-        labels, groups = outcome_columns(ws.load_episodes(name), None)
-        result = score(ws, "tool_agent", frame=frame)
-        report = calibrate_result(result, labels, groups, n_boot=200)
-        out["episodes"], out["tasks"] = int(frame.n_episodes), report.n_tasks
-        out["success_rate"] = round(report.success_rate, 3)
-        out["untuned_auc"] = round(report.return_power.value, 4)
-        out["untuned_auc_ci90"] = [round(x, 4) for x in report.return_power.ci90]
-        out["best_single_feature"], out["best_single_feature_auc"] = best_single_feature(frame, labels)
-        t0 = time.perf_counter()
-        tuned = tuning.tune(ws, current_user(ws), "tool_agent", dataset=name, trials=trials,
-                            study=f"bench-{name}", config=tuning.TuneConfig(seed=0))
-        out["tuned_heldout_auc"] = (tuned.best or {}).get("held_out_auc")
-        out["tuned_cv_auc"] = (tuned.best or {}).get("cv_auc")
-        out["tuned_trials"], out["tune_s"] = trials, round(time.perf_counter() - t0, 1)
-        out["tuned_warnings"] = tuned.warnings
-        ctx = ScoringContext(embedder=workspace_embedder(ws))
+        labels, groups = dataset_outcomes(ws, name)
+        keep = ~np.isnan(labels)
+        out["episodes"], out["tasks"] = int(frame.n_episodes), int(np.unique(groups[keep].astype(str)).size)
+        out["success_rate"] = round(float((labels[keep] > 0.5).mean()), 3)
+
+        untuned = score(ws, "tool_agent", frame=frame)
+        out["untuned"] = figure(fidelity(untuned.returns, labels, groups))
+        out["untuned_leave_one_set_out"] = leave_one_out
+        ctx = ScoringContext(embedder=workspace_embedder(ws), criteria=frame_criteria(ws, frame))
+        if ctx.criteria is not None:
+            has = np.array([e in ctx.criteria.by_episode for e in frame.episode_ids.tolist()])
+            crit = score(ws, "tool_agent_criteria", frame=frame)
+            out["criteria_coverage"] = f"criteria for {int(has.sum())} of {frame.n_episodes} episodes"
+            out["criteria"] = figure(fidelity(crit.returns[has], labels[has], groups[has]))
         try:
-            fit = fit_outcome_model(frame, labels, groups, ctx=ctx, embed="last_words", c=1.0)
-            out["learned_heldout_auc"] = round(fit.heldout_auc, 4)
-            fit_stats = fit_outcome_model(frame, labels, groups, ctx=ctx, embed="none", c=1.0)
-            out["learned_stats_only_heldout_auc"] = round(fit_stats.heldout_auc, 4)
-        except InputError as exc:  # too few labelled episodes: say so in the output
-            out["learned_heldout_auc"] = None
+            fit = fit_outcome_model(frame, labels, groups, ctx=ctx)
+            out["baseline_counts"] = figure(fit.heldout.baseline_counts)
+            out["baseline_counts_embed"] = figure(fit.heldout.baseline_counts_embed)
+            out["learned"] = figure(fit.heldout.learned)
+            out["learned_tasks_with_both"] = int(fit.heldout.tasks_with_both)
+            curve = learning_curve(frame, labels, groups, ctx, sizes=CURVE_SIZES, config=fit.configs)
+            out["learning_curve"] = [{"labelled": p.labelled, "all_pairs": _num(p.all_pairs),
+                                      "within_task": _num(p.within_task)} for p in curve.points]
+            out["learning_curve_skipped"] = list(curve.skipped)
+        except InputError as exc:   # too few labelled episodes: say so in the output
             out["learned_error"] = str(exc)
-        if not np.isnan(report.heldout_auc or np.nan):
-            out["untuned_return_recalibrated_heldout_auc"] = round(report.heldout_auc, 4)
+        t0 = time.perf_counter()
+        tuned = tuning.tune(ws, actor, "tool_agent", dataset=name, trials=trials, study=f"bench-{name}",
+                            config=tuning.TuneConfig(seed=0))
+        out["tune_s"], out["tuned_trials"] = round(time.perf_counter() - t0, 1), trials
+        report = tuned.held_out_report or {}
+        out["tuned"], out["tuned_template"] = report.get("best"), report.get("template")
+        out["tuned_metric"], out["tuned_warnings"] = report.get("metric"), tuned.warnings
     return out
+
+
+def _cell(fig: dict | None, key: str) -> str:
+    if not fig or fig.get(key, {}).get("value") is None:
+        return "—"
+    f = fig[key]
+    lo, hi = f["ci90"]
+    ci = f" [{lo:.2f},{hi:.2f}]" if lo is not None and hi is not None else ""
+    return f"{f['value']:.3f}{ci}"
+
+
+def print_table(results: list[dict], load: float) -> None:
+    print(f"Real labelled logs (load {load:.1f}): AUC all pairs | within task, 90% interval over tasks; "
+          "held-out tasks where fitted or tuned")
+    rows = [("untuned tool_agent", "untuned"), ("  leave-one-set-out", "untuned_leave_one_set_out"),
+            ("criteria template", "criteria"), ("baseline: counts", "baseline_counts"),
+            ("baseline: +task-norm +emb", "baseline_counts_embed"), ("learned (nested CV)", "learned"),
+            ("tuned: best trial", "tuned"), ("tuned: template weights", "tuned_template")]
+    for r in results:
+        print(f"\n{r['dataset']}: {r['episodes']} episodes, {r['tasks']} tasks, success {r['success_rate']:.2f}"
+              + (f"; {r['criteria_coverage']}" if "criteria_coverage" in r else ""))
+        for label, key in rows:
+            print(f"  {label:<28}{_cell(r.get(key), 'all_pairs'):>22} | {_cell(r.get(key), 'within_task'):<22}")
+        if "learning_curve" in r:
+            curve = "  ".join(f"{p['labelled']}: {p['all_pairs'] or float('nan'):.2f}|"
+                              f"{p['within_task'] if p['within_task'] is not None else float('nan'):.2f}"
+                              for p in r["learning_curve"])
+            print(f"  learning curve (labels: all|within)  {curve}")
+        if "learned_error" in r:
+            print(f"  learned: {r['learned_error']}")
+        fr, ref = r["first_run"], r.get("first_run_reference")
+        print(f"  first run: {fr['episodes']} episodes, import {fr['import_s']:.1f} s + score {fr['score_s']:.1f} s, "
+              f"process {fr['process_wall_s']:.1f} s" + ("" if ref is None else
+                                                          f"; reference {ref['process_wall_s']:.1f} s: "
+                                                          f"{r['first_run_speedup']:.2f}x"))
+        for w in r.get("tuned_warnings", []):
+            print(f"  tuning warned: {w}")
 
 
 def main() -> None:
@@ -169,29 +217,22 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import optuna
 
+    from benchmarks.design_tool_agent import design
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    results = [measure(name, opts, args.trials, not args.no_reference)
-               for name, opts in DATASETS.items() if args.only in (None, name)]
+    loso = design()["leave_one_set_out"]
+    results = []
+    for name, (options, tasks) in DATASETS.items():
+        if args.only in (None, name):
+            held = loso.get(name)
+            fig = None if held is None else {k: {"value": held[k]["auc"], "ci90": held[k]["ci90"],
+                                                 "n_tasks": held[k]["n_tasks"]} for k in ("all_pairs", "within_task")}
+            results.append(measure(name, options, tasks, args.trials, not args.no_reference, fig))
     load = os.getloadavg()[0]
     if args.json:
         print(json.dumps({"datasets": results, "load_1min": round(load, 2)}, indent=1))
         return
-    print(f"Real labelled logs (load {load:.1f}); AUC of success vs failure, grouped by task where held out")
-    print(f"{'dataset':<14}{'eps':>5}{'tasks':>6}{'untuned':>9}{'best feature':>28}{'tuned (held out)':>18}"
-          f"{'learned (held out)':>20}{'first run':>11}{'reference':>11}{'ratio':>7}{'per 600 eps':>13}")
-    for r in results:
-        ref = r.get("first_run_reference", {}).get("process_wall_s")
-        tuned = r["tuned_heldout_auc"]
-        learned = r["learned_heldout_auc"]
-        print(f"{r['dataset']:<14}{r['episodes']:>5}{r['tasks']:>6}{r['untuned_auc']:>9.3f}"
-              f"{r['best_single_feature'] + ' ' + format(r['best_single_feature_auc'], '.3f'):>28}"
-              f"{'—' if tuned is None else format(tuned, '.3f'):>18}"
-              f"{'—' if learned is None else format(learned, '.3f'):>20}"
-              f"{r['first_run']['process_wall_s']:>10.1f}s{'—' if ref is None else format(ref, '.1f') + 's':>11}"
-              f"{'—' if ref is None else format(r['first_run_speedup'], '.2f'):>7}"
-              f"{'—' if r['first_run_per_600_episodes_s'] is None else format(r['first_run_per_600_episodes_s'], '.1f') + 's':>13}")
-        for w in r.get("tuned_warnings", []):
-            print(f"  {r['dataset']}: tuning warned: {w}")
+    print_table(results, load)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import streamlit as st
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.guard import review
+from core.data.task_criteria import FORMATS as CRITERIA_FORMATS, criteria_coverage, import_criteria
 from core.data.episode_views import (
     EpisodeFilter,
     dataset_label,
@@ -25,6 +26,9 @@ SEND_LABELS = {"reason": "Reason for the reviewer", "step": "Step", "episode": "
 #: Field -> label of the import form's inputs, for the app's wording of import errors.
 IMPORT_LABELS = {"format": "Format", "dataset": "Dataset name", "messages_key": "Messages key",
                  "reward_key": "Reward key", "id_key": "Id key", "skip_invalid": "Skip invalid records"}
+#: Field -> label of the task-criteria form's inputs.
+CRITERIA_LABELS = {"format": "Criteria format", "group_key": "Task id key", "dataset": "Dataset"}
+CRITERIA_OUTCOME = "episodes_criteria_outcome"
 
 st.title("Episodes")
 st.caption("Recorded agent runs: import a log file, browse its episodes, and read one step by step — "
@@ -126,6 +130,56 @@ with browse_tab:
         st.session_state["episodes_dataset"] = goto
     dataset = st.selectbox("Dataset", list(datasets), key="episodes_dataset",
                            format_func=lambda name: dataset_label(datasets[name]))
+
+    # ----------------------------------------------------------------- task criteria
+    try:
+        coverage = criteria_coverage(ws, dataset)
+    except USER_ERRORS as exc:
+        st.error(user_message(exc, CRITERIA_LABELS))
+        coverage = None
+    if coverage is not None:
+        st.caption(f"Task criteria: {coverage.line}" + (
+            "" if coverage.episodes_with_criteria else " — upload the tasks' success criteria below "
+            "so that rewards can use them"))
+    outcome = st.session_state.pop(CRITERIA_OUTCOME, None)
+    if outcome and outcome[0] == "error":
+        st.error(outcome[1])
+    elif outcome:
+        st.success(outcome[1])
+    with st.expander("Task criteria (expected calls, what to tell the user)"):
+        can_import = actor is not None and actor.can("import")
+        with st.form("episodes_criteria"):
+            criteria_upload = st.file_uploader(
+                "Criteria file", key="episodes_criteria_upload",
+                help="tau2 tasks.json, tau-bench task records (JSON Lines) or the workbench's own JSON Lines; "
+                     "joined to this dataset's episodes by task id. Re-importing a task id replaces its criteria.")
+            criteria_format = st.selectbox("Criteria format", ["auto", *CRITERIA_FORMATS],
+                                           key="episodes_criteria_format",
+                                           format_func=lambda n: "auto — detect from the first record" if n == "auto"
+                                           else f"{n} — {CRITERIA_FORMATS[n]}")
+            group_key = st.text_input("Task id key", key="episodes_criteria_group_key", placeholder="task_id",
+                                      help="Dotted key of each episode's task id in its imported record.")
+            why_not = None if can_import else "Importing criteria needs the analyst or admin role."
+            import_criteria_clicked = st.form_submit_button("Import criteria", disabled=why_not is not None,
+                                                            help=why_not)
+            if why_not:
+                st.caption(why_not)
+        cli_equivalent(f"rwb tasks import FILE --dataset {dataset}")
+    if import_criteria_clicked:
+        if criteria_upload is None:
+            st.warning("Choose a criteria file first.")
+        else:
+            try:
+                imported = import_criteria(ws, actor, criteria_upload.name, dataset,
+                                           format=None if criteria_format == "auto" else criteria_format,
+                                           group_key=group_key or None, data=criteria_upload.getvalue())
+            except USER_ERRORS as exc:
+                st.session_state[CRITERIA_OUTCOME] = ("error", user_message(exc, CRITERIA_LABELS))
+            else:
+                st.session_state[CRITERIA_OUTCOME] = (
+                    "ok", f"Read the criteria of {imported.tasks_read:,} tasks ({imported.format}); "
+                          f"{imported.tasks_matched:,} match this dataset: {imported.coverage_line}.")
+            st.rerun()
 
     choices = episode_filter_choices(ws, dataset)
     c_task, c_behaviour, c_resolved, c_search = st.columns([3, 3, 2, 3])

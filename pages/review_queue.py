@@ -1,4 +1,5 @@
-"""Review Queue: claim a high-risk action, read its state and reward components, approve or reject it."""
+"""Review Queue: claim a high-risk action, read its state and reward components, approve or reject it;
+label the outcomes of recorded episodes, the ones the model is least sure of first."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import streamlit as st
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.guard import review
+from core.rewards import labels
 
 USER_ERRORS = resources.USER_ERRORS
 FLASH = "review_flash"
@@ -144,3 +146,66 @@ else:
                    "task type": i.task_type, "reason": i.reason, "age (min)": round(i.age_s / 60, 1),
                    "claimed by": i.claimed_by, "decision": i.decision, "comment": i.comment}
                   for i in items], hide_index=True, use_container_width=True)
+
+# --------------------------------------------------------------------------- label outcomes
+LABEL_FLASH = "label_flash"
+st.subheader("Label outcomes")
+st.caption("Say whether a recorded episode succeeded: each label feeds calibration, the learned outcome and "
+           "tuning (people's labels over the outcomes the logs recorded). The queue proposes the episode the "
+           "current model is least sure of, spread over tasks, and never one already labelled.")
+can_label = actor is not None and actor.can("label")
+datasets = [d.name for d in ws.datasets()]
+if not datasets:
+    st.info("No dataset yet: import episodes on the **Episodes** page, then label their outcomes here.")
+else:
+    label_dataset = st.selectbox("Dataset", datasets, key="label_dataset")
+    if actor is None:
+        st.info("This workspace has users: sign in as an analyst or reviewer to label outcomes. The proposed "
+                "episode can still be read.")
+    elif not can_label:
+        st.info(f"You act as **{actor.name}** ({actor.role}): only analysts, reviewers and admins label "
+                "outcomes; the proposed episode can still be read.")
+    resources.show_flash(LABEL_FLASH)
+    try:
+        with st.spinner("Ranking the unlabelled episodes…"):
+            proposals = resources.label_proposals(label_dataset)
+    except USER_ERRORS as exc:
+        st.info(f"Nothing to propose in {label_dataset}: {user_message(exc)}.")
+        proposals = None
+    if proposals is not None:
+        m1, m2, m3, m4 = st.columns(4)
+        m1.metric("Labelled by people", proposals.n_labelled)
+        m2.metric("Known outcomes", f"{proposals.n_known} of {proposals.n_episodes}",
+                  help="Episodes with a label, else an outcome the log recorded")
+        m3.metric("Tasks with both outcomes", f"{proposals.n_tasks_with_both} of {proposals.n_tasks}",
+                  help="What the within-task AUC compares: a success and a failure of the same task")
+        m4.metric("Label set version", proposals.labels_version)
+        if not proposals.items:
+            st.success("Every episode of this dataset has a label.")
+        else:
+            item = proposals.items[0]
+            st.markdown(f"**Episode `{item.episode_id}`** · task `{item.task}`")
+            st.markdown(f"**Request:** {item.request or '—'}")
+            with st.expander(f"The conversation's {len(item.steps)} steps"):
+                st.text("\n".join(item.steps) or "no steps")
+            st.markdown(f"**Last answer:** {item.last_answer or '—'}")
+            guess = "—" if item.probability is None else f"{item.probability:.0%} success"
+            st.caption(f"Model's guess: {guess}. Why this one: {item.why}. Ranked by {proposals.model_note}.")
+            if can_label:
+                with st.form("label_outcome", clear_on_submit=True):
+                    note = st.text_input("Note (optional)", key="label_note", max_chars=2000)
+                    b1, b2 = st.columns(2)
+                    success = b1.form_submit_button("Success", type="primary")
+                    failure = b2.form_submit_button("Failure")
+                if success or failure:
+                    word = "success" if success else "failure"
+                    try:
+                        labels.add_label(ws, actor, label_dataset, item.episode_id, 1 if success else 0, note=note)
+                    except USER_ERRORS as exc:
+                        resources.flash(LABEL_FLASH, "error", f"label: {user_message(exc)}")
+                    else:
+                        resources.flash(LABEL_FLASH, "success", f"Episode {item.episode_id} labelled a {word}.")
+                    st.rerun()
+            if len(proposals.items) > 1:
+                st.caption("Next: " + " · ".join(f"`{i.episode_id}` (task {i.task})" for i in proposals.items[1:]))
+    cli_equivalent(f"rwb labels next --dataset {label_dataset}", "then rwb labels add EPISODE success|failure")

@@ -6,6 +6,7 @@ import streamlit as st
 
 from rwb_app import charts, resources
 from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.plots import calibration as calibration_plots
 from rwb_app.plots import rewards as reward_plots
 from core.base.results import to_jsonable
 from core.rewards import Template, views
@@ -321,11 +322,20 @@ def calibration_section(dataset: str, template: Template) -> None:
         st.info(f"No calibration for {dataset}: {user_message(exc)}. Import episodes with their outcome (the "
                 "reward key on the Episodes page's import form) to see what the labels teach.")
         return
-    first, second, third = st.columns(3)
-    first.metric(f"Return {cal.metric.upper()}", f"{cal.return_power.value:.3f}",
+    first, within, second, third = st.columns(4)
+    first.metric(f"Return {cal.metric.upper()}" + (" (all pairs)" if cal.binary else ""),
+                 f"{cal.return_power.value:.3f}",
                  help=f"90% interval {cal.return_power.ci90[0]:.3f} – {cal.return_power.ci90[1]:.3f}")
+    w = cal.return_power.within_task
+    if w is not None:
+        within.metric("Return within-task AUC", f"{w.value:.3f}" if w.n_tasks else "—",
+                      help=(f"90% interval {w.ci90[0]:.3f} – {w.ci90[1]:.3f} over the {w.n_tasks} tasks with "
+                            f"both outcomes ({w.n_pairs} pairs of a success and a failure of the same task)"
+                            if w.n_tasks else "No task has both a success and a failure: label runs of "
+                            "tasks that have only one outcome (Review Queue page, Label outcomes)."))
     second.metric("Labelled episodes", f"{cal.n_labelled} of {cal.n_episodes}",
-                  help=f"{cal.n_tasks} tasks; success rate {cal.success_rate:.2f}")
+                  help=f"{cal.n_tasks} tasks ({cal.tasks_with_both or 0} have both outcomes); success rate "
+                       f"{cal.success_rate:.2f}")
     if cal.heldout_auc is not None:
         third.metric("Held-out AUC (grouped by task)", f"{cal.heldout_auc:.3f}",
                      help=f"Brier score {cal.heldout_brier:.3f} over {cal.folds} folds")
@@ -334,6 +344,30 @@ def calibration_section(dataset: str, template: Template) -> None:
         roc, bins = st.columns(2)
         roc.plotly_chart(charts.roc_figure(cal), width="stretch", key="rp_roc")
         bins.plotly_chart(charts.deciles_figure(cal), width="stretch", key="rp_calibration_bins")
+    if cal.binary:
+        learning_curve_section(dataset)
+
+
+def learning_curve_section(dataset: str) -> None:
+    """Held-out AUC against the number of labelled episodes: what more labels buy."""
+    try:
+        with st.spinner("Fitting the outcome model on growing label sets…"):
+            curve = resources.learning_curve(dataset)
+    except USER_ERRORS as exc:
+        st.info(f"No learning curve for {dataset}: {user_message(exc)}.")
+        return
+    if not curve.points:
+        st.info(f"No learning curve for {dataset} yet: even 10 labelled episodes are more than a training "
+                "fold holds. Label more episodes (Review Queue page, Label outcomes).")
+        return
+    st.plotly_chart(calibration_plots.learning_curve_figure(curve), width="stretch", key="rp_learning_curve")
+    models = ", ".join(f"{c.features} features, {c.objective}" for c in curve.configs)
+    st.caption(f"Each point: the outcome model ({models}) fitted on that many labelled episodes, drawn task by "
+               f"task, scored on held-out tasks ({curve.folds} folds, mean and range over seeds)."
+               + (f" Not measured: {', '.join(map(str, curve.skipped))} labelled (more than a training fold "
+                  "holds)." if curve.skipped else ""))
+    cli_equivalent(f"rwb reward calibrate -t TEMPLATE --dataset {dataset} --learning-curve",
+                   "prints the same table")
 
 
 pyramid_workbench(work, dataset, options)

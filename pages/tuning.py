@@ -57,7 +57,9 @@ with start_tab:
                                 help="Episodes sharing this value stay on one side of the train/held-out split.")
         trials = c5.number_input("Trials", min_value=1, max_value=1_000_000, value=500, step=100, key="tune_trials")
         metric = c6.selectbox("Metric", tuning.METRICS, key="tune_metric", disabled=objective != "outcome",
-                              help="soft_auc is the AUC with a margin: it generalises better on small data.")
+                              help="within_task ranks each task's successful runs above its failed ones (what a "
+                                   "trainer with a per-task baseline needs; all pairs when under 5 tasks have both "
+                                   "outcomes); all_pairs ranks every success above every failure.")
         seed = c7.number_input("Seed", min_value=0, value=0, key="tune_seed")
         withhold = objective != "policy"
         st.caption("Bounds of each weight (untick **tune** to keep a weight as it is; components that read the "
@@ -192,6 +194,10 @@ with studies_tab:
                                "tasks; its AUC on the held-out tasks is read off, never chosen by.")
         elif counts.get("complete"):
             st.warning("No feasible trial yet: every completed trial breaks an expectation.")
+        for warning in report.warnings:
+            st.warning(warning)
+        if report.held_out:
+            held_out_figures(report.held_out)
         st.subheader("Best vs template weights")
         st.dataframe(report.weights, hide_index=True, width="stretch")
         if report.params:
@@ -212,11 +218,26 @@ with studies_tab:
             st.dataframe(report.trials, hide_index=True, width="stretch")
         if report.best is not None and actor is not None and actor.can("edit_template"):
             applied_key = f"tune_apply_notice_{name}"
+            try:
+                check = tuning.apply_check(ws, name)
+            except USER_ERRORS as exc:
+                st.error(user_message(exc))
+                check = None
+            if check is not None and check.worse:
+                st.warning(f"The best weights do worse than the template on the tasks they were not tuned on: "
+                           f"{check.message}. Applying them needs your confirmation.")
+            elif check is not None and check.figure is not None:
+                st.caption(f"Apply guard: {check.message}.")
             with st.form(f"tune_apply_{name}"):
                 message = st.text_input("Why (kept with the new version)", key=f"tune_apply_msg_{name}")
+                confirm = st.checkbox("Apply even if the held-out figure is below the template's own",
+                                      key=f"tune_apply_confirm_{name}",
+                                      help="Weights that rank the held-out tasks' runs worse than the template "
+                                           "are refused unless you confirm; the decision is recorded.")
                 if st.form_submit_button("Apply the best weights as a new template version", type="primary"):
                     try:
-                        applied = tuning.apply_study(ws, actor, name, message=message or None)
+                        applied = tuning.apply_study(ws, actor, name, message=message or None,
+                                                     confirm_worse=confirm)
                     except USER_ERRORS as exc:
                         st.session_state[applied_key] = ("error", f"Not applied: {user_message(exc)}")
                     else:
@@ -233,6 +254,22 @@ with studies_tab:
             with st.expander("Worker log (tail)"):
                 st.code(log, language=None)
         st.caption(f"Open it in optuna-dashboard: `optuna-dashboard {report.storage}`")
+
+    def held_out_figures(held: dict) -> None:
+        """The best trial's held-out within-task and all-pairs AUC beside the template's own."""
+        st.subheader("Held-out tasks (never tuned on)")
+        answers = "within-task" if held["metric"] == "within_task" else "all-pairs"
+        st.caption(f"{held['tasks']} held-out tasks ({held['tasks_with_both']} have both a successful and a failed "
+                   f"run; {held['episodes']} labelled runs); the study answers to the {answers} AUC, and Apply "
+                   "compares it with the template's own.")
+        cols = st.columns(len(held["rows"]))
+        for col, row in zip(cols, held["rows"]):
+            value, before = row["best trial"], row["template"]
+            col.metric(f"Held-out {row['figure']}: best trial vs template",
+                       "–" if value is None else f"{value:.4f}",
+                       delta=None if value is None or before is None else
+                       f"{value - before:+.4f} vs the template's {before:.4f}")
+        st.dataframe(held["rows"], hide_index=True, width="stretch")
 
     def _delta(value, baseline, side, metric):
         figures = (baseline or {}).get("figures") or {}

@@ -318,7 +318,7 @@ def test_import_form_offers_every_format_and_the_options(sample_ws, use_ws):
         assert at.text_input(key=key) is not None
     assert at.checkbox(key="episodes_skip_invalid").value is False
     # Submitting without a file asks for one instead of failing.
-    at.button[0].click().run()
+    at.button(key="FormSubmitter:episodes_import-Import").click().run()
     assert any("Choose a file" in w.value for w in at.warning)
 
 

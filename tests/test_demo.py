@@ -93,9 +93,13 @@ def test_figures_match_the_workspace(demo):
     assert len(reviewed) == len(_step(report, "review")["figures"]["decided"]) >= 1
     assert {i.decided_by for i in reviewed} == {"rae"}
 
-    tuned = _step(report, "tuning")["figures"]
+    tuning_step = _step(report, "tuning")
+    tuned = tuning_step["figures"]
     assert tuned["trials"] >= 1
-    assert any(not v.shipped for v in list_versions(ws, "finance_risk"))
+    # applied as a new version, or refused by the apply guard with both figures in its note
+    applied = any(not v.shipped for v in list_versions(ws, "finance_risk"))
+    assert applied == ("applied_as" in tuned)
+    assert any(n.startswith("applied: " if applied else "not applied: ") for n in tuning_step["notes"])
 
     bundle = _step(report, "bundle")["figures"]
     assert bundle["verified"] and Path(bundle["bundle"]).is_file()

@@ -236,3 +236,8 @@ def test_calibration_tab_shows_power_and_roc_for_a_labelled_dataset(page):
     titles = [c.proto.spec for c in at.get("plotly_chart")]
     assert any("ROC of the episode return" in t for t in titles)
     assert any("Success rate per return decile" in t for t in titles)
+    # within-task AUC beside the all-pairs one, and the learning curve
+    assert any(m.label == "Return within-task AUC" for m in at.metric)
+    table = next(d.value for d in at.dataframe if "within-task AUC" in d.value.columns)
+    assert table["tasks with both"].iloc[0] == table["tasks with both"].max()
+    assert any("Held-out AUC against labelled episodes" in t for t in titles)

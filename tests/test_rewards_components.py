@@ -139,6 +139,8 @@ VARIANTS = [
     ("write_actions", {}), ("write_actions", {"per": 0.3, "free": 1, "read_verbs": ["quote", "search"]}),
     ("unrecovered_errors", {}), ("unrecovered_errors", {"per": 0.5, "cap": 1, "count_invalid": False}),
     ("answer_consistency", {}),
+    ("gives_up", {}), ("gives_up", {"value": -0.5, "give_up_words": ["risk", "sel"], "done_words": ["profit"]}),
+    ("expected_calls", {}), ("unexpected_writes", {}), ("communicated_info", {}), ("call_budget", {}),
     ("answer_consistency", {"context_calls": 1, "threshold": 0.3, "ramp_from": -0.5, "low": -1.0,
                             "no_evidence_value": 0.0, "max_chars": 20}),
     ("learned_outcome", {"embed": "none", "features": [*STAT_FEATURES, *SIGNAL_FEATURES], "mean": [1.0] * 12,

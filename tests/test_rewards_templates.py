@@ -57,7 +57,7 @@ def _frame(domain: str, n: int, seed: int):
 # --------------------------------------------------------------------------- shipped templates
 def test_shipped_templates_validate_and_round_trip(capsys):
     names = {t["name"] for t in rewards.list_templates()}
-    assert names == {"finance_risk", "ecommerce_returns", "tool_agent"}
+    assert names == {"finance_risk", "ecommerce_returns", "tool_agent", "tool_agent_criteria"}
     for name in sorted(names):
         assert main(["reward", "validate", name, "--json"]) == 0
         info = json.loads(capsys.readouterr().out)

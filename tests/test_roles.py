@@ -81,6 +81,10 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
         ws, f"upload-{t}.jsonl", SAMPLE.read_bytes(), dataset=f"up-{t}", actor=a),
     "core.rewards.versions.save_template": lambda f, ws, a, t, d: f(
         ws, a, f"roles_{t}", _finance_risk(), None, "saved by the roles test"),
+    "core.data.task_criteria.import_criteria": lambda f, ws, a, t, d: f(
+        ws, a, f"criteria-{t}.jsonl", "imp-seed", data=b'{"task_id": "t1", "communicate": ["ok"]}\n'),
+    "core.rewards.labels.add_label": lambda f, ws, a, t, d: f(
+        ws, a, "imp-seed", ws.load_episodes("imp-seed", limit=1)[0].episode_id, 1, note=f"roles test {t}"),
     "core.tuning.apply.apply_study": lambda f, ws, a, t, d: f(ws, a, "no-such-study"),
     "core.tuning.preferences.add_preference": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset", "e1", "e2"),
     "core.tuning.studies.tune": lambda f, ws, a, t, d: f(ws, a, "finance_risk", dataset="no-such-dataset",
@@ -124,6 +128,8 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
 
 #: Calls above that are real and must succeed for a role that holds the permission.
 SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.import_upload",
+            "core.data.task_criteria.import_criteria",
+            "core.rewards.labels.add_label",
             "core.rewards.versions.save_template", "core.rl.runs.create_run", "core.guard.review.enqueue",
             "core.guard.review.enqueue_many", "core.guard.review.reserve_item_ids", "core.guard.review.send_step", "core.guard.review.claim", "core.access.audit.AuditWriter",
             "core.access.audit.recover_unflushed", "core.access.audit.export", "core.access.users.list_users",

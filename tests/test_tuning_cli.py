@@ -35,17 +35,27 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_tune_json_then_apply_as_new_version(ws, capsys):
     code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--trials", "25",
-                         "--split-by", "task", "--json")
+                         "--split-by", "task", "--metric", "all_pairs", "--json")
     assert code == 0, err
     body = json.loads(out)
-    assert body["trials_run"] == 25 and body["metric"] == "soft_auc"
+    assert body["trials_run"] == 25 and body["metric"] == "soft_auc" and body["primary"] == "all_pairs"
+    assert tuning.load_study(ws, body["study"]).user_attrs["rwb"]["config"]["metric"] == "all_pairs"
     assert set(body["best_weights"]) == {c for c in get_template(ws, "fin_fast").template().weights()}
     for side in ("train", "held_out"):
         assert set(body["best"]["figures"][side]) >= {"auc", "soft_auc", "kendall_tau"}
         assert set(body["baseline"]["figures"][side]) >= {"auc", "kendall_tau"}
     assert body["best_value"] >= body["baseline"]["figures"]["train"]["soft_auc"]   # the baseline is trial 0
     assert list(body["trials"][0]) == ["trial", "state", "value", "held_out", "held_out_auc", "cv_auc", "penalty",
-                                       "params", "feasible", "baseline"]
+                                       "params", "feasible", "baseline", "held_out_within", "cv_within"]
+    assert list(body)[-4:] == ["primary", "held_out_report", "best_value", "best_weights"]
+    report = body["held_out_report"]
+    assert list(report) == ["metric", "tasks", "tasks_with_both", "episodes", "best_trial", "best", "template"]
+    assert report["best_trial"] == body["best"]["trial"] and report["metric"] == "all_pairs"
+    for who in ("best", "template"):
+        assert list(report[who]) == ["all_pairs", "within_task"]
+        assert list(report[who]["all_pairs"]) == ["value", "ci90", "n_tasks", "n_pairs"]
+    assert report["best"]["all_pairs"]["value"] == pytest.approx(body["best"]["held_out_auc"])
+    assert report["template"]["all_pairs"]["value"] == pytest.approx(body["baseline"]["figures"]["held_out"]["auc"])
     assert list(body["split"]) == ["by", "group_key", "groups", "train_episodes", "held_out_episodes",
                                    "held_out_groups", "design_folds", "folds_used", "unused_folds",
                                    "labelled_design_episodes", "labelled_held_out_episodes"]
@@ -58,6 +68,10 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
     assert applied["label"] == "fin_fast@2" and applied["base_version"] == 1
     assert list(applied) == ["study", "trial", "template", "base_version", "version", "label", "diff", "figures",
                              "message"]
+    guard = applied["figures"]["guard"]
+    assert guard["metric"] == "all_pairs" and guard["trial"] == pytest.approx(body["best"]["held_out_auc"])
+    assert guard["template"] == pytest.approx(body["baseline"]["figures"]["held_out"]["auc"])
+    assert guard["worse"] is (guard["trial"] < guard["template"]) and guard["confirmed"] is False
     weights = {c["key"]: c["b"] for c in applied["diff"] if c["section"] == "weight"}
     new = get_template(ws, "fin_fast", 2)
     assert weights and all(new.template().weights()[k] == pytest.approx(v) for k, v in weights.items())
@@ -83,6 +97,41 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
     assert code == 0 and shown["counts"]["complete"] == 25 and shown["best"]["trial"] == applied["trial"]
     code, out, err = run(capsys, "tune", "show", study)
     assert code == 0 and "best trial" in out
+
+
+def test_apply_refuses_weights_worse_than_the_template_unless_confirmed(ws, capsys):
+    code, out, err = run(capsys, "tune", "--template", "fin_fast", "--dataset", "fin", "--trials", "25",
+                         "--metric", "all_pairs", "--study", "guarded", "--json")
+    assert code == 0, err
+    body = json.loads(out)
+    template = body["baseline"]["figures"]["held_out"]["auc"]
+    worse = [r for r in body["trials"] if r["feasible"] and r["held_out_auc"] < template]
+    better = [r for r in body["trials"] if r["feasible"] and r["held_out_auc"] > template]
+    assert worse and better, "the study has trials on both sides of the template's held-out AUC"
+    low, high = min(worse, key=lambda r: r["held_out_auc"]), max(better, key=lambda r: r["held_out_auc"])
+
+    check = tuning.apply_check(ws, "guarded", trial=low["trial"])
+    assert check.worse and check.metric == "all_pairs"
+    assert (check.figure, check.template) == (pytest.approx(low["held_out_auc"]), pytest.approx(template))
+    code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(low["trial"]))
+    assert code == 4 and out == ""
+    assert f"{low['held_out_auc']:.3f} is below the template's own {template:.3f}" in err and "--confirm-worse" in err
+    assert list_versions(ws, "fin_fast")[-1].version == 1 and tuning.list_applications(ws, "guarded") == []
+
+    code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(low["trial"]), "--confirm-worse",
+                         "--json")
+    assert code == 0, err
+    guard = json.loads(out)["figures"]["guard"]
+    assert guard["worse"] is True and guard["confirmed"] is True and "confirmed" in guard["decision"]
+    recorded = tuning.list_applications(ws, "guarded")[0].figures["guard"]
+    assert recorded == guard and recorded["trial"] == pytest.approx(low["held_out_auc"])
+
+    # a trial above the template goes through without confirmation (on top of the new version: a new study)
+    assert not tuning.apply_check(ws, "guarded", trial=high["trial"]).worse
+    code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(high["trial"]))
+    assert code == 4 and "version 2" in err          # refused for the stale base, not for its figure
+    with pytest.raises(tuning.WorseThanTemplate, match="below the template's own"):
+        tuning.apply_study(ws, current_user(ws), "guarded", trial=low["trial"])
 
 
 def test_episodes_file_and_text_output(ws, tmp_path, capsys):

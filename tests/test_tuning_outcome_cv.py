@@ -18,7 +18,8 @@ from core.cli import main
 from core.base.errors import InputError
 from core.rewards import ScoreResult
 from core.rewards.api import load_frame
-from core.rewards.outcomes import auc, episode_groups, episode_labels
+from core.rewards.outcomes import (auc, episode_groups, episode_labels, fidelity, tasks_with_both,
+                                   within_task_auc)
 from core.rewards.pyramid import Pyramid
 from core.rewards.template import parse_template
 from core.records.store import Workspace
@@ -127,7 +128,8 @@ def test_each_trial_reports_the_held_out_auc_of_its_weights(ws_root, capsys, dat
 
 def test_small_labelled_set_warns_and_pulls_weights_to_the_template(ws_root, capsys):
     body = tune_json(capsys, ws_root, "whissle", "small")
-    assert len(body["warnings"]) == 1 and "50 labelled episodes from 50 tasks" in body["warnings"][0]
+    assert len(body["warnings"]) == 2 and "50 labelled episodes from 50 tasks" in body["warnings"][0]
+    assert "ranks all pairs instead" in body["warnings"][1]    # 50 tasks of one run each: none has both
     for row in body["trials"]:
         # every weight of the probe is 1 with bounds [0, 2]
         w = np.array([row["params"][k] for k in ("tool_validity", "repeated_failures", "calls")])
@@ -226,3 +228,82 @@ def test_tuning_page_shows_held_out_auc_beside_the_objective(ws_root, capsys, mo
     trials = next(d.value for d in at.dataframe if "held_out_auc" in d.value.columns)
     got = dict(zip(trials["trial"], trials["held_out_auc"]))
     assert got == pytest.approx({r["trial"]: r["held_out_auc"] for r in body["trials"]})
+
+
+# --------------------------------------------------------------------------- within-task objective
+def test_within_task_is_the_default_objective_and_each_trial_reports_both_figures(ws_root, capsys):
+    body = tune_json(capsys, ws_root, "grok", "within-default")
+    cfg = tuning.load_study(Workspace.open(ws_root / "ws"), "within-default").user_attrs["rwb"]["config"]
+    assert cfg["metric"] == "within_task"
+    assert body["primary"] == "within_task" and body["metric"] == "soft_within_task" and body["warnings"] == []
+    ws = Workspace.open(ws_root / "ws")
+    episodes = ws.load_episodes("grok")
+    frame = tuning.withhold_outcomes(load_frame(ws, "grok"))
+    groups, labels = episode_groups(episodes, None), episode_labels(episodes)
+    template = parse_template(PROBE)
+    matrix = Pyramid(template).compute_matrix(frame)
+    split = body["split"]
+    held = np.isin(groups, split["held_out_groups"]) & ~np.isnan(labels)
+    folds = [np.isin(groups, names) & ~np.isnan(labels) for names in split["design_folds"]]
+    paired = [f for f in folds if tasks_with_both(labels[f], groups[f]) > 0]
+    assert split["folds_used"] == len(paired) >= 2
+    for row in body["trials"]:
+        returns = ScoreResult(template, frame, matrix, {**template.weights(), **row["params"]}).returns
+        assert row["held_out_within"] == pytest.approx(within_task_auc(returns[held], labels[held], groups[held]),
+                                                       abs=1e-12)
+        assert row["cv_within"] == pytest.approx(
+            np.mean([within_task_auc(returns[f], labels[f], groups[f]) for f in paired]), abs=1e-12)
+    # the held-out report: both figures with intervals, for the best trial and the template's own weights
+    report = body["held_out_report"]
+    assert report["metric"] == "within_task" and report["best_trial"] == body["best"]["trial"]
+    assert report["tasks_with_both"] == tasks_with_both(labels[held], groups[held]) > 0
+    assert report["tasks"] == len(set(groups[held].tolist())) and report["episodes"] == int(held.sum())
+    rows = {r["trial"]: r for r in body["trials"]}
+    for who, trial in (("best", body["best"]["trial"]), ("template", 0)):
+        returns = ScoreResult(template, frame, matrix, {**template.weights(), **rows[trial]["params"]}).returns
+        expected = fidelity(returns[held], labels[held], groups[held])
+        got = report[who]
+        assert got["within_task"]["value"] == pytest.approx(expected.within_task.value, abs=1e-12)
+        assert got["all_pairs"]["value"] == pytest.approx(expected.all_pairs.value, abs=1e-12)
+        assert got["within_task"]["ci90"] == pytest.approx(list(expected.within_task.ci90), abs=1e-12)
+        assert got["within_task"]["n_tasks"] == report["tasks_with_both"]
+        lo, hi = got["within_task"]["ci90"]
+        assert lo <= got["within_task"]["value"] <= hi
+    assert body["best"]["held_out_within"] == pytest.approx(report["best"]["within_task"]["value"])
+    # the text report prints both figures of the best trial and of the template
+    code, out, err = rwb(capsys, ws_root, "tune", "--objective", "outcome", "-t", str(ws_root / "probe.yaml"),
+                         "--dataset", "grok", "--trials", "1", "--study", "within-default", "--quiet")
+    assert code == 0, err
+    assert "the study answers to the within-task AUC" in out
+    assert f"template {report['template']['within_task']['value']:.3f} [" in out
+
+
+def test_all_pairs_by_option(ws_root, capsys):
+    body = tune_json(capsys, ws_root, "grok", "all-pairs", "--metric", "all_pairs")
+    ws = Workspace.open(ws_root / "ws")
+    assert tuning.load_study(ws, "all-pairs").user_attrs["rwb"]["config"]["metric"] == "all_pairs"
+    assert body["primary"] == "all_pairs" and body["metric"] == "soft_auc"
+    assert body["held_out_report"]["metric"] == "all_pairs"
+    # the objective is the smooth AUC over every pair of the design folds; the within-task study's is over
+    # pairs of the same task (the template is trial 0 of both, on the same split)
+    within = tune_json(capsys, ws_root, "grok", "within-default-2")
+    assert body["trials"][0]["value"] == pytest.approx(body["baseline"]["figures"]["train"]["soft_auc"])
+    assert within["trials"][0]["value"] == pytest.approx(within["baseline"]["figures"]["train"]["soft_within_task"])
+    assert body["trials"][0]["value"] != pytest.approx(within["trials"][0]["value"])
+    assert body["trials"][0]["held_out_auc"] == within["trials"][0]["held_out_auc"]
+
+
+def test_too_few_tasks_with_both_outcomes_fall_back_to_all_pairs(ws_root, capsys):
+    # Whissle: 50 runs of 50 distinct tasks, so no task has both a success and a failure
+    body = tune_json(capsys, ws_root, "whissle", "fallback")
+    assert body["primary"] == "all_pairs" and body["metric"] == "soft_auc"
+    fallback = [w for w in body["warnings"] if "ranks all pairs instead" in w]
+    assert len(fallback) == 1 and "only 0 of the" in fallback[0]
+    assert f"needs {tuning.MIN_TASKS_WITH_BOTH}" in fallback[0]
+    assert body["held_out_report"]["tasks_with_both"] == 0
+    assert body["held_out_report"]["template"]["within_task"]["value"] is None
+    assert all(r["held_out_within"] is None for r in body["trials"])
+    # the config keeps what was asked for; the study records what it measured
+    attrs = tuning.load_study(Workspace.open(ws_root / "ws"), "fallback").user_attrs["rwb"]
+    assert attrs["config"]["metric"] == "within_task" and attrs["primary"] == "all_pairs"
+    assert attrs["warnings"] == body["warnings"]

@@ -1,6 +1,7 @@
 """The Tuning page (AppTest): empty state, a study's live report (figures, constraint
-status, best vs template weights), applying it as a new version, preference labels, and
-starting a study as a background worker that outlives the page run."""
+status, best vs template weights, held-out figures beside the template's), applying it as a
+new version and the apply guard, preference labels, and starting a study as a background
+worker that outlives the page run."""
 
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def test_empty_workspace_says_what_to_do(ws):
 
 
 def test_report_figures_constraints_and_apply(ws):
-    res = tuning.tune(ws, current_user(ws), "fin_fast", dataset="fin", trials=30, study="page-study")
+    # all pairs: within each task these few generated runs rank perfectly under the template already
+    res = tuning.tune(ws, current_user(ws), "fin_fast", dataset="fin", trials=30, study="page-study",
+                      config=tuning.TuneConfig(metric="all_pairs"))
     at = open_page(tune_name="page-study")
     assert not at.exception, at.exception
     labels = [m.label for m in at.metric]
-    assert "Best soft_auc (training split)" in labels
+    assert f"Best {res.metric} (training split)" in labels
     best = next(m for m in at.metric if m.label.startswith("Best"))
     assert best.value == f"{res.best['value']:.4f}"
     charts = {c.key for c in at.get("plotly_chart")}
@@ -62,6 +65,10 @@ def test_report_figures_constraints_and_apply(ws):
     assert int(cons["satisfied"].sum() + cons["violated"].sum()) == 2 * 30
     # apply as a new version (the workspace has fin_fast@1; the study tuned it)
     at.text_input(key="tune_apply_msg_page-study").input("tuned on the page")
+    # weights below the template on the held-out tasks need the confirm box (the guard's own test below)
+    worse = tuning.apply_check(ws, "page-study").worse
+    if worse:
+        at.checkbox(key="tune_apply_confirm_page-study").check()
     at.button[[b.label for b in at.button].index("Apply the best weights as a new template version")].click()
     at = at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -69,6 +76,50 @@ def test_report_figures_constraints_and_apply(ws):
     versions = list_versions(ws, "fin_fast")
     assert versions[-1].version == 2 and versions[-1].message == "tuned on the page"
     assert versions[-1].meta["tuning"]["study"] == "page-study"
+    assert versions[-1].meta["tuning"]["guard"]["confirmed"] is worse
+
+
+def test_apply_guard_refuses_weights_worse_on_held_out_tasks_until_confirmed(ws):
+    actor = current_user(ws)
+    res = tuning.tune(ws, actor, "fin_fast", dataset="fin", trials=30, study="guard-page",
+                      config=tuning.TuneConfig(metric="all_pairs"))
+    template_auc = res.baseline["figures"]["held_out"]["auc"]
+    # the over-fitting case: a trial that does worse than the template on the held-out tasks is the
+    # best by the design folds (a real trial of the study, its objective value raised)
+    study = tuning.load_study(ws, "guard-page")
+    worse = [t for t in study.trials if t.state.is_finished() and t.user_attrs.get("held_out_auc") is not None
+             and t.user_attrs["held_out_auc"] < template_auc and all(v <= 0 for v in t.constraints.values())]
+    assert worse, "some trial of the study does worse than the template on the held-out tasks"
+    donor = min(worse, key=lambda t: t.user_attrs["held_out_auc"])
+    study.add_trial(optuna.trial.create_trial(value=res.best["value"] + 1.0, params=donor.params,
+                                              distributions=donor.distributions, user_attrs=donor.user_attrs,
+                                              constraints=dict(donor.constraints)))
+    figure = donor.user_attrs["held_out_auc"]
+
+    at = open_page(tune_name="guard-page")
+    assert not at.exception, at.exception
+    shown = {m.label: m for m in at.metric}
+    all_pairs = shown["Held-out all-pairs AUC: best trial vs template"]
+    assert all_pairs.value == f"{figure:.4f}" and all_pairs.delta.startswith("-")
+    assert "Held-out within-task AUC: best trial vs template" in shown
+    held = next(d.value for d in at.dataframe if "figure" in d.value.columns)
+    row = held[held["figure"] == "all-pairs AUC"].iloc[0]
+    assert row["change"].startswith("↓") and row["template"] == pytest.approx(template_auc)
+    assert any("do worse than the template" in w.value and f"{figure:.3f}" in w.value for w in at.warning)
+
+    apply_label = "Apply the best weights as a new template version"
+    at.button[[b.label for b in at.button].index(apply_label)].click()
+    at = at.run()
+    assert any("Not applied" in e.value and f"{figure:.3f} is below the template's own {template_auc:.3f}" in e.value
+               for e in at.error), [e.value for e in at.error]
+    assert [v.version for v in list_versions(ws, "fin_fast")] == [1]
+
+    at.checkbox(key="tune_apply_confirm_guard-page").check()
+    at.button[[b.label for b in at.button].index(apply_label)].click()
+    at = at.run()
+    assert not at.exception and any("Saved fin_fast@2" in s.value for s in at.success), [e.value for e in at.error]
+    guard = tuning.list_applications(ws, "guard-page")[0].figures["guard"]
+    assert guard["confirmed"] is True and guard["worse"] is True and guard["trial"] == pytest.approx(figure)
 
 
 def test_preference_label_from_the_page(ws):

@@ -25,7 +25,7 @@ from core.access.users import LOCAL_ADMIN
 from core.sample.warmup import PrepareProgress, latest_templates, prepare_workspace, sample_datasets
 from core.sample.workspace_setup import SAMPLE_DATASETS
 
-TEMPLATES = ["ecommerce_returns@0", "finance_risk@0", "tool_agent@0"]
+TEMPLATES = ["ecommerce_returns@0", "finance_risk@0", "tool_agent@0", "tool_agent_criteria@0"]
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def test_an_empty_workspace_gets_the_samples_scored_with_every_template(prepared
     assert pairs == [(d, t) for d in sample_datasets(ws) for t in TEMPLATES]
     assert all(s.error is None for s in report.scorings)
     # the first template on each dataset computed every component of it
-    for first in (report.scorings[0], report.scorings[3]):
+    for first in (report.scorings[0], report.scorings[len(TEMPLATES)]):
         template = rewards.as_template(first.template, ws)
         assert sorted(first.computed) == sorted(c.name for c in template.all_components) and not first.cached
     assert report.did_work
@@ -71,11 +71,12 @@ def test_the_progress_names_each_step_in_order(prepared):
     _, report, events = prepared
     assert events[0].stage == "workspace"
     scores = [e for e in events if e.stage == "score"]
-    assert [(e.done, e.total) for e in scores] == [(i, 6) for i in range(6)]
-    assert scores[4].text == "[5/6] scoring finance-sample with finance_risk@0"
+    n = 2 * len(TEMPLATES)
+    assert [(e.done, e.total) for e in scores] == [(i, n) for i in range(n)]
+    assert scores[len(TEMPLATES) + 1].text == f"[{len(TEMPLATES) + 2}/{n}] scoring finance-sample with finance_risk@0"
     embedding = [e for e in events if e.stage == "embedding"]
     assert embedding and all(0 < e.texts_done <= e.texts_total for e in embedding)
-    assert embedding[0].text.startswith("[1/6] scoring ecommerce-sample with ecommerce_returns@0: "
+    assert embedding[0].text.startswith(f"[1/{n}] scoring ecommerce-sample with ecommerce_returns@0: "
                                         "embedding texts ")
 
 
@@ -100,7 +101,7 @@ def test_a_second_call_does_nothing(prepared):
     again = prepare_workspace(ws)
     assert not again.did_work and again.imported == []
     assert all(s.computed == [] and s.embedded == 0 and s.error is None for s in again.scorings)
-    assert len(again.scorings) == 6
+    assert len(again.scorings) == 2 * len(TEMPLATES)
     assert _files(ws.root / "artifacts") == before                      # nothing written
     assert ws.conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0] == n_episodes
 
@@ -114,7 +115,7 @@ def test_a_new_template_version_is_prepared_computing_only_what_changed(prepared
     shipped = get_template(ws, "finance_risk", 0).template()
     save_template(ws, LOCAL_ADMIN, "finance_risk", shipped.with_params("latency", {"per": 0.5, "unit_ms": 1000}),
                   0, "latency costs more")
-    assert latest_templates(ws) == ["ecommerce_returns@0", "finance_risk@1", "tool_agent@0"]
+    assert latest_templates(ws) == ["ecommerce_returns@0", "finance_risk@1", "tool_agent@0", "tool_agent_criteria@0"]
     report = prepare_workspace(ws)
     computed = {(s.dataset, s.template): s.computed for s in report.scorings}
     assert computed == {(d, t): (["latency"] if t == "finance_risk@1" else [])
@@ -139,11 +140,11 @@ def test_cli_prepare_reports_json_and_does_nothing_the_second_time(prepared, tmp
     r = runner.invoke(root, ["-w", str(tmp_path / "ws"), "workspace", "prepare", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["did_work"] is False and len(out["scorings"]) == 6
+    assert out["did_work"] is False and len(out["scorings"]) == 2 * len(TEMPLATES)
     r = runner.invoke(root, ["-w", str(tmp_path / "ws"), "workspace", "prepare",
                              "--dataset", "finance-sample"])
     assert r.exit_code == 0, r.output
-    assert "[3/3] scoring finance-sample with tool_agent@0" in r.output
+    assert f"[{len(TEMPLATES)}/{len(TEMPLATES)}] scoring finance-sample with tool_agent_criteria@0" in r.output
     assert "already prepared" in r.output
     # the console script's entry point turns the InputError into exit code 2 and one line
     code = main(["-w", str(tmp_path / "ws"), "workspace", "prepare", "--dataset", "nope"])

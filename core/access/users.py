@@ -117,6 +117,7 @@ _VERBS: dict[str, str] = {
     "write_audit": "write audit records",
     "export_audit": "export the audit trail",
     "manage_users": "manage users",
+    "label": "label episode outcomes",
 }
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@+-]{0,63}$")

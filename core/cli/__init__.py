@@ -117,6 +117,7 @@ def progress_printer(title: str, unit: str, position: Callable[[dict[str, Any]],
 # (module, sub-command name or None for top-level commands registered by register(root))
 AREAS: list[tuple[str, str | None]] = [
     ("episodes", "episodes"),
+    ("tasks", "tasks"),
     ("datasets", "datasets"),
     ("states", "states"),
     ("app_cmd", None),
@@ -126,6 +127,7 @@ AREAS: list[tuple[str, str | None]] = [
     ("audit", "audit"),
     ("catalog", "catalog"),
     ("reward", "reward"),
+    ("labels", "labels"),
     ("reward_versions", None),
     ("bundle", "bundle"),
     ("registry", "registry"),

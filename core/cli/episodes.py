@@ -1,4 +1,5 @@
-"""``rwb episodes``: import recorded episodes, list them, show one, export a dataset.
+"""``rwb episodes``: import recorded episodes (and, with ``--tasks``, their tasks' criteria), list
+them, show one, export a dataset.
 
 Thin over ``core.data.importers`` (import/export), the workspace (list) and
 ``core.data.episode_views`` (show).  Bad input exits with status 2 and a message naming the
@@ -17,6 +18,7 @@ import typer
 
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
+from core.cli.tasks import import_and_report
 from core.base.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,25 +85,50 @@ def import_cmd(
     reward_key: Optional[str] = REWARD_KEY_OPTION,
     id_key: Optional[str] = ID_KEY_OPTION,
     skip_invalid: bool = SKIP_INVALID_OPTION,
+    tasks: Optional[Path] = typer.Option(None, "--tasks",
+                                         help="Task criteria file to import for the dataset right after "
+                                              "(see rwb tasks import)."),
+    tasks_format: Optional[str] = typer.Option(None, "--tasks-format",
+                                               help="Format of --tasks: rwb, tau2 or tau-bench (default: detect)."),
+    group_key: Optional[str] = typer.Option(None, "--group-key",
+                                            help="Dotted key of the episodes' task id, for --tasks "
+                                                 "(default: task_id)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     as_name: Optional[str] = as_option(),
 ) -> None:
-    """Import a file into a dataset, all or nothing (re-importing the same file changes nothing)."""
+    """Import a file into a dataset, all or nothing (re-importing the same file changes nothing);
+    with --tasks, the tasks' success criteria too."""
     from core.data.importers import import_file  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     actor = acting_user(ws, as_name)
+    if tasks is not None:   # a bad criteria file is refused before any episode is imported
+        from core.data.task_criteria import parse_criteria  # deferred: keeps rwb --help fast
+
+        parse_criteria(tasks, format=tasks_format)
     with _progress(file) as progress:
         result = import_file(ws, file, format=format, dataset=dataset, messages_key=messages_key,
                              reward_key=reward_key, id_key=id_key, skip_invalid=skip_invalid,
                              progress=progress, actor=actor)
     if as_json:
-        print_json(result.to_dict())
+        if tasks is None:
+            print_json(result.to_dict())
+            return
+        from core.data.task_criteria import import_criteria  # deferred: keeps rwb --help fast
+
+        criteria = import_criteria(ws, actor, tasks, result.dataset, format=tasks_format, group_key=group_key)
+        print_json(result.to_dict() | {"criteria": criteria, "criteria_coverage": criteria.coverage_line})
         return
     if result.already_imported:
         typer.echo(f"{file} was already imported into dataset '{result.dataset}' "
-                   f"(import #{result.import_id}); nothing changed.")
-        return
+                   f"(import #{result.import_id}); " + ("no episode changed." if tasks else "nothing changed."))
+    else:
+        _report_import(file, result)
+    if tasks is not None:
+        import_and_report(ws, actor, tasks, result.dataset, tasks_format, group_key, as_json=False)
+
+
+def _report_import(file: Path, result: Any) -> None:
     typer.echo(f"Imported {result.episodes:,} episodes ({result.steps:,} steps, {result.tool_calls:,} "
                f"tool calls, {result.invalid_tokens:,} invalid tokens) from {file} ({result.format}) "
                f"into dataset '{result.dataset}'.")

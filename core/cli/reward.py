@@ -5,7 +5,8 @@ and names the key and line of any problem; ``score`` prints per-component
 statistics and episode returns (``--out`` writes the per-step table as CSV or
 Parquet); ``check`` prints each expectation as PASS/FAIL with the numbers and
 exits 1 when one fails; ``calibrate`` measures the template against the recorded
-outcomes (components' power, ROC, calibration; grouped by task); ``learn`` fits the
+outcomes and people's labels (components' power over all pairs and within tasks, ROC,
+calibration, the learning curve; grouped by task); ``learn`` fits the
 ``learned_outcome`` term on labelled episodes and saves it with the template.
 """
 
@@ -164,44 +165,81 @@ def calibrate(
     dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
     group_key: Optional[str] = GROUP_KEY_OPTION,
     boot: int = typer.Option(200, "--boot", help="Bootstrap resamples over tasks for the intervals."),
+    learning_curve: Optional[bool] = typer.Option(None, "--learning-curve/--no-learning-curve", help="The "
+                                                  "learning curve: held-out AUC of a model fitted on 10, 20, 40, "
+                                                  "80, 160 labelled episodes (default: in --json, not in the text)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """What the recorded outcomes say: each component's power, the return's ROC and calibration."""
+    """What the outcomes say (people's labels over the recorded ones): each component's power over all
+    pairs and within tasks, the return's ROC and calibration, and the learning curve."""
     from core.rewards.calibration import calibrate as run_calibration  # deferred: loads pandas and scipy
+    from core.rewards.label_queue import dataset_learning_curve  # deferred: loads pandas and scipy
 
+    ws = open_workspace()
     update, bar = _scoring_progress()
     with bar:
-        r = run_calibration(open_workspace(), template, dataset=dataset, group_key=group_key, n_boot=boot,
-                            progress=update)
+        r = run_calibration(ws, template, dataset=dataset, group_key=group_key, n_boot=boot, progress=update)
+    wanted = as_json if learning_curve is None else learning_curve
+    curve = dataset_learning_curve(ws, dataset, group_key=group_key) if wanted else None
     if as_json:
-        print_json(r.to_json())
+        print_json({**r.to_json(), "learning_curve": curve})
         return
     typer.echo(f"template {r.template!r} on {dataset}: {r.n_labelled} of {r.n_episodes} episodes labelled, "
-               f"{r.n_tasks} tasks, success {r.success_rate:.2f}")
-    typer.echo(f"  {'score':<26}{'level':<9}{r.metric:>9}   90% interval (bootstrap over tasks)")
+               f"{r.n_tasks} tasks" + ("" if r.tasks_with_both is None else f" ({r.tasks_with_both} with both "
+                                       "outcomes)") + f", success {r.success_rate:.2f}")
+    within = r.binary
+    typer.echo(f"  {'score':<26}{'level':<9}{r.metric:>9}   {'90% interval':<18}"
+               + (f"{'within-task':>11}   {'90% interval':<18}{'tasks':>6}" if within else "")
+               + "   (intervals: bootstrap over tasks)")
     for p in [r.return_power, *r.components]:
-        typer.echo(f"  {p.name:<26}{p.level:<9}{_fmt(p.value):>9}   [{_fmt(p.ci90[0])}, {_fmt(p.ci90[1])}]")
+        line = f"  {p.name:<26}{p.level:<9}{_fmt(p.value):>9}   {_interval(p.ci90):<18}"
+        if within and p.within_task is not None:
+            w = p.within_task
+            shown = (f"{_fmt(w.value):>11}   {_interval(w.ci90):<18}" if w.n_tasks else f"{'-':>11}   {'':<18}")
+            line += f"{shown}{w.n_tasks:>6}"
+        typer.echo(line)
     if r.heldout_auc is not None:
         typer.echo(f"  return → success, {r.folds} folds grouped by task: held-out AUC {_fmt(r.heldout_auc)}, "
                    f"Brier {_fmt(r.heldout_brier)}")
+    if curve is not None:
+        _echo_learning_curve(curve)
+
+
+def _interval(ci: tuple[float, float]) -> str:
+    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+def _echo_learning_curve(curve: Any) -> None:
+    """The learning curve as a table: one row per number of labelled episodes."""
+    seeds = curve.points[0].seeds if curve.points else 0
+    models = ", ".join(f"{c.features}/{c.objective}/C={c.C:g}" for c in curve.configs)
+    typer.echo(f"learning curve: held-out tasks, {curve.folds} folds × {seeds} seeds, model {models}")
+    typer.echo(f"  {'labelled':>9}{'all pairs':>11}   {'range over seeds':<18}{'within-task':>12}   range over seeds")
+    for p in curve.points:
+        typer.echo(f"  {p.labelled:>9}{_fmt(p.all_pairs):>11}   {_interval(p.all_pairs_range):<18}"
+                   f"{_fmt(p.within_task):>12}   {_interval(p.within_task_range)}")
+    if curve.skipped:
+        typer.echo(f"  not measured: {', '.join(map(str, curve.skipped))} labelled (more than a training fold holds)")
 
 
 @app.command("learn")
 def learn(
     template: str = typer.Option(..., "--template", "-t", help=TEMPLATE_HELP),
-    dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes."),
+    dataset: str = typer.Option(..., "--dataset", help="Workspace dataset with recorded outcomes or labels."),
     group_key: Optional[str] = GROUP_KEY_OPTION,
-    embed: str = typer.Option("last_words", "--embed", help="last_words (sentence embedding of the "
-                              "agent's last words as features) or none."),
-    c: float = typer.Option(1.0, "--C", help="Inverse L2 regularisation strength of the logistic model."),
+    embed: str = typer.Option("last_words", "--embed", help="last_words (sentence embeddings of the "
+                              "request and the last answer among the feature sets) or none."),
+    c: Optional[float] = typer.Option(None, "--C", help="Fix the inverse L2 regularisation strength "
+                                      "(default: chosen by inner cross-validation)."),
     save: bool = typer.Option(False, "--save", help="Save the template with the fitted term as its "
                               "next version."),
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Fit the learned_outcome term on labelled episodes (held-out AUC grouped by task)."""
+    """Fit the learned_outcome term on labelled episodes (nested CV by task, beside two baselines)."""
     from core import rewards  # deferred: loads pandas and scipy
-    from core.rewards.calibration import calibrate_result, outcome_columns  # deferred: loads pandas and scipy
+    from core.rewards.calibration import calibrate_result  # deferred: loads pandas and scipy
+    from core.rewards.labels import dataset_outcomes  # deferred: loads pandas and scipy
     from core.rewards.learned import learn as fit_learned, without_learned_outcome  # deferred: loads pandas and scipy
     from core.rewards.versions import (  # deferred: loads pandas and scipy
         get_template, parse_spec, resolve_template, save_template)
@@ -210,22 +248,35 @@ def learn(
     base = resolve_template(ws, template)
     base_version = get_template(ws, *parse_spec(template)).version if save else None
     fitted, fit = fit_learned(ws, base, dataset=dataset, group_key=group_key, embed=embed, c=c)
-    labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
+    labels, groups = dataset_outcomes(ws, dataset, group_key)
     hand_built = without_learned_outcome(base)   # a term fitted earlier would have seen these labels
     pyramid = calibrate_result(rewards.score(ws, hand_built, dataset=dataset), labels, groups, n_boot=20)
-    body: dict[str, Any] = {"template": base.name, "dataset": dataset, "learned_heldout_auc": fit.heldout_auc,
+    h = fit.heldout
+    body: dict[str, Any] = {"template": base.name, "dataset": dataset, "learned": h.learned,
+                            "baseline_counts": h.baseline_counts, "baseline_counts_embed": h.baseline_counts_embed,
+                            "tasks_with_both": h.tasks_with_both, "learned_heldout_auc": fit.heldout_auc,
+                            "models": fit.params["models"],
                             "pyramid_heldout_auc": pyramid.heldout_auc, "pyramid_auc": pyramid.return_power.value,
                             "folds": fit.folds, "labelled": fit.n_labelled, "tasks": fit.n_tasks,
                             "features": len(fit.params["features"]), "saved": None}
     if save:
         saved = save_template(ws, acting_user(ws, as_name), base.name, fitted, base_version,
-                              f"learned_outcome fitted on {dataset} (held-out AUC {fit.heldout_auc:.3f})")
+                              f"learned_outcome fitted on {dataset} (held-out AUC {_fmt(fit.heldout_auc)} "
+                              f"all pairs, {_fmt(h.learned.within_task.value)} within task)")
         body["saved"] = saved.label
     if as_json:
         print_json(body)
         return
-    typer.echo(f"learned_outcome on {dataset}: {fit.n_labelled} labelled episodes, {fit.n_tasks} tasks, "
-               f"{body['features']} features")
-    typer.echo(f"  held-out AUC, {fit.folds} folds grouped by task: learned {_fmt(fit.heldout_auc)}, "
-               f"hand-built pyramid {_fmt(pyramid.heldout_auc)} (its return's AUC {_fmt(pyramid.return_power.value)})")
+    typer.echo(f"learned_outcome on {dataset}: {fit.n_labelled} labelled episodes, {fit.n_tasks} tasks "
+               f"({h.tasks_with_both} with both outcomes), {body['features']} features; "
+               f"model: {', '.join(fit.params['models'])}")
+    typer.echo(f"  held-out tasks, nested cross-validation ({fit.folds} outer folds grouped by task), "
+               "AUC with 90% interval over tasks:")
+    typer.echo(f"  {'':<30}{'all pairs':>24}{'within task':>24}")
+    for label, fig in (("learned", h.learned), ("baseline: counts", h.baseline_counts),
+                       ("baseline: counts + embeddings", h.baseline_counts_embed)):
+        cells = [f"{_fmt(f.value)} [{_fmt(f.ci90[0])}, {_fmt(f.ci90[1])}]" for f in (fig.all_pairs, fig.within_task)]
+        typer.echo(f"  {label:<30}{cells[0]:>24}{cells[1]:>24}")
+    typer.echo(f"  hand-built pyramid: held-out AUC {_fmt(pyramid.heldout_auc)} "
+               f"(its return's AUC {_fmt(pyramid.return_power.value)})")
     typer.echo(f"  saved as {body['saved']}" if save else "  not saved (add --save to keep it as a new version)")

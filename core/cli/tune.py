@@ -66,8 +66,10 @@ def tune(
     label: str = typer.Option("success", "--label",
                               help="Outcome label: success, resolved, final_reward, business_metric, sentiment."),
     threshold: float = typer.Option(0.0, "--threshold", help="A numeric label counts as success above this."),
-    metric: str = typer.Option("soft_auc", "--metric",
-                               help="Outcome objective: soft_auc (smooth AUC, robust on small data), auc or "
+    metric: str = typer.Option("within_task", "--metric",
+                               help="Outcome objective: within_task (smooth AUC over a success and a failure of "
+                                    "the same task; all pairs when under 5 design tasks have both outcomes), "
+                                    "all_pairs (smooth AUC over every pair; soft_auc is its older name), auc or "
                                     "kendall."),
     withhold: Optional[bool] = typer.Option(None, "--withhold-outcome/--show-outcome",
                                             help="Hide the recorded outcome from the components (default: "
@@ -154,10 +156,38 @@ def tune(
                        f"{len(d['split'].get('held_out_groups', []))} held-out "
                        f"{'tasks' if d['split']['by'] == 'task' else 'groups'} (chosen by the "
                        f"{d['split'].get('folds_used')}-fold task-grouped CV of the others)")
+        for line in held_out_lines(d.get("held_out_report")):
+            typer.echo(line)
         typer.echo("  best weights: " + ", ".join(f"{k}={v:.3g}" for k, v in d["best"]["weights"].items()))
     for s in d["skipped_expectations"]:
         typer.echo(f"  expectation {s['name']!r}: {s['reason']}")
     typer.echo(f"apply with: rwb tune apply {d['study']}")
+
+
+def _figure(f: dict[str, Any] | None) -> str:
+    """``0.712 [0.650, 0.770]`` of an AucFigure as JSON."""
+    if not f or f.get("value") is None:
+        return "-"
+    lo, hi = f.get("ci90") or (None, None)
+    return f"{f['value']:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+
+def held_out_lines(report: dict[str, Any] | None) -> list[str]:
+    """The held-out report as text: both AUCs of the best trial and of the template, with 90% intervals."""
+    if not report:
+        return []
+    primary = "within-task" if report["metric"] == "within_task" else "all-pairs"
+    lines = [f"  held-out tasks (never tuned on): {report['tasks']} tasks, {report['tasks_with_both']} with both "
+             f"outcomes, {report['episodes']} labelled episodes; the study answers to the {primary} AUC"]
+    for key, name in (("within_task", "within-task"), ("all_pairs", "all pairs")):
+        best = (report.get("best") or {}).get(key)
+        tmpl = (report.get("template") or {}).get(key)
+        arrow = ""
+        if best and tmpl and best.get("value") is not None and tmpl.get("value") is not None:
+            arrow = " ↑" if best["value"] > tmpl["value"] else (" ↓" if best["value"] < tmpl["value"] else " =")
+        lines.append(f"    {name:<12} best trial {_figure(best)}{arrow}   template {_figure(tmpl)}   "
+                     f"({(tmpl or {}).get('n_pairs', 0)} pairs)")
+    return lines
 
 
 def _trial_progress():
@@ -180,17 +210,25 @@ def apply(
     storage: Optional[str] = typer.Option(None, "--storage", envvar="RWB_TUNE_STORAGE", help=STORAGE_HELP),
     trial: Optional[int] = typer.Option(None, "--trial", help="Apply this trial instead of the best feasible one."),
     message: Optional[str] = typer.Option(None, "--message", "-m", help="Why (kept with the new version)."),
+    confirm_worse: bool = typer.Option(False, "--confirm-worse",
+                                       help="Apply even when the weights' held-out figure is below the "
+                                            "template's own on the same held-out tasks (refused otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     as_name: Optional[str] = as_option(),
 ) -> None:
-    """Write the study's best weights as a new version of its template (never overwrites)."""
+    """Write the study's best weights as a new version of its template (never overwrites); weights
+    that do worse than the template on the held-out tasks need --confirm-worse."""
     tuning = _tuning()
     ws = open_workspace()
-    out = tuning.apply_study(ws, acting_user(ws, as_name), study, storage=storage, trial=trial, message=message)
+    out = tuning.apply_study(ws, acting_user(ws, as_name), study, storage=storage, trial=trial, message=message,
+                             confirm_worse=confirm_worse)
     if as_json:
         print_json(out)
         return
     typer.echo(f"saved {out.label} from trial {out.trial} of {out.study}: {out.message}")
+    guard = out.figures.get("guard") or {}
+    typer.echo(f"  {guard.get('label', 'held-out figure')}: trial {_fmt(guard.get('trial'))}, template "
+               f"{_fmt(guard.get('template'))} ({guard.get('decision', '')})")
     for c in out.diff:
         typer.echo(f"  {c['section']} {c['key']}: {_fmt(c['a'])} -> {_fmt(c['b'])}")
 
@@ -268,6 +306,13 @@ def show(
     if report.best:
         typer.echo(f"  best trial {report.best['trial']}: {_fmt(report.best['value'])} train, "
                    f"{_fmt(report.best['held_out'])} held out")
+    if report.held_out:
+        h = report.held_out
+        typer.echo(f"  held-out tasks: {h['tasks']} ({h['tasks_with_both']} with both outcomes); the study answers "
+                   f"to the {'within-task' if h['metric'] == 'within_task' else 'all-pairs'} AUC")
+        for row in h["rows"]:
+            typer.echo(f"    {row['figure']:<16} best trial {_fmt(row['best trial'])}  template "
+                       f"{_fmt(row['template'])}  {row['change'] or ''}")
     for w in report.weights:
         typer.echo(f"  {w['component']:<26} template {_fmt(w['template']):>8}  best {_fmt(w['best']):>8}"
                    + (f"  bounds {_fmt(w['low'])}–{_fmt(w['high'])}" if w["tuned"] else "  (fixed)"))

@@ -9,6 +9,7 @@
 * :mod:`~core.rewards.outcomes`, :mod:`~core.rewards.calibration`, :mod:`~core.rewards.learned`
   — recorded outcomes: grouped statistics, calibration, the learned outcome term;
 * :mod:`~core.rewards.agent_signals` — domain-free success signals of tool-using agents;
+* :mod:`~core.rewards.criteria` — components that use a task's own success criteria;
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
   :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
 
@@ -23,13 +24,16 @@ from core.rewards.components import (COMPONENTS, LEVEL_TITLES, LEVELS, Component
 from core.rewards.expectations import CheckReport, ExpectationResult, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
 from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions
+from core.rewards.criteria import (CallBudget, CommunicatedInfo, EpisodeCriteria, ExpectedCalls, UnexpectedWrites,
+                                   criteria_features)
 from core.rewards.learned import LearnedOutcome
 from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult, ScoreSummary, StepContribution
 from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
                                    list_templates, load_template, parse_template, templates_dir)
 
 __all__ = [
-    "AnswerConsistency", "COMPONENTS", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
+    "AnswerConsistency", "COMPONENTS", "CallBudget", "CommunicatedInfo", "EpisodeCriteria", "ExpectedCalls",
+    "UnexpectedWrites", "criteria_features", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
     "ComponentDescription", "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec",
     "LearnedOutcome", "LevelDescription", "LevelSpec", "Pyramid", "ScoreResult", "ScoreSummary", "ScoringContext",
     "StepContribution", "ValidationReport", "StepsFrame", "Template", "TemplateError", "UnrecoveredErrors", "WriteActions",

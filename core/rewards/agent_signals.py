@@ -1,22 +1,19 @@
 """Domain-free signals of a tool-using agent's success, as reward components.
 
 These read nothing a particular domain defines: which calls change the world (by the tool's
-name), whether a failed call was ever made good, and whether the agent's last words agree
-with the tool data it last saw.  They are what the generic ``tool_agent`` pyramid is built
-from, so that it ranks successful episodes above failed ones on logs it was not designed on
-(``rwb reward calibrate`` measures how well it does on a labelled dataset).
+name), whether a failed call was ever made good, whether the agent's last words agree with
+the tool data it last saw, and whether they say it gave up.  The generic ``tool_agent``
+pyramid keeps those whose direction held on every labelled real set it was designed on.
 
-* :class:`WriteActions` — every call that changes the world is a risk: a wrong write is
-  what fails most customer-service tasks, and an agent that succeeds needs few of them;
-* :class:`UnrecoveredErrors` — a failed call that no later successful call of the same
-  tool made good;
+* :class:`WriteActions` — every call that changes the world (kept out of ``tool_agent``:
+  its direction differs between domains);
+* :class:`UnrecoveredErrors` — a failed call no later successful call of the same tool
+  made good;
 * :class:`AnswerConsistency` — the sentence-embedding agreement of the agent's last words
-  with the last tool results before them (an answer that says what the tools said).
+  with the last tool results before them;
+* :class:`GivesUp` — the last words say the agent could not do it and report nothing done.
 
-Example::
-
-    >>> is_write_tool("cancel_reservation"), is_write_tool("get_user_details")
-    (True, False)
+Details: docs/real_logs.md (## The generic pyramid).
 """
 
 from __future__ import annotations
@@ -56,6 +53,29 @@ def is_write_tool(name: str, read_verbs: tuple[str, ...] = READ_VERBS,
     if not lowered or any(w in lowered for w in handoff_words):
         return False
     return _first_word(name) not in read_verbs
+
+
+#: Words whose presence in the agent's last words says it could not do what was asked (matched
+#: at a word start, case-insensitive: ``apolog`` covers apologise, apologize, apologies).
+GIVE_UP_WORDS: tuple[str, ...] = (
+    "unable", "cannot", "can't", "can not", "not able", "couldn't", "could not", "not possible",
+    "impossible", "don't have access", "do not have access", "not allowed", "sorry", "apolog",
+    "unfortunately", "regret")
+#: Words that report something done; last words with one of them are not a give-up.
+DONE_WORDS: tuple[str, ...] = ("successfully", "has been", "have been", "i have ", "i've ")
+
+
+def _word_pattern(words: list[str]) -> str:
+    return r"\b(?:" + "|".join(re.escape(w.lower()) for w in words) + ")"
+
+
+def last_words_rows(frame: StepsFrame) -> np.ndarray:
+    """Per episode the step of the agent's last words (reply or final answer with text), -1
+    when none."""
+    rows = np.flatnonzero(np.isin(frame.kind, [REPLY, FINAL_ANSWER]) & (frame.output_len > 0))
+    last = np.full(frame.n_episodes, -1, dtype=np.int64)
+    np.maximum.at(last, frame.episode[rows], rows)
+    return last
 
 
 def _per_episode(frame: StepsFrame, rows: np.ndarray) -> np.ndarray:
@@ -147,15 +167,12 @@ class AnswerConsistency(Component):
 
     def last_words_rows(self, frame: StepsFrame) -> np.ndarray:
         """Per episode the step of the agent's last words (reply or final answer), -1 when none."""
-        rows = np.flatnonzero(np.isin(frame.kind, [REPLY, FINAL_ANSWER]) & (frame.output_len > 0))
-        last = np.full(frame.n_episodes, -1, dtype=np.int64)
-        np.maximum.at(last, frame.episode[rows], rows)
-        return last
+        return last_words_rows(frame)
 
     def cosines(self, frame: StepsFrame, ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray]:
         """(max cosine of the last words to each of the last tool results before them, has
         evidence) per episode.  Each distinct text is embedded once."""
-        last = self.last_words_rows(frame)
+        last = last_words_rows(frame)
         episodes = np.flatnonzero(last >= 0)
         out_rows = last[episodes]
         ev_rows = np.flatnonzero((frame.kind == TOOL_CALL) & (frame.tool_text_len > 0))
@@ -183,3 +200,36 @@ class AnswerConsistency(Component):
         score = consistency_curve(best, curve="linear", threshold=self.threshold, high=self.high,
                                   low=self.low, ramp_from=self.ramp_from)
         return np.where(has, score, self.no_evidence_value)
+
+
+@register
+class GivesUp(Component):
+    """Gives up: ``value`` when the agent's last words say it could not do the task (unable, cannot, sorry, unfortunately…) and report nothing done (successfully, has been…)."""
+
+    name = "gives_up"
+    level = "episode"
+    scope = "episode"
+
+    def __init__(self, *, value: float = -1.0, give_up_words: list[str] | None = None,
+                 done_words: list[str] | None = None):
+        self.value = float(value)
+        self.give_up_words = list(give_up_words if give_up_words is not None else GIVE_UP_WORDS)
+        self.done_words = list(done_words if done_words is not None else DONE_WORDS)
+        _check(all(isinstance(w, str) and w.strip() for w in self.give_up_words + self.done_words)
+               and bool(self.give_up_words), "give_up_words and done_words must be non-empty words")
+
+    def gave_up(self, frame: StepsFrame) -> np.ndarray:
+        """Bool per episode: its last words give up and report nothing done."""
+        last = last_words_rows(frame)
+        has = last >= 0
+        words = pd.Series(frame.output_text[last[has]], dtype=object).fillna("").astype(str)
+        words = words.str.lower().str.replace("\u2019", "'", regex=False)
+        give = words.str.contains(_word_pattern(self.give_up_words), regex=True).to_numpy(bool)
+        done = (words.str.contains(_word_pattern(self.done_words), regex=True).to_numpy(bool)
+                if self.done_words else np.zeros(give.shape, dtype=bool))
+        out = np.zeros(frame.n_episodes, dtype=bool)
+        out[has] = give & ~done
+        return out
+
+    def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
+        return np.where(self.gave_up(frame), self.value, 0.0) + 0.0

@@ -30,6 +30,7 @@ from core.records.catalog import build_catalog, catalog_for_dataset
 from core.records.episodes import Episode, ToolSchema
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
+from core.rewards.criteria import frame_criteria, stamp_task_ids
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
 from core.rewards.pyramid import Pyramid, ReturnFormula, ScoreResult
@@ -64,9 +65,14 @@ def frame_from_file(path: str | Path) -> StepsFrame:
 
 
 def load_frame(ws, dataset: str) -> StepsFrame:
-    """Steps frame of a workspace dataset, normalised with the dataset's catalog."""
+    """Steps frame of a workspace dataset, normalised with the dataset's catalog; it notes
+    its episodes' task ids, so that :func:`score` gives the criteria components the
+    dataset's task criteria (docs/criteria.md)."""
     catalog = catalog_for_dataset(ws, dataset)
-    return build_frame(ws.load_episodes(dataset), catalog)
+    episodes = ws.load_episodes(dataset)
+    frame = build_frame(episodes, catalog)
+    stamp_task_ids(frame, ws, dataset, episodes)   # so that score() joins the dataset's task criteria
+    return frame
 
 
 def _frame(ws, dataset: str | None, episodes: str | Path | None,
@@ -154,10 +160,12 @@ def score(ws, template: TemplateLike, *, dataset: str | None = None,
     t = as_template(template, ws)
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
-        ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), progress=progress)
+        ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), progress=progress,
+                             criteria=frame_criteria(ws, data))
     else:
         ctx = ScoringContext(progress=progress)
-    cache = ComponentCache.for_workspace(ws) if (ws is not None and use_cache) else None
+    digest = ctx.criteria.digest if ctx.criteria is not None else ""
+    cache = ComponentCache.for_workspace(ws, digest) if (ws is not None and use_cache) else None
     return Pyramid(t).score(data, ctx=ctx, cache=cache)
 
 

@@ -23,34 +23,39 @@ from core.rewards.components import EMBEDDING_MODEL, Component
 from core.rewards.frame import StepsFrame
 
 
-def component_key(frame: StepsFrame, comp: Component) -> str:
-    """Cache key of one component column for one frame."""
+def component_key(frame: StepsFrame, comp: Component, criteria_digest: str = "") -> str:
+    """Cache key of one component column for one frame (and, for a component that reads task
+    criteria, the digest of the criteria it was given)."""
     body = {"frame": frame.content_hash, "catalog": frame.catalog_version,
             "n": [frame.n_steps, frame.n_episodes], "component": comp.name,
             "version": comp.version, "params": comp.params()}
     if comp.uses_embeddings:
         body["model"] = EMBEDDING_MODEL
+    if getattr(comp, "uses_criteria", False):
+        body["criteria"] = criteria_digest
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class ComponentCache:
     """Component columns on disk (see the module docstring)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, criteria_digest: str = ""):
         self.root = Path(root)
         self.stats = {"hits": 0, "misses": 0}
+        #: Digest of the task criteria the scoring context holds ("" for none)
+        self.criteria_digest = criteria_digest
 
     @classmethod
-    def for_workspace(cls, ws) -> "ComponentCache":
+    def for_workspace(cls, ws, criteria_digest: str = "") -> "ComponentCache":
         """The cache inside a workspace's artifacts folder."""
-        return cls(ws.artifact_dir("reward_matrix"))
+        return cls(ws.artifact_dir("reward_matrix"), criteria_digest)
 
     def _path(self, frame: StepsFrame, key: str) -> Path:
         return self.root / frame.content_hash[:24] / f"{key}.npy"
 
     def get(self, frame: StepsFrame, comp: Component) -> np.ndarray | None:
         """The cached column, or None when absent (or unreadable: it is then rewritten)."""
-        path = self._path(frame, component_key(frame, comp))
+        path = self._path(frame, component_key(frame, comp, self.criteria_digest))
         expected = frame.n_episodes if comp.scope == "episode" else frame.n_steps
         try:
             values = np.load(path, allow_pickle=False)
@@ -65,7 +70,7 @@ class ComponentCache:
 
     def put(self, frame: StepsFrame, comp: Component, values: np.ndarray) -> Path:
         """Store a column (atomically)."""
-        key = component_key(frame, comp)
+        key = component_key(frame, comp, self.criteria_digest)
         path = self._path(frame, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tag = f"{os.getpid()}.{threading.get_ident()}"  # concurrent writers never share a temp file

@@ -4,7 +4,9 @@ For the labelled episodes of a scored dataset it measures
 
 * the predictive power of every component (its per-episode sum for step components, its
   value for episode terms) and of the episode return: AUC for 0/1 outcomes, Spearman's rank
-  correlation for graded ones, each with a 90% bootstrap interval over *tasks*;
+  correlation for graded ones, each with a 90% bootstrap interval over *tasks*; for 0/1
+  outcomes also the within-task AUC (a success and a failure of the same task, the primary
+  fidelity figure) with its interval and the number of tasks that have both outcomes;
 * the ROC curve of the episode return (binary outcomes);
 * the calibration of the return against success: a logistic map from return to success
   probability fitted with cross-validation grouped by task (no task on both sides), its
@@ -28,7 +30,9 @@ from scipy.stats import spearmanr
 from core.records.episodes import Episode
 from core.base.errors import InputError
 from core.rewards.api import load_frame, score
-from core.rewards.outcomes import auc, bootstrap_ci, episode_groups, episode_labels, grouped_folds
+from core.rewards.labels import dataset_outcomes
+from core.rewards.outcomes import (AucFigure, auc, bootstrap_ci, episode_groups, episode_labels, fidelity,
+                                   grouped_folds, tasks_with_both)
 from core.rewards.pyramid import ScoreResult
 
 #: Fewest labelled episodes (and of each class, for 0/1 outcomes) calibration works on.
@@ -37,13 +41,19 @@ MIN_LABELLED = 10
 
 @dataclass
 class Power:
-    """How well one score ranks the outcomes: ``value`` (AUC or Spearman ρ) and its interval."""
+    """How well one score ranks the outcomes: ``value`` (AUC over all pairs or Spearman ρ) and
+    its interval, and for 0/1 outcomes the within-task AUC beside it."""
 
     name: str
     level: str
     metric: str
+    #: AUC over every (success, failure) pair, or Spearman's ρ for graded outcomes
     value: float
+    #: 90% interval of ``value`` over resampled tasks
     ci90: tuple[float, float]
+    #: AUC over pairs of a success and a failure of the same task, its 90% interval over the
+    #: tasks that have both outcomes and their number (``n_tasks``); None for graded outcomes
+    within_task: AucFigure | None = None
 
 
 @dataclass
@@ -64,6 +74,8 @@ class CalibrationReport:
     heldout_auc: float | None = None
     heldout_brier: float | None = None
     folds: int = 0
+    #: Tasks with at least one success and one failure: the pairs the within-task AUC compares
+    tasks_with_both: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,7 +146,8 @@ def _heldout(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, seed: i
 
 def outcome_columns(episodes: list[Episode], group_key: str | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(label, task group) per episode: what :func:`calibrate_result` reads."""
+    """(recorded label, task group) per episode, without people's labels (a workspace dataset
+    reads :func:`core.rewards.labels.dataset_outcomes`, which puts them over these)."""
     return episode_labels(episodes), episode_groups(episodes, group_key)
 
 
@@ -159,6 +172,9 @@ def calibrate_result(result: ScoreResult, labels_all: np.ndarray, groups_all: np
     metric, power = _power_fn(binary)
 
     def measure(name: str, level: str, scores: np.ndarray) -> Power:
+        if binary:   # the same all-pairs interval as below, and the within-task figure beside it
+            fid = fidelity(scores, labels, groups, n_boot=n_boot, seed=seed)
+            return Power(name, level, metric, fid.all_pairs.value, fid.all_pairs.ci90, fid.within_task)
         lo, hi = bootstrap_ci(lambda r: power(scores[r], labels[r]), groups, n_boot=n_boot, seed=seed)
         return Power(name, level, metric, power(scores, labels), (lo, hi))
 
@@ -171,6 +187,7 @@ def calibrate_result(result: ScoreResult, labels_all: np.ndarray, groups_all: np
         success_rate=float((labels > 0.5).mean()) if binary else float(labels.mean()), metric=metric,
         return_power=measure("return", "episode", returns), components=components)
     if binary:
+        report.tasks_with_both = tasks_with_both(labels, groups)
         report.roc = _roc(returns, labels)
         report.bins = _bins(returns, labels)
         if report.n_tasks >= 2:
@@ -181,8 +198,9 @@ def calibrate_result(result: ScoreResult, labels_all: np.ndarray, groups_all: np
 def calibrate(ws, template, *, dataset: str, group_key: str | None = None, n_boot: int = 200,
               seed: int = 0, progress=None) -> CalibrationReport:
     """Score a workspace dataset with ``template`` and calibrate it (:func:`calibrate_result`);
-    ``progress`` as for :func:`core.rewards.api.score`."""
+    ``progress`` as for :func:`core.rewards.api.score`.  The outcomes are the dataset's
+    recorded ones with people's labels over them (:func:`core.rewards.labels.dataset_outcomes`)."""
     frame = load_frame(ws, dataset)
     result = score(ws, template, frame=frame, progress=progress)
-    labels, groups = outcome_columns(ws.load_episodes(dataset), group_key)
+    labels, groups = dataset_outcomes(ws, dataset, group_key)
     return calibrate_result(result, labels, groups, n_boot=n_boot, seed=seed)

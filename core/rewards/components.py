@@ -41,13 +41,16 @@ ENCODE_CHUNK = 256
 
 @dataclass
 class ScoringContext:
-    """What components may use besides the frame: the (cached) sentence embedder, and
-    where to report progress (``progress(event)``, see :meth:`report`)."""
+    """What components may use besides the frame: the (cached) sentence embedder, where to
+    report progress (``progress(event)``, see :meth:`report`), and the episodes' task criteria."""
 
     embedder: Any = None
     #: Seconds spent and texts sent to the model by text components in this scoring.
     stats: dict[str, float] = field(default_factory=lambda: {"embed_seconds": 0.0, "encoded": 0})
     progress: Callable[[dict[str, Any]], None] | None = None
+    #: The task criteria of the frame's episodes (:class:`core.rewards.criteria.EpisodeCriteria`);
+    #: None: no criteria, and the criteria components give their neutral values.
+    criteria: Any = None
 
     def get_embedder(self):
         """The embedder to use; an in-memory one when the caller gave none."""

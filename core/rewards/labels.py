@@ -75,6 +75,7 @@ def add_label(ws: "Workspace", actor: Actor, dataset: str, episode_id: str, outc
 
 def label_history(ws: "Workspace", dataset: str, episode_id: str | None = None) -> list[LabelEvent]:
     """Every label event of a dataset (or of one episode), oldest first."""
+    ws.require_dataset(dataset)
     sql = ("SELECT id, dataset, episode_id, outcome, note, created_by, created_at FROM label_events "
            "WHERE dataset=?")
     args: tuple = (dataset,)
@@ -90,6 +91,29 @@ def current_labels(ws: "Workspace", dataset: str) -> dict[str, int | None]:
         "SELECT episode_id, outcome FROM label_events WHERE id IN (SELECT MAX(id) FROM label_events "
         "WHERE dataset=? GROUP BY episode_id)", (dataset,))
     return {eid: outcome for eid, outcome in rows}
+
+
+def label_events(ws: "Workspace", dataset: str, *, withdrawn: bool = False) -> list[LabelEvent]:
+    """The latest event of every labelled episode of ``dataset``, by episode id (those whose
+    label was withdrawn only with ``withdrawn=True``)."""
+    ws.require_dataset(dataset)
+    rows = ws.conn.execute(
+        "SELECT id, dataset, episode_id, outcome, note, created_by, created_at FROM label_events "
+        "WHERE id IN (SELECT MAX(id) FROM label_events WHERE dataset=? GROUP BY episode_id) "
+        "ORDER BY episode_id", (dataset,))
+    return [e for e in (LabelEvent(*row) for row in rows) if withdrawn or e.outcome is not None]
+
+
+#: Words a label is given by (``rwb labels add``), and what they mean.
+OUTCOME_WORDS: dict[str, int | None] = {"success": 1, "failure": 0, "none": None}
+
+
+def parse_outcome(word: str) -> int | None:
+    """``success`` → 1, ``failure`` → 0, ``none`` → None (withdraw); anything else is refused."""
+    key = str(word).strip().lower()
+    if key not in OUTCOME_WORDS:
+        raise InputError(f"a label is success, failure or none; got {word!r}", field="outcome")
+    return OUTCOME_WORDS[key]
 
 
 def labels_version(ws: "Workspace", dataset: str) -> int:

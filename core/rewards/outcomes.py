@@ -171,7 +171,9 @@ class Fidelity:
 
 
 def _codes(groups: np.ndarray) -> tuple[np.ndarray, int]:
-    uniq, inverse = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+    groups = np.asarray(groups)
+    # integer task codes (tuning precomputes them once) group as they are: no string round trip per call
+    uniq, inverse = np.unique(groups if groups.dtype.kind in "iu" else groups.astype(str), return_inverse=True)
     return inverse.astype(np.int64), int(uniq.shape[0])
 
 

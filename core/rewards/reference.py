@@ -8,7 +8,9 @@ wide margin (``benchmarks/bench_rewards.py``).  Not used when scoring.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import defaultdict, deque
 
 import numpy as np
@@ -20,8 +22,10 @@ from core.rewards.components import (ActionSmoothing, BusinessImpact, DuplicateC
                                      ToolValidity,
                                      readable)
 from core.rewards.frame import KINDS, StepsFrame
-from core.rewards.agent_signals import AnswerConsistency, UnrecoveredErrors, WriteActions, is_write_tool
+from core.rewards.agent_signals import AnswerConsistency, GivesUp, UnrecoveredErrors, WriteActions, is_write_tool
 from core.rewards.learned import LearnedOutcome
+from core.rewards.criteria import (CallBudget, CommunicatedInfo, ExpectedCalls, UnexpectedWrites, said_exactly,
+                                   value_similarity)
 
 
 def _steps(frame: StepsFrame):
@@ -372,6 +376,120 @@ def answer_consistency(frame: StepsFrame, c: AnswerConsistency, embedder) -> np.
     return out
 
 
+
+def gives_up(frame: StepsFrame, c: GivesUp) -> np.ndarray:
+    last: dict[int, str] = {}
+    for s in _steps(frame):
+        if s["kind"] in ("reply", "final_answer") and s["output"]:
+            last[s["episode"]] = str(s["output"]).lower().replace("\u2019", "'")
+    out = np.zeros(frame.n_episodes)
+    for e, words in last.items():
+        says = [w.lower() for w in c.give_up_words if re.search(r"\b" + re.escape(w.lower()), words)]
+        done = [w.lower() for w in c.done_words if re.search(r"\b" + re.escape(w.lower()), words)]
+        if says and not done:
+            out[e] = c.value
+    return out
+
+
+# --------------------------------------------------------------------------- task criteria
+def _calls_of(frame: StepsFrame, e: int, count_failed: bool) -> list[tuple[str, dict]]:
+    return [(s["tool"], json.loads(frame.params_json[s["i"]]) if frame.params_json[s["i"]] else {})
+            for s in _steps(frame) if s["episode"] == e and s["kind"] == "tool_call"
+            and (count_failed or not s["error"])]
+
+
+def _best_assignment(expected: list[dict], made: list[tuple[str, dict]]) -> tuple[list[float], list[int]]:
+    """Every way of pairing expected calls with distinct made calls of the same name (brute
+    force): the credits and, per made call, its expected call (-1: none) of the best one."""
+    best: tuple[float, int, list[float], list[int]] = (-1.0, -1, [], [])
+
+    def walk(i: int, used: list[int], credits: list[float]) -> None:
+        nonlocal best
+        if i == len(expected):
+            key = (sum(credits), sum(1 for u in used if u >= 0))
+            if key > best[:2]:
+                assigned = [-1] * len(made)
+                for k, j in enumerate(used):
+                    if j >= 0:
+                        assigned[j] = k
+                best = (key[0], key[1], list(credits), assigned)
+            return
+        walk(i + 1, used + [-1], credits + [0.0])
+        for j, (tool, args) in enumerate(made):
+            if j not in used and tool.lower() == expected[i]["name"].lower():
+                walk(i + 1, used + [j], credits + [value_similarity(expected[i]["arguments"], args)])
+
+    walk(0, [], [])
+    return best[2], best[3]
+
+
+def expected_calls(frame: StepsFrame, c: ExpectedCalls, criteria: list | None = None) -> np.ndarray:
+    out = []
+    for e in range(frame.n_episodes):
+        crit = criteria[e] if criteria else None
+        if crit is None:
+            out.append(c.no_criteria_value)
+            continue
+        expected = [x for x in crit["expected_calls"] if not c.writes_only or is_write_tool(x["name"])]
+        if not expected:
+            out.append(1.0)
+            continue
+        credits, _ = _best_assignment(expected, _calls_of(frame, e, c.count_failed))
+        out.append(sum(x ** c.power for x in credits) / len(expected))
+    return np.array(out, dtype=np.float64)
+
+
+def unexpected_writes(frame: StepsFrame, c: UnexpectedWrites, criteria: list | None = None) -> np.ndarray:
+    out = []
+    for e in range(frame.n_episodes):
+        crit = criteria[e] if criteria else None
+        if crit is None:
+            out.append(c.no_criteria_value)
+            continue
+        made = _calls_of(frame, e, c.count_failed)
+        _, assigned = _best_assignment(crit["expected_calls"], made)
+        forbidden = [f.lower() for f in crit.get("forbidden_tools", [])]
+        n = sum(1 for (tool, _), j in zip(made, assigned)
+                if tool.lower() in forbidden or (j < 0 and is_write_tool(tool)))
+        out.append(-c.per * min(n, c.cap) + 0.0)
+    return np.array(out, dtype=np.float64)
+
+
+def communicated_info(frame: StepsFrame, c: CommunicatedInfo, embedder, criteria: list | None = None) -> np.ndarray:
+    steps = list(_steps(frame))
+    out = []
+    for e in range(frame.n_episodes):
+        crit = criteria[e] if criteria else None
+        if crit is None:
+            out.append(c.no_criteria_value)
+            continue
+        said = [str(s["output"]) for s in steps if s["episode"] == e and s["kind"] in ("reply", "final_answer")
+                and len(s["output"]) > 0]
+        found = 0
+        for item in crit["communicate"]:
+            if said_exactly(item, "\n".join(said)):
+                found += 1
+            elif c.use_embeddings and said:
+                vectors = np.asarray(embedder.encode([item[:c.max_chars]] + [m[:c.max_chars] for m in said]),
+                                     dtype=np.float64)
+                found += max(float(np.dot(vectors[0], v)) for v in vectors[1:]) >= c.threshold
+        out.append(found / len(crit["communicate"]) if crit["communicate"] else c.nothing_to_say_value)
+    return np.array(out, dtype=np.float64)
+
+
+def call_budget(frame: StepsFrame, c: CallBudget, criteria: list | None = None) -> np.ndarray:
+    steps = list(_steps(frame))
+    out = []
+    for e in range(frame.n_episodes):
+        crit = criteria[e] if criteria else None
+        if crit is None or crit.get("call_budget") is None:
+            out.append(0.0)
+            continue
+        n = sum(1 for s in steps if s["episode"] == e and s["kind"] == "tool_call")
+        out.append(-c.per * min(max(n - crit["call_budget"], 0), c.cap) + 0.0)
+    return np.array(out, dtype=np.float64)
+
+
 #: component name -> reference function (text components also take the embedder).
 REFERENCES = {
     "tool_validity": tool_validity, "param_reasonableness": param_reasonableness,
@@ -383,5 +501,7 @@ REFERENCES = {
     "length_penalty": length_penalty, "terminal_outcome": terminal_outcome,
     "ends_with_answer": ends_with_answer, "learned_outcome": learned_outcome,
     "write_actions": write_actions, "unrecovered_errors": unrecovered_errors,
-    "answer_consistency": answer_consistency,
+    "answer_consistency": answer_consistency, "gives_up": gives_up,
+    "expected_calls": expected_calls, "unexpected_writes": unexpected_writes,
+    "communicated_info": communicated_info, "call_budget": call_budget,
 }

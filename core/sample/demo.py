@@ -425,10 +425,24 @@ def _step_tuning(ws: "Workspace", ctx: dict[str, Any], log: Callable[[str], None
     notes: list[str] = []
     if result.best is not None:
         figures["auc_best_weights"] = _aucs(result.best.get("figures"))
-        applied = tuning.apply_study(ws, analyst, result.study, message="rwb demo: tuned weights")
-        figures["applied_as"] = applied.label
-        notes.append("the best feasible weights are saved as a new template version (nothing overwritten)")
+        check = tuning.apply_check(ws, result.study)
+        if check.worse:
+            # the apply guard: weights that rank held-out tasks worse than the template are not saved
+            notes.append(f"not applied: {check.message}")
+        elif _keeps_template(result.best, result.baseline or {}):
+            notes.append("not applied: the best trial keeps the template's own weights")
+        else:
+            applied = tuning.apply_study(ws, analyst, result.study, message="rwb demo: tuned weights")
+            figures["applied_as"] = applied.label
+            notes.append(f"applied: {check.message}; saved as a new template version (nothing overwritten)")
     return figures, "Tuning page → study demo-weights", notes
+
+
+def _keeps_template(best: Mapping[str, Any], baseline: Mapping[str, Any]) -> bool:
+    """Does the best trial hold the template's own weights and parameters (nothing to apply)?"""
+    mine, theirs = best.get("weights") or {}, baseline.get("weights") or {}
+    return not best.get("params") and set(mine) == set(theirs) and \
+        all(abs(float(mine[k]) - float(theirs[k])) <= 1e-12 for k in mine)
 
 
 def _aucs(figures: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -2,27 +2,31 @@
 
 The modules cover what a study varies (:mod:`~core.tuning.config`), its labels and split
 (:mod:`~core.tuning.labels`), statistics, reweighting, constraints, the per-trial problem,
-the objectives, preference labels, data, records, running a study (:mod:`~core.tuning.studies`,
-:func:`tune`), background workers (:func:`launch_tuning`, :func:`stop_tuning`), applying the
-best weights (:func:`apply_study`), the page's report (:func:`study_report`) and Optuna's
-storages (:mod:`~core.tuning.storage`).  Callers go through the package, which re-exports every
-module's public names: ``from core import tuning`` then ``tuning.tune(...)``.
+the objectives, the held-out report (:mod:`~core.tuning.heldout`), preference labels, data,
+records, running a study (:mod:`~core.tuning.studies`, :func:`tune`), background workers
+(:func:`launch_tuning`, :func:`stop_tuning`), applying the best weights (:func:`apply_study`),
+the page's report (:func:`study_report`) and Optuna's storages (:mod:`~core.tuning.storage`).
+Callers go through the package, which re-exports every module's public names:
+``from core import tuning`` then ``tuning.tune(...)``.
 
 May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
 
 Details: docs/tuning.md (## The package's modules).
 """
 
-from core.tuning.apply import AppliedStudy, NoFeasibleTrial, WeightApplication, apply_study, list_applications
-from core.tuning.config import (CV_FOLDS, LABELS, METRICS, OBJECTIVES, OUTCOME_COMPONENTS, POLICY_DEFAULTS,
-                                SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig, outcome_readers,
-                                parse_bounds)
+from core.tuning.apply import (AppliedStudy, ApplyCheck, NoFeasibleTrial, WeightApplication, WorseThanTemplate,
+                               apply_check, apply_study, list_applications)
+from core.tuning.config import (CV_FOLDS, LABELS, METRICS, MIN_TASKS_WITH_BOTH, OBJECTIVES, OUTCOME_COMPONENTS,
+                                POLICY_DEFAULTS, SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig,
+                                outcome_readers, parse_bounds)
 from core.tuning.constraints import ExpectationConstraints, ScoredTrial
 from core.tuning.data import (TemplateRef, default_study_name, load_data, load_episodes_and_frame,
                               resolve_template_ref, withhold_outcomes)
 from core.tuning.labels import (COMFORTABLE_LABELLED, COMFORTABLE_PER_CLASS, COMFORTABLE_TASKS, MIN_LABELLED,
                                 MIN_PER_CLASS, MIN_TASKS, SMALL_DATA_PENALTY, Labels, OutcomeDataCheck,
-                                check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups)
+                                check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups,
+                                with_people_labels)
+from core.tuning.heldout import HeldOutReport, primary_figures
 from core.tuning.objectives import (OutcomeObjective, OutcomeSplit, PolicyObjective, PreferenceObjective,
                                     TuningObjective, policy_objective)
 from core.tuning.preferences import PreferenceLabel, add_preference, list_preferences, preference_pairs
@@ -31,7 +35,7 @@ from core.tuning.records import (CONFIG_ATTR, RunningWorker, StudyRecord, StudyR
                                  load_study, running_worker, storage_for, study_runs)
 from core.tuning.report import StudyCharts, StudyReport, space_rows, study_fingerprint, study_report
 from core.tuning.reweighting import Combined, ReturnModel, matrix_layout
-from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
+from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc, task_pairs
 from core.tuning.storage import (BatchedTrialWriter, count_trials, default_storage_url, describe_url, driver_url,
                                  migrate_legacy_db, open_journal, open_rdb, open_storage, study_id)
 from core.tuning.studies import TrialRow, TuneResult, make_sampler, trial_row, tune
@@ -40,7 +44,9 @@ from core.tuning.workers import CLI, LaunchedTuning, launch_tuning, stop_tuning,
 __all__ = [
     "BatchedTrialWriter", "count_trials", "default_storage_url", "describe_url", "driver_url", "migrate_legacy_db",
     "open_journal", "open_rdb", "open_storage", "study_id",
-    "AppliedStudy", "CLI", "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR",
+    "AppliedStudy", "ApplyCheck", "CLI", "HeldOutReport", "MIN_TASKS_WITH_BOTH", "WorseThanTemplate",
+    "apply_check", "primary_figures", "task_pairs", "with_people_labels",
+    "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR",
     "CV_FOLDS", "Combined", "ExpectationConstraints", "LABELS", "Labels", "LaunchedTuning", "METRICS",
     "MIN_LABELLED", "MIN_PER_CLASS", "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS",
     "OutcomeDataCheck", "OutcomeObjective", "OutcomeSplit",

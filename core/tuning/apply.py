@@ -1,6 +1,11 @@
 """Applying a study's result: its best feasible weights (or a chosen trial's) saved as a new
 version of the template it tuned (:func:`apply_study`), and the record of every such
-version (:func:`list_applications`)."""
+version (:func:`list_applications`).
+
+The guard (:func:`apply_check`): weights whose held-out figure (the study's primary figure on
+the tasks it never tuned on) is below the template's own on the same tasks are refused
+(:class:`WorseThanTemplate`) unless the caller confirms; the comparison and the decision are
+recorded with the version."""
 
 from __future__ import annotations
 
@@ -11,11 +16,12 @@ from typing import TYPE_CHECKING, Any, cast
 import optuna
 
 from core.access.users import Actor, authorize
-from core.base.errors import InputError, RwbError
+from core.base.errors import ConflictError, InputError, RwbError
 from core.base.results import to_jsonable
 from core.rewards.template import parse_template
 from core.rewards.versions import diff_templates, save_template
 from core.tuning.config import SearchSpace
+from core.tuning.heldout import primary_figures
 from core.tuning.records import finite, load_study, now_iso, storage_for, study_attrs
 from core.tuning.storage import describe_url
 
@@ -25,6 +31,94 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class NoFeasibleTrial(RwbError):
     """The study has no completed trial that satisfies every expectation."""
+
+
+class WorseThanTemplate(ConflictError):
+    """The weights' held-out figure is below the template's own on the same held-out tasks (the
+    caller did not confirm applying them anyway)."""
+
+
+@dataclass(frozen=True)
+class ApplyCheck:
+    """How the held-out figure of the trial ``apply`` would save compares with the template's own."""
+
+    #: The study and the trial that would be applied
+    study: str
+    trial: int
+    #: The figure compared: within_task or all_pairs (outcome studies), agreement, success_rate
+    metric: str
+    #: What the figure is called in messages
+    label: str
+    #: The trial's held-out figure and the template's own on the same held-out tasks (None: not measured)
+    figure: float | None
+    template: float | None
+    #: Held-out tasks with both outcomes (outcome studies; None elsewhere)
+    tasks_with_both: int | None
+    #: The trial's figure is below the template's
+    worse: bool
+
+    @property
+    def message(self) -> str:
+        """One sentence giving both figures."""
+        if self.figure is None or self.template is None:
+            return (f"trial {self.trial}'s {self.label} cannot be compared with the template's (not measured: "
+                    f"trial {_text(self.figure)}, template {_text(self.template)})")
+        where = "" if self.tasks_with_both is None else \
+            f" ({self.tasks_with_both} held-out tasks with both outcomes)"
+        relation = "below" if self.worse else "at or above"
+        return (f"trial {self.trial}'s {self.label} {self.figure:.3f} is {relation} the template's own "
+                f"{self.template:.3f} on the same held-out tasks{where}")
+
+
+def _text(x: float | None) -> str:
+    return "none" if x is None else f"{x:.3f}"
+
+
+def _chosen_trial(st: optuna.Study, name: str, trial: int | None) -> optuna.trial.FrozenTrial:
+    """The best feasible trial, or trial ``trial`` (completed and feasible)."""
+    if trial is None:
+        try:
+            return st.best_trial
+        except ValueError:
+            raise NoFeasibleTrial(f"study {name!r} has no completed trial that satisfies every expectation; "
+                                  "run more trials or widen the bounds") from None
+    matches = [tr for tr in st.get_trials(deepcopy=False) if tr.number == trial]
+    if not matches or matches[0].state != optuna.trial.TrialState.COMPLETE:
+        raise InputError(f"study {name!r} has no completed trial {trial}", field="trial")
+    chosen = matches[0]
+    if any(v > 0 for v in chosen.constraints.values()):
+        bad = ", ".join(k for k, v in chosen.constraints.items() if v > 0)
+        raise InputError(f"trial {trial} breaks expectations ({bad}); choose a feasible trial", field="trial")
+    return chosen
+
+
+def _compare(st: optuna.Study, attrs: dict[str, Any], chosen: optuna.trial.FrozenTrial) -> ApplyCheck:
+    objective = attrs["config"]["objective"]
+    tasks = None
+    if objective == "outcome":
+        metric, label, figure, template = primary_figures(attrs, chosen.user_attrs)
+        tasks = ((attrs.get("held_out") or {}).get("tasks_with_both"))
+    else:
+        metric = attrs.get("metric", "value")
+        label = f"held-out {metric}"
+        figure = chosen.user_attrs.get("held_out")
+        template = ((((attrs.get("baseline") or {}).get("figures") or {}).get("held_out") or {}).get(metric))
+        if template is None:  # the policy objective measures the template as its first trial
+            base = [tr for tr in st.get_trials(deepcopy=False) if tr.user_attrs.get("baseline")
+                    and tr.state == optuna.trial.TrialState.COMPLETE]
+            template = base[0].user_attrs.get("held_out") if base else None
+    worse = figure is not None and template is not None and figure < template
+    return ApplyCheck(study=st.study_name, trial=chosen.number, metric=metric, label=label, figure=figure,
+                      template=template, tasks_with_both=tasks, worse=worse)
+
+
+def apply_check(ws: "Workspace", name: str, *, storage: str | None = None, trial: int | None = None
+                ) -> ApplyCheck:
+    """How the held-out figure of the trial :func:`apply_study` would save (the best feasible
+    one, or ``trial``) compares with the template's own on the same held-out tasks."""
+    url = storage_for(ws, name, storage)
+    st = load_study(ws, name, url)
+    return _compare(st, study_attrs(st), _chosen_trial(st, name, trial))
 
 
 @dataclass(frozen=True)
@@ -49,9 +143,13 @@ class AppliedStudy:
 
 
 def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None = None,
-                trial: int | None = None, message: str | None = None) -> AppliedStudy:
+                trial: int | None = None, message: str | None = None, confirm_worse: bool = False) -> AppliedStudy:
     """Write a study's best feasible weights (or trial ``trial``'s) as a **new version** of
     the template it tuned, with the diff and the objective's figures recorded.
+
+    Weights whose held-out figure is below the template's own on the same held-out tasks
+    (:func:`apply_check`) are refused with :class:`WorseThanTemplate` unless ``confirm_worse``;
+    the comparison and the decision are recorded in the figures (``guard``).
 
     The save names the version the study started from, so it is refused
     (:class:`~core.rewards.versions.TemplateConflict`) when someone saved a newer version
@@ -60,20 +158,18 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
     url = storage_for(ws, name, storage)
     st = load_study(ws, name, url)
     attrs = study_attrs(st)
-    if trial is None:
-        try:
-            chosen = st.best_trial
-        except ValueError:
-            raise NoFeasibleTrial(f"study {name!r} has no completed trial that satisfies every expectation; "
-                                  "run more trials or widen the bounds") from None
+    chosen = _chosen_trial(st, name, trial)
+    check = _compare(st, attrs, chosen)
+    if check.worse and not confirm_worse:
+        raise WorseThanTemplate(f"not applied: {check.message}, so these weights rank the runs of tasks they "
+                                "were not tuned on worse than the template does. Confirm to apply them anyway "
+                                "(rwb tune apply --confirm-worse; on the Tuning page, tick the confirm box)")
+    if check.figure is None or check.template is None:
+        decision = "applied without a comparison (a held-out figure was not measured)"
+    elif check.worse:
+        decision = "applied although worse than the template on the held-out tasks (confirmed)"
     else:
-        matches = [tr for tr in st.get_trials(deepcopy=False) if tr.number == trial]
-        if not matches or matches[0].state != optuna.trial.TrialState.COMPLETE:
-            raise InputError(f"study {name!r} has no completed trial {trial}", field="trial")
-        chosen = matches[0]
-        if any(v > 0 for v in chosen.constraints.values()):
-            bad = ", ".join(k for k, v in chosen.constraints.items() if v > 0)
-            raise InputError(f"trial {trial} breaks expectations ({bad}); choose a feasible trial", field="trial")
+        decision = "applied: at or above the template on the held-out tasks"
     space = SearchSpace.from_dict(attrs["space"])
     weights, params = space.decode(chosen.params)
     tinfo = attrs["template"]
@@ -90,6 +186,10 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
         "study": name, "trial": chosen.number, "storage": describe_url(url), "objective": attrs["config"]["objective"],
         "metric": metric, "train": chosen.value, "held_out": chosen.user_attrs.get("held_out"),
         "held_out_auc": chosen.user_attrs.get("held_out_auc"),
+        "held_out_within": chosen.user_attrs.get("held_out_within"),
+        "guard": {"metric": check.metric, "label": check.label, "trial": check.figure, "template": check.template,
+                  "tasks_with_both": check.tasks_with_both, "worse": check.worse,
+                  "confirmed": bool(confirm_worse and check.worse), "decision": decision},
         "constraints": dict(chosen.constraints), "baseline": attrs.get("baseline"),
         "split": attrs.get("split"), "data": {k: v for k, v in attrs["data"].items()},
         "base": {"name": tinfo["name"], "version": tinfo["version"], "sha256": tinfo["sha256"]}})

@@ -21,7 +21,13 @@ from core.rewards.template import ComponentSpec, Template, TemplateError
 OBJECTIVES: tuple[str, ...] = ("outcome", "preferences", "policy")
 #: What "successful" means: ``success`` is resolved where known, else final_reward > threshold.
 LABELS: tuple[str, ...] = ("success", "resolved", "final_reward", "business_metric", "sentiment")
-METRICS: tuple[str, ...] = ("soft_auc", "auc", "kendall")
+#: Outcome objective's statistic: ``within_task`` (the default: smooth AUC over pairs of a success and a
+#: failure of the same task), ``all_pairs`` (smooth AUC over every pair; ``soft_auc`` is its older name),
+#: ``auc`` (the exact all-pairs AUC) or ``kendall`` (τ-b against the label).
+METRICS: tuple[str, ...] = ("within_task", "all_pairs", "soft_auc", "auc", "kendall")
+#: Fewest design tasks with both outcomes the within-task objective tunes on; below it the study falls
+#: back to all pairs and says so in its warnings (a handful of tasks' pairs is ranked perfectly by chance).
+MIN_TASKS_WITH_BOTH = 5
 SPLIT_FIELDS: tuple[str, ...] = ("task", "episode", "task_type", "domain", "behaviour")
 SAMPLERS: tuple[str, ...] = ("tpe", "random")
 #: Task-grouped folds of the design tasks (outcome objective) unless the study says otherwise.
@@ -241,9 +247,11 @@ class TuneConfig:
     numeric outcome field (final_reward, business_metric, sentiment)"""
     success_threshold: float = 0.0
     """a numeric label counts as success above this value (for the AUC)"""
-    metric: str = "soft_auc"
-    """outcome objective: soft_auc (smooth AUC, the default: see :func:`~core.tuning.statistics.soft_auc`), auc, or
-    kendall (τ-b between returns and the label)"""
+    metric: str = "within_task"
+    """outcome objective: within_task (the default: smooth AUC over pairs of a success and a failure of the
+    same task, see :func:`~core.tuning.statistics.soft_auc`; all pairs when fewer than
+    :data:`MIN_TASKS_WITH_BOTH` design tasks have both outcomes), all_pairs (smooth AUC over every pair;
+    soft_auc is its older name), auc (exact, all pairs) or kendall (τ-b between returns and the label)"""
     withhold_outcome: bool | None = None
     """hide the recorded outcome from the components (default: yes, except for policy)"""
     seed: int = 0

@@ -1,5 +1,6 @@
 """What a study tunes and on what: the template with the workspace version it came from
-(:class:`TemplateRef`), the episodes and their steps frame (:func:`load_episodes_and_frame`),
+(:class:`TemplateRef`), the episodes and their steps frame with people's outcome labels over
+the recorded outcomes (:func:`load_episodes_and_frame`),
 the frame with the recorded outcome withheld from the components (:func:`withhold_outcomes`),
 and the study's default name (:func:`default_study_name`)."""
 
@@ -19,9 +20,11 @@ from core.records.catalog import catalog_for_dataset
 from core.records.episodes import Episode
 from core.rewards.api import frame_from_episodes
 from core.rewards.frame import StepsFrame, build_frame
+from core.rewards.labels import current_labels, labels_version
 from core.rewards.template import Template, load_template, parse_template
 from core.rewards.versions import get_template, parse_spec
 from core.tuning.config import SearchSpace, TuneConfig
+from core.tuning.labels import with_people_labels
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -91,7 +94,9 @@ def load_episodes_and_frame(ws: "Workspace | None", *, dataset: str | None, epis
         raise InputError("tuning on a dataset needs a workspace", field="dataset")
     assert dataset is not None, "exactly one source is given, and it is not an episodes file"
     eps = ws.load_episodes(dataset)
-    return eps, build_frame(eps, catalog_for_dataset(ws, dataset))
+    frame = build_frame(eps, catalog_for_dataset(ws, dataset))
+    # people's outcome labels override the recorded outcomes (core.rewards.labels.dataset_outcomes)
+    return eps, with_people_labels(frame, current_labels(ws, dataset), labels_version(ws, dataset))
 
 
 def default_study_name(ref: TemplateRef, cfg: TuneConfig, data_name: str, space: SearchSpace) -> str:
@@ -103,6 +108,9 @@ def default_study_name(ref: TemplateRef, cfg: TuneConfig, data_name: str, space:
     return f"{ref.name}-{cfg.objective}-{data_name}-{short}"
 
 
-def data_label(dataset: str | None, episodes: str | Path | None) -> str:
-    """What a study's default name calls its data: the dataset, or the episodes file's stem."""
-    return dataset if dataset is not None else Path(str(episodes)).stem
+def data_label(dataset: str | None, episodes: str | Path | None, labels: int = 0) -> str:
+    """What a study's default name calls its data: the dataset (with the version of its people's
+    labels, when it has some: new labels start a new study), or the episodes file's stem."""
+    if dataset is None:
+        return Path(str(episodes)).stem
+    return f"{dataset}-labels{labels}" if labels else dataset

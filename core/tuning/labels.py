@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +53,23 @@ class Labels:
     def known(self) -> np.ndarray:
         known: np.ndarray = ~np.isnan(self.success)
         return known
+
+
+def with_people_labels(frame: StepsFrame, given: Mapping[str, int | None], version: int) -> StepsFrame:
+    """The frame with people's labels (``{episode id: 1, 0 or None}``, :func:`core.rewards.labels.current_labels`)
+    over the recorded outcomes, as :func:`core.rewards.labels.dataset_outcomes` reads them: a label
+    sets the episode's ``resolved`` (so the ``success`` and ``resolved`` labels of
+    :func:`outcome_labels` follow it), a withdrawn one (None) leaves the recorded outcome.  A frame
+    that a label changes gets its own content hash, naming the label set's ``version``."""
+    ids = frame.episode_ids.tolist()
+    hit = [(i, float(given[e])) for i, e in enumerate(ids) if given.get(e) is not None]   # type: ignore[arg-type]
+    if not hit:
+        return frame
+    resolved = frame.resolved.astype(np.float64).copy()
+    rows, values = zip(*hit)
+    resolved[list(rows)] = values
+    digest = hashlib.sha256(f"{frame.content_hash}|labels-v{int(version)}".encode()).hexdigest()
+    return replace(frame, resolved=resolved, content_hash=digest, _cache={})
 
 
 def outcome_labels(frame: StepsFrame, label: str = "success", threshold: float = 0.0) -> Labels:

@@ -2,9 +2,9 @@
 objective (all maximised):
 
 * :class:`OutcomeObjective` — returns should rank successful episodes above failed ones: the
-  statistic (smooth AUC, AUC or Kendall τ) on task-grouped folds of the design tasks,
-  averaged, less a pull toward the template's weights on small data; reported on the outer
-  held-out tasks, which nothing is chosen by.
+  statistic (smooth within-task AUC by default, smooth or exact all-pairs AUC, Kendall τ) on
+  task-grouped folds of the design tasks, averaged, less a pull toward the template's weights
+  on small data; reported on the outer held-out tasks, which nothing is chosen by.
 * :class:`PreferenceObjective` — returns should order analyst-labelled episode pairs as the
   analyst did (share of training pairs, ties half).
 * :class:`PolicyObjective` — a short PPO run per trial (:func:`core.rl.ppo.train`); the
@@ -26,12 +26,16 @@ import numpy as np
 import optuna
 
 from core.base.errors import InputError
-from core.rewards.outcomes import grouped_folds
-from core.tuning.config import CV_FOLDS, POLICY_DEFAULTS, TuneConfig
+from core.rewards.outcomes import Fidelity, fidelity, grouped_folds, tasks_with_both, within_task_auc
+from core.tuning.config import CV_FOLDS, MIN_TASKS_WITH_BOTH, POLICY_DEFAULTS, TuneConfig
 from core.tuning.constraints import ScoredTrial
 from core.tuning.labels import Labels
 from core.tuning.problem import TuningProblem
-from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc
+from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc, task_pairs
+
+#: Within-task pairs of one fold (or the held-out side) listed for the exact per-trial figure (one
+#: comparison each); beyond it, ranking inside each task is cheaper (also exact).
+WITHIN_EXACT_PAIRS = 200_000
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
@@ -81,22 +85,37 @@ class TuningObjective(abc.ABC):
 
 
 class OutcomeObjective(TuningObjective):
-    """Returns should rank successful episodes above failed ones: the statistic (soft AUC,
-    AUC or Kendall τ) averaged over task-grouped folds of the design tasks (the problem's
-    training side), less :meth:`penalty`; reported on the outer held-out tasks (see the
-    docstring of :mod:`core.tuning.studies` for why this design and not a choice by held-out figures).
+    """Returns should rank successful episodes above failed ones: the statistic averaged over
+    task-grouped folds of the design tasks (the problem's training side), less :meth:`penalty`;
+    reported on the outer held-out tasks (see the docstring of :mod:`core.tuning.studies` for
+    why this design and not a choice by held-out figures).
 
-    Each trial records the user attributes ``held_out`` (the statistic on the held-out
-    tasks), ``held_out_auc``, ``cv`` (the mean over folds, before the penalty), ``cv_auc``
-    (the mean fold AUC), ``cv_auc_folds`` and ``penalty``.  Folds whose episodes all share
-    one outcome cannot rank anything and are left out (:attr:`folds` holds the others)."""
+    The statistic (:attr:`metric`): ``within_task`` (smooth AUC over pairs of a success and a
+    failure of the same task, :func:`~core.tuning.statistics.task_pairs`), ``soft_auc`` (smooth,
+    all pairs; ``all_pairs`` asks for it), ``auc`` or ``kendall``.  ``within_task`` falls back to
+    all pairs, with a line in :attr:`warnings`, when fewer than
+    :data:`~core.tuning.config.MIN_TASKS_WITH_BOTH` design tasks (or fewer than two folds) hold
+    both outcomes.  :attr:`primary` names the held-out figure the study answers to:
+    ``within_task`` or ``all_pairs`` (the exact AUCs).
+
+    Each trial records the user attributes ``held_out`` (the statistic on the held-out tasks),
+    ``held_out_auc`` and ``held_out_within`` (exact all-pairs and within-task AUC on the
+    held-out tasks), ``cv`` (the mean over folds, before the penalty), ``cv_auc``,
+    ``cv_auc_folds``, ``cv_within`` (mean fold within-task AUC) and ``penalty``.  Folds that
+    cannot rank anything under the statistic are left out (:attr:`folds` holds the others).
+    Every per-trial figure is numpy over the trial's per-episode returns and index pairs fixed
+    here, once."""
 
     name = "outcome"
 
-    def __init__(self, problem: TuningProblem, labels: Labels, metric: str = "soft_auc", *,
+    def __init__(self, problem: TuningProblem, labels: Labels, metric: str = "within_task", *,
                  groups: np.ndarray, n_folds: int = CV_FOLDS, seed: int = 0, penalty: float = 0.0):
         super().__init__(problem)
-        self.labels, self.metric, self.penalty_weight = labels, metric, float(penalty)
+        self.labels, self.penalty_weight = labels, float(penalty)
+        #: the metric the study asked for (its config) and what this objective measures
+        self.requested = metric
+        #: what the analyst should know about the objective (a fallback to all pairs, …)
+        self.warnings: list[str] = []
         known = labels.known
         self.train = problem.train_idx[known[problem.train_idx]]
         self.held = problem.held_idx[known[problem.held_idx]]
@@ -107,18 +126,52 @@ class OutcomeObjective(TuningObjective):
                                  f"(it has {int((s == 1).sum())} successful and {int((s == 0).sum())} "
                                  "failed); import outcomes (--reward-key), choose another label, split_by "
                                  "or held-out fraction", field="split_by")
+        y = labels.success
+        #: one integer task code per episode (the split's groups)
+        self.codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)[1].astype(np.int64)
+        codes = self.codes
         dealt = [self.train[rows] for rows in grouped_folds(groups[self.train], n_folds, seed=seed)]
-        #: the design folds that hold both outcomes (episode indices)
+        #: the design folds (episode indices)
         self.dealt = dealt
-        self.folds = [f for f in dealt if 0 < labels.success[f].sum() < f.size]
+        #: design and held-out tasks with both outcomes
+        self.design_tasks_with_both = tasks_with_both(y[self.train], codes[self.train])
+        self.held_tasks_with_both = tasks_with_both(y[self.held], codes[self.held])
+        metric = "soft_auc" if metric == "all_pairs" else metric
+        if metric == "within_task":
+            paired = [f for f in dealt if tasks_with_both(y[f], codes[f]) > 0]
+            if self.design_tasks_with_both < MIN_TASKS_WITH_BOTH or len(paired) < 2:
+                n_design = int(np.unique(codes[self.train]).size)
+                self.warnings.append(
+                    f"only {self.design_tasks_with_both} of the {n_design} design tasks have both a successful "
+                    f"and a failed episode (in {len(paired)} of {len(dealt)} folds); the within-task objective "
+                    f"needs {MIN_TASKS_WITH_BOTH} in at least 2 folds, so this study ranks all pairs instead "
+                    "(metric all_pairs). Label more runs of the same tasks to tune within tasks")
+                metric = "soft_auc"
+        #: the statistic measured: within_task, soft_auc, auc or kendall
+        self.metric = metric
+        #: the held-out figure the study answers to (exact AUC): within_task or all_pairs
+        self.primary = "within_task" if metric == "within_task" else "all_pairs"
+        if self.primary == "within_task":
+            self.folds = [f for f in dealt if tasks_with_both(y[f], codes[f]) > 0]
+        else:
+            self.folds = [f for f in dealt if 0 < y[f].sum() < f.size]
         if len(self.folds) < 2:
             raise InputError(f"only {len(self.folds)} of the {len(dealt)} task-grouped folds of the design "
                              "episodes hold both outcomes; use fewer folds (--folds) or a smaller held-out "
                              "fraction", field="cv_folds")
+        if self.primary == "within_task" and self.held_tasks_with_both == 0:
+            self.warnings.append("no held-out task has both a successful and a failed episode: the held-out "
+                                 "within-task AUC, which this study answers to, is undefined there; hold out "
+                                 "more tasks (--heldout) or label more runs of the same tasks")
         self.groups = groups
-        # fixed (success, failure) pairs of each fold and of the held-out side (positions within it)
-        self.fold_pairs = [outcome_pairs(labels.success[f]) for f in self.folds]
-        self.held_pairs = outcome_pairs(labels.success[self.held])
+        # fixed (success, failure) pairs of each fold and of the held-out side (positions within it):
+        # those the statistic averages over, and every within-task pair (for the exact figure)
+        self.fold_pairs = [task_pairs(y[f], codes[f]) if metric == "within_task" else outcome_pairs(y[f])
+                           for f in self.folds]
+        self.held_pairs = outcome_pairs(y[self.held])
+        self.held_task_pairs = task_pairs(y[self.held], codes[self.held])
+        self._exact_within = [self._within_pairs(f) for f in self.folds]
+        self._exact_held_within = self._within_pairs(self.held)
         space = problem.space
         self.tuned = [k for k, (lo, hi) in space.weights.items() if hi > lo]
         base = problem.template.weights()
@@ -126,6 +179,23 @@ class OutcomeObjective(TuningObjective):
         self.span = np.array([space.weights[k][1] - space.weights[k][0] for k in self.tuned])
         names = problem.model.step_names + problem.model.episode_names
         self._position = np.array([names.index(k) for k in self.tuned], dtype=np.int64)
+
+    def _within_pairs(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every within-task pair of ``idx`` (positions within it), or None when there are more
+        than :data:`WITHIN_EXACT_PAIRS` (the exact figure then ranks inside each task instead)."""
+        y, codes = self.labels.success[idx], self.codes[idx]
+        pairs = task_pairs(y, codes, limit=WITHIN_EXACT_PAIRS + 1)
+        return None if pairs[0].size > WITHIN_EXACT_PAIRS else pairs
+
+    def within(self, returns: np.ndarray, idx: np.ndarray, pairs: tuple[np.ndarray, np.ndarray] | None
+               ) -> float | None:
+        """Exact within-task AUC of ``returns`` on the episodes ``idx`` (None without a pair):
+        the share of its within-task pairs ordered right, ties half
+        (:func:`core.rewards.outcomes.within_task_auc`)."""
+        if pairs is not None:
+            return pair_agreement(returns[idx], *pairs)
+        value = within_task_auc(returns[idx], self.labels.success[idx], self.codes[idx])
+        return None if math.isnan(value) else value
 
     def penalty(self, state: ScoredTrial) -> float:
         """:data:`~core.tuning.labels.SMALL_DATA_PENALTY`-style pull: weight × mean over the tuned weights of
@@ -137,28 +207,37 @@ class OutcomeObjective(TuningObjective):
 
     def _stat(self, returns: np.ndarray, idx: np.ndarray, pairs: tuple[np.ndarray, np.ndarray],
               metric: str) -> float | None:
-        if metric == "soft_auc":
+        if metric in ("soft_auc", "within_task"):
             return soft_auc(returns[idx], *pairs)
         if metric == "auc":
             return auc(returns[idx], self.labels.success[idx])
         return kendall_tau(returns[idx], self.labels.value[idx])
 
     def _cv(self, returns: np.ndarray, metric: str) -> tuple[float | None, list[float | None]]:
-        per_fold = [self._stat(returns, f, p, metric) for f, p in zip(self.folds, self.fold_pairs)]
+        if metric == "within_exact":
+            per_fold = [self.within(returns, f, p) for f, p in zip(self.folds, self._exact_within)]
+        elif metric == "soft_auc" and self.metric == "within_task":
+            # the all-pairs smooth AUC of a within-task study: its own pairs
+            per_fold = [soft_auc(returns[f], *outcome_pairs(self.labels.success[f])) for f in self.folds]
+        else:
+            per_fold = [self._stat(returns, f, p, metric) for f, p in zip(self.folds, self.fold_pairs)]
         values = [v for v in per_fold if v is not None]
         return (float(np.mean(values)) if values else None), per_fold
 
     def measure(self, state: ScoredTrial, trial: optuna.Trial | None) -> tuple[float | None, float | None]:
         r = state.combined.returns
         cv, _ = self._cv(r, self.metric)
-        held = self._stat(r, self.held, self.held_pairs, self.metric)
+        held_pairs = self.held_task_pairs if self.metric == "within_task" else self.held_pairs
+        held = self._stat(r, self.held, held_pairs, self.metric)
         penalty = self.penalty(state)
         if trial is not None:
             cv_auc, folds = self._cv(r, "auc")
             trial.set_user_attr("cv", cv)
             trial.set_user_attr("cv_auc", cv_auc)
             trial.set_user_attr("cv_auc_folds", folds)
+            trial.set_user_attr("cv_within", self._cv(r, "within_exact")[0])
             trial.set_user_attr("held_out_auc", auc(r[self.held], self.labels.success[self.held]))
+            trial.set_user_attr("held_out_within", self.within(r, self.held, self._exact_held_within))
             trial.set_user_attr("penalty", penalty)
         return (None if cv is None else cv - penalty), held
 
@@ -168,13 +247,30 @@ class OutcomeObjective(TuningObjective):
         r = state.combined.returns
         y = self.labels.success
         cv_auc, auc_folds = self._cv(r, "auc")
+        within, within_folds = self._cv(r, "within_exact")
         train = {"auc": cv_auc, "soft_auc": self._cv(r, "soft_auc")[0], "kendall_tau": self._cv(r, "kendall")[0],
                  "auc_folds": auc_folds, "folds": len(self.folds), "penalty": self.penalty(state),
-                 "episodes": int(self.train.size), "successes": int(y[self.train].sum())}
+                 "episodes": int(self.train.size), "successes": int(y[self.train].sum()),
+                 "within_task": within, "within_task_folds": within_folds,
+                 "tasks_with_both": self.design_tasks_with_both}
+        if self.metric == "within_task":
+            train["soft_within_task"] = self._cv(r, "within_task")[0]
         held = {"auc": auc(r[self.held], y[self.held]), "soft_auc": soft_auc(r[self.held], *self.held_pairs),
                 "kendall_tau": kendall_tau(r[self.held], self.labels.value[self.held]),
-                "episodes": int(self.held.size), "successes": int(y[self.held].sum())}
+                "episodes": int(self.held.size), "successes": int(y[self.held].sum()),
+                "within_task": self.within(r, self.held, self._exact_held_within),
+                "tasks_with_both": self.held_tasks_with_both}
+        if self.metric == "within_task":
+            held["soft_within_task"] = soft_auc(r[self.held], *self.held_task_pairs)
         return {"train": train, "held_out": held}
+
+    def held_out_fidelity(self, weights: Mapping[str, float], params: Mapping[str, Mapping[str, Any]],
+                          *, n_boot: int = 200, seed: int = 0) -> Fidelity:
+        """All-pairs and within-task AUC of these weights on the held-out tasks, each with its 90%
+        interval over resampled tasks (:func:`core.rewards.outcomes.fidelity`)."""
+        r = self.problem.trial_state(weights, params).combined.returns
+        return fidelity(r[self.held], self.labels.success[self.held], self.codes[self.held], n_boot=n_boot,
+                        seed=seed)
 
     def split_summary(self) -> "OutcomeSplit":
         """Which tasks (groups) lie where: the held-out ones and those of each design fold."""

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Study user attribute holding the configuration every worker and `apply` reads.
 CONFIG_ATTR = "rwb"
+#: Study user attribute holding the latest held-out report of an outcome study's best trial
+#: (:class:`~core.tuning.heldout.HeldOutReport` as JSON; written at the end of each run).
+HELD_OUT_ATTR = "rwb_held_out"
 #: Seconds a launched worker may sit without a recorded process and still count as running.
 LAUNCH_GRACE_S = 60
 

@@ -20,7 +20,9 @@ from optuna.trial import TrialState
 from core.rewards.template import Template
 from core.tuning.config import SearchSpace, outcome_readers
 from core.tuning.data import resolve_template_ref
-from core.tuning.records import StudyRun, finite, get_study, list_studies, storage_for, study_attrs, study_runs
+from core.tuning.heldout import PRIMARY
+from core.tuning.records import (HELD_OUT_ATTR, StudyRun, finite, get_study, list_studies, storage_for, study_attrs,
+                                 study_runs)
 from core.tuning.storage import count_trials, describe_url, open_storage, study_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,6 +77,11 @@ class StudyReport:
     #: per completed trial, in order: ``trial``, ``objective`` (the value) and ``held-out AUC``
     #: (outcome studies; None elsewhere) — the page's chart of the two side by side
     held_out_series: dict[str, list[Any]] = field(default_factory=dict)
+    #: outcome studies: the best trial's held-out within-task and all-pairs AUC beside the template's own
+    #: (:func:`held_out_comparison`); None elsewhere or before a feasible trial
+    held_out: dict[str, Any] | None = None
+    #: what the analyst should know about the study (small labelled set, a fallback to all pairs, …)
+    warnings: list[str] = field(default_factory=list)
 
 
 def study_fingerprint(ws: "Workspace", name: str, storage: str | None = None) -> tuple[int, str]:
@@ -121,6 +128,7 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
         bw, bp = space.decode(bt.params)
         best = {"trial": bt.number, "value": bt.value, "held_out": bt.user_attrs.get("held_out"),
                 "held_out_auc": bt.user_attrs.get("held_out_auc"), "cv_auc": bt.user_attrs.get("cv_auc"),
+                "held_out_within": bt.user_attrs.get("held_out_within"), "cv_within": bt.user_attrs.get("cv_within"),
                 "weights": {**current, **bw}, "params": bp, "constraints": dict(bt.constraints)}
     weights = [{"component": k, "template": v, "best": None if best is None else best["weights"].get(k),
                 "low": space.weights[k][0] if k in space.weights else None,
@@ -139,7 +147,7 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
     for tr in trials[-REPORT_TRIALS:][::-1]:
         row = {"trial": tr.number, "state": tr.state.name.lower(), "value": tr.value,
                "held_out": tr.user_attrs.get("held_out"), "held_out_auc": tr.user_attrs.get("held_out_auc"),
-               "cv_auc": tr.user_attrs.get("cv_auc"),
+               "cv_auc": tr.user_attrs.get("cv_auc"), "held_out_within": tr.user_attrs.get("held_out_within"),
                "feasible": None if tr.state != TrialState.COMPLETE else _feasible(tr)}
         row.update({f"c: {k}": v for k, v in sorted(tr.constraints.items())})
         table.append(row)
@@ -171,7 +179,38 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
         weights=finite(weights), params=finite(params), constraints=constraint_rows, trials=finite(table),
         runs=runs, charts=StudyCharts(history=history, importances=importances, parallel=parallel), notes=notes,
         held_out_series=finite({"trial": [tr.number for tr in complete], "objective": [tr.value for tr in complete],
-                                "held-out AUC": [tr.user_attrs.get("held_out_auc") for tr in complete]}))
+                                "held-out AUC": [tr.user_attrs.get("held_out_auc") for tr in complete]}),
+        held_out=finite(held_out_comparison(attrs, best, st.user_attrs.get(HELD_OUT_ATTR))),
+        warnings=list(attrs.get("warnings") or []))
+
+
+def held_out_comparison(attrs: dict[str, Any], best: dict[str, Any] | None, stored: dict[str, Any] | None
+                        ) -> dict[str, Any] | None:
+    """The best trial's held-out within-task and all-pairs AUC beside the template's own on the same
+    held-out tasks, as rows (``figure``, ``best``, ``template``, ``change`` with ↑/↓, and the 90%
+    intervals where the last run measured them for this trial), with the task counts and which
+    figure the study answers to (``metric``).  None for other objectives or before a feasible trial."""
+    report = attrs.get("held_out")
+    if attrs["config"]["objective"] != "outcome" or not report or best is None:
+        return None
+    held = ((attrs.get("baseline") or {}).get("figures") or {}).get("held_out") or {}
+    intervals = stored if stored and stored.get("best_trial") == best["trial"] else None
+    rows = []
+    for key in ("within_task", "all_pairs"):
+        _, trial_key, figure_key = PRIMARY[key]
+        value, before = best.get(trial_key), held.get(figure_key)
+        change = None
+        if value is not None and before is not None:
+            arrow = "↑" if value > before else ("↓" if value < before else "=")
+            change = f"{arrow} {value - before:+.3f}"
+        rows.append({"figure": "within-task AUC" if key == "within_task" else "all-pairs AUC",
+                     "best trial": value, "template": before, "change": change,
+                     "best 90% interval": ((intervals or {}).get("best") or {}).get(key, {}).get("ci90"),
+                     "template 90% interval": (report.get("template") or {}).get(key, {}).get("ci90"),
+                     "pairs": (report.get("template") or {}).get(key, {}).get("n_pairs")})
+    return {"metric": attrs.get("primary") or "all_pairs", "tasks": report.get("tasks"),
+            "tasks_with_both": report.get("tasks_with_both"), "episodes": report.get("episodes"),
+            "best_trial": best["trial"], "rows": rows}
 
 
 def _status(constraint: float | None) -> str:

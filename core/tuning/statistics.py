@@ -1,6 +1,7 @@
 """The statistics a trial is scored by: the AUC (:func:`auc`), its smooth version
-(:func:`soft_auc`) over fixed (success, failure) pairs (:func:`outcome_pairs`), Kendall's τ
-(:func:`kendall_tau`) and the agreement with labelled pairs (:func:`pair_agreement`).
+(:func:`soft_auc`) over fixed (success, failure) pairs of all episodes (:func:`outcome_pairs`) or
+of the same task (:func:`task_pairs`), Kendall's τ (:func:`kendall_tau`) and the agreement with
+labelled pairs (:func:`pair_agreement`).
 
 Each returns None where the statistic is undefined (one outcome only, no pair), so a trial
 without a figure is told apart from a poor one.
@@ -64,6 +65,30 @@ def outcome_pairs(success: np.ndarray, seed: int = 0, limit: int = SOFT_AUC_PAIR
         return np.repeat(pos, neg.size), np.tile(neg, pos.size)
     rng = np.random.default_rng(seed)
     return rng.choice(pos, limit), rng.choice(neg, limit)
+
+
+def task_pairs(success: np.ndarray, codes: np.ndarray, seed: int = 0, limit: int = SOFT_AUC_PAIRS
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(success, failure) index pairs of a 0/1 vector whose two episodes share a task (``codes``:
+    one integer task code per episode): every such pair, or a fixed sample of ``limit``.  With
+    every pair, :func:`pair_agreement` over them is :func:`core.rewards.outcomes.within_task_auc`."""
+    codes = np.asarray(codes, dtype=np.int64)
+    pos, neg = np.flatnonzero(success == 1), np.flatnonzero(success == 0)
+    # sort the failures by task, then each success pairs with its task's run of failures
+    neg = neg[np.argsort(codes[neg], kind="stable")]
+    neg_codes = codes[neg]
+    lo = np.searchsorted(neg_codes, codes[pos], side="left")
+    hi = np.searchsorted(neg_codes, codes[pos], side="right")
+    count = hi - lo
+    total = int(count.sum())
+    better = np.repeat(pos, count)
+    # offsets 0..count-1 inside each success's run of failures
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    worse = neg[np.repeat(lo, count) + within]
+    if total > limit:
+        pick = np.random.default_rng(seed).choice(total, limit, replace=False)
+        better, worse = better[pick], worse[pick]
+    return better, worse
 
 
 def pair_agreement(returns: np.ndarray, better: np.ndarray, worse: np.ndarray) -> float | None:

@@ -31,11 +31,15 @@ from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
+from core.rewards.criteria import episodes_criteria
 from core.rewards.expectations import evaluate_expectations
 from core.rewards.frame import StepsFrame
+from core.rewards.labels import labels_version
+from core.rewards.outcomes import Fidelity
 from core.rewards.pyramid import Pyramid, ScoreResult
 from core.rewards.template import Template
 from core.tuning.config import SearchSpace, TuneConfig, outcome_readers
+from core.tuning.heldout import HeldOutReport
 from core.tuning.data import (data_label, default_study_name, load_episodes_and_frame, resolve_template_ref,
                               withhold_outcomes)
 from core.tuning.labels import check_outcome_data, outcome_labels, split_episodes, split_keys, task_groups
@@ -43,7 +47,7 @@ from core.tuning.objectives import (OutcomeObjective, PreferenceObjective, Tunin
                                     policy_objective)
 from core.tuning.preferences import preference_pairs
 from core.tuning.problem import TuningProblem
-from core.tuning.records import (CONFIG_ATTR, end_run, finite, heartbeat, record_study, running_worker,
+from core.tuning.records import (CONFIG_ATTR, HELD_OUT_ATTR, end_run, finite, heartbeat, record_study, running_worker,
                                  start_run)
 from core.tuning.storage import BatchedTrialWriter, default_storage_url, describe_url, open_storage
 
@@ -76,10 +80,15 @@ class TuneResult:
     split: dict[str, Any]
     recomputed_components: list[str]
     run_id: int | None = None
-    #: what the analyst should know about the result (small labelled set, …)
+    #: what the analyst should know about the result (small labelled set, a fallback to all pairs, …)
     warnings: list[str] = field(default_factory=list)
     #: the trials this call ran (at most TRIAL_ROWS, the most recent)
     trials: list[TrialRow] = field(default_factory=list)
+    #: outcome objective: the held-out figure the study answers to (within_task or all_pairs; None elsewhere)
+    primary: str | None = None
+    #: outcome objective: all-pairs and within-task AUC with 90% intervals on the held-out tasks, of
+    #: the best trial and of the template's own weights (:class:`~core.tuning.heldout.HeldOutReport`)
+    held_out_report: dict[str, Any] | None = None
 
     @property
     def best_value(self) -> float | None:
@@ -104,9 +113,12 @@ class _LoopState:
     stopped: bool = False      # a stop was asked (SIGTERM or the run's record) and the loop told to end
 
 
-def _objective_metric(cfg: TuneConfig) -> str:
-    return {"outcome": cfg.metric if cfg.metric != "kendall" else "kendall_tau", "preferences": "agreement",
-            "policy": "success_rate"}[cfg.objective]
+def _objective_metric(cfg: TuneConfig, objective: TuningObjective) -> str:
+    """The figure key of the objective's value (as in ``figures()``): what the study is scored by."""
+    if isinstance(objective, OutcomeObjective):
+        return {"within_task": "soft_within_task", "soft_auc": "soft_auc", "auc": "auc",
+                "kendall": "kendall_tau"}[objective.metric]
+    return {"preferences": "agreement", "policy": "success_rate"}[cfg.objective]
 
 
 def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, dataset: str | None = None,
@@ -174,8 +186,10 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     held = split_episodes(keys, labels.success, cfg.heldout_fraction, cfg.seed)
 
     # ------------------------------------------------------------------ component matrix (once)
-    ctx = ScoringContext(embedder=workspace_embedder(ws))
-    cache = ComponentCache.for_workspace(ws)
+    # the dataset's task criteria reach the criteria components (docs/criteria.md)
+    criteria = episodes_criteria(ws, dataset, loaded) if (dataset is not None and loaded is not None) else None
+    ctx = ScoringContext(embedder=workspace_embedder(ws), criteria=criteria)
+    cache = ComponentCache.for_workspace(ws, criteria.digest if criteria is not None else "")
     matrix = Pyramid(t).compute_matrix(scoring, ctx=ctx, cache=cache)
     problem = TuningProblem(t, scoring, matrix, space, held, ctx=ctx, label_frame=full)
     if cfg.objective == "outcome":
@@ -189,23 +203,33 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         objective = policy_objective(ws, problem, cfg, dataset, episodes)
 
     base_weights = {k: t.weights()[k] for k in space.weights}
+    outcome = objective if isinstance(objective, OutcomeObjective) else None
+    warnings = (list(data_check.warnings) if data_check is not None else []) + \
+        (outcome.warnings if outcome is not None else [])
+    template_fidelity = outcome.held_out_fidelity(t.weights(), {}) if outcome is not None else None
     baseline = {"weights": t.weights(),
                 "figures": objective.figures(t.weights(), {}) if cfg.objective != "policy" else None,
                 # the template's own weights against its expectations (training split)
                 "constraints": problem.constraints.values(problem.trial_state(t.weights(), {}))}
-    data_tag = data_label(dataset, episodes) if frame is None else f"frame-{full.content_hash[:8]}"
+    data_tag = (data_label(dataset, episodes, labels_version(ws, dataset) if dataset is not None else 0)
+                if frame is None else f"frame-{full.content_hash[:8]}")
     name = study or default_study_name(ref, cfg, data_tag, space)
     attrs = {
         "config": cfg.to_dict(), "space": space.to_dict(),
         "template": {"name": ref.name, "version": ref.version, "ref": ref.ref, "sha256": ref.sha256,
                      "yaml": ref.yaml},
         "data": {"dataset": dataset, "episodes_file": None if episodes is None else str(Path(episodes).resolve()),
-                 "content_hash": full.content_hash, "n_episodes": full.n_episodes, "n_steps": full.n_steps},
+                 "content_hash": full.content_hash, "n_episodes": full.n_episodes, "n_steps": full.n_steps,
+                 # the people's labels put over the recorded outcomes (0: none)
+                 "labels_version": labels_version(ws, dataset) if dataset is not None else 0},
         "split": {"by": cfg.split_by, "group_key": cfg.group_key, "groups": int(np.unique(keys.astype(str)).size),
                   "train_episodes": int((~held).sum()), "held_out_episodes": int(held.sum()),
                   **(cast("dict[str, Any]", to_jsonable(objective.split_summary()))
                      if isinstance(objective, OutcomeObjective) else {})},
-        "baseline": finite(baseline), "metric": _objective_metric(cfg),
+        "baseline": finite(baseline), "metric": _objective_metric(cfg, objective),
+        "primary": None if outcome is None else outcome.primary, "warnings": warnings,
+        "held_out": None if outcome is None or template_fidelity is None else
+        finite(to_jsonable(_held_out_report(outcome, None, None, template_fidelity))),
     }
 
     # ------------------------------------------------------------------ storage and study
@@ -312,27 +336,50 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     all_trials = working.get_trials(deepcopy=False)
     complete = [tr for tr in all_trials if tr.state == optuna.trial.TrialState.COMPLETE]
     feasible = [tr for tr in complete if all(v <= 0 for v in tr.constraints.values())]
-    best = None
+    best: dict[str, Any] | None = None
+    best_fidelity: Fidelity | None = None
     if feasible:
         bt = working.best_trial
         weights, params = space.decode(bt.params)
         full_weights = {**t.weights(), **weights}
+        if outcome is not None:
+            best_fidelity = outcome.held_out_fidelity(full_weights, params)
         best = {"trial": bt.number, "value": bt.value, "held_out_value": bt.user_attrs.get("held_out"),
                 "held_out_auc": bt.user_attrs.get("held_out_auc"), "cv_auc": bt.user_attrs.get("cv_auc"),
                 "weights": full_weights, "params": params, "constraints": dict(bt.constraints)}
+        best["held_out_within"] = bt.user_attrs.get("held_out_within")
+        best["cv_within"] = bt.user_attrs.get("cv_within")
         if cfg.objective != "policy":
             best["figures"] = objective.figures(full_weights, params)
             best_t = problem.template_for(full_weights, params)
             best["expectations"] = _expectation_checks(best_t, problem, params)
+    held_out_report = None
+    if outcome is not None:
+        assert template_fidelity is not None, "an outcome study measures the template on its held-out tasks"
+        report = _held_out_report(outcome, None if best is None else int(best["trial"]), best_fidelity,
+                                  template_fidelity)
+        held_out_report = cast("dict[str, Any]", finite(to_jsonable(report)))
+        if best is not None:
+            # the page reads the best trial's intervals from here (they need the data to compute)
+            persisted.set_user_attr(HELD_OUT_ATTR, held_out_report)
     return TuneResult(
-        study=name, storage=describe_url(url), objective=cfg.objective, metric=_objective_metric(cfg),
+        study=name, storage=describe_url(url), objective=cfg.objective, metric=_objective_metric(cfg, objective),
         trials_run=state.done, trials_total=len(all_trials), feasible_trials=len(feasible),
         stopped=state.stopped, seconds=seconds, trials_per_min=per_min, cpu_seconds=cpu_seconds,
         baseline=finite(baseline),
         best=finite(best), skipped_expectations=problem.constraints.skipped, split=attrs["split"],
         recomputed_components=sorted(set(problem.recomputed)), run_id=run,
-        warnings=list(data_check.warnings) if data_check is not None else [],
-        trials=finite([trial_row(tr) for tr in all_trials[state.first:]][-TRIAL_ROWS:]))
+        warnings=warnings,
+        trials=finite([trial_row(tr) for tr in all_trials[state.first:]][-TRIAL_ROWS:]),
+        primary=None if outcome is None else outcome.primary, held_out_report=held_out_report)
+
+
+def _held_out_report(objective: OutcomeObjective, best_trial: int | None, best: Fidelity | None,
+                     template: Fidelity) -> HeldOutReport:
+    """Both figures of the best trial and of the template on the objective's held-out tasks."""
+    return HeldOutReport(metric=objective.primary, tasks=int(np.unique(objective.codes[objective.held]).size),
+                         tasks_with_both=objective.held_tasks_with_both, episodes=int(objective.held.size),
+                         best_trial=best_trial, best=best, template=template)
 
 
 @dataclass(frozen=True)
@@ -358,6 +405,9 @@ class TrialRow:
     feasible: bool
     #: The template's own weights (the study's first trial)
     baseline: bool
+    #: Outcome objective: within-task AUC on the outer held-out tasks and mean within-task AUC over the design folds
+    held_out_within: float | None = None
+    cv_within: float | None = None
 
 
 def trial_row(trial: optuna.trial.FrozenTrial) -> TrialRow:
@@ -368,7 +418,8 @@ def trial_row(trial: optuna.trial.FrozenTrial) -> TrialRow:
                     held_out=attrs.get("held_out"), held_out_auc=attrs.get("held_out_auc"),
                     cv_auc=attrs.get("cv_auc"), penalty=attrs.get("penalty"), params=dict(trial.params),
                     feasible=complete and all(v <= 0 for v in trial.constraints.values()),
-                    baseline=bool(attrs.get("baseline", False)))
+                    baseline=bool(attrs.get("baseline", False)), held_out_within=attrs.get("held_out_within"),
+                    cv_within=attrs.get("cv_within"))
 
 
 def _expectation_checks(template: Template, problem: TuningProblem,
@@ -401,7 +452,7 @@ def _check_same_study(name: str, existing: Mapping[str, Any], attrs: Mapping[str
     if existing["space"] != attrs["space"]:
         diffs.append("the search space (bounds, fixed weights)")
     if existing["data"]["content_hash"] != attrs["data"]["content_hash"]:
-        diffs.append("the episodes")
+        diffs.append("the episodes or their outcome labels")
     if diffs:
         raise ConflictError(f"study {name!r} already exists with different {'; '.join(diffs)}; give another "
                             "--study name to start a new study")

@@ -551,6 +551,9 @@ class ReadOptions:
     #: Set by ``import_file``: the episodes are only stored, so importers may validate them
     #: on the fast path into plain dicts (:func:`prepare_fast`) and build no models.
     for_storage: bool = False
+    #: Set by the chat importers when every value at ``reward_key`` is 0 or 1: the key is a
+    #: success flag, so each value sets the outcome's ``resolved`` beside its ``final_reward``.
+    reward_is_flag: bool = False
 
 
 @dataclass

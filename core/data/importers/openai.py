@@ -10,6 +10,7 @@ Details: docs/importers.md (## OpenAI chat-completions logs).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,12 +87,16 @@ def outcome_value(value: Any, doc: Document, rec: RawRecord, field: str) -> dict
 
 
 def record_outcome(record: dict[str, Any], reward_key: str | None, doc: Document,
-                   rec: RawRecord) -> tuple[dict[str, Any], bool]:
-    """Outcome fields of a record and whether an outcome key was present."""
+                   rec: RawRecord, flag: bool = False) -> tuple[dict[str, Any], bool]:
+    """Outcome fields of a record and whether an outcome key was present; ``flag``: the
+    value at ``reward_key`` is a 0/1 success flag (see :func:`zero_one_key`)."""
     if reward_key is not None:
         value = get_path(record, reward_key, None)
         present = value is not None or _has_path(record, reward_key)
-        return outcome_value(value, doc, rec, reward_key), present
+        fields = outcome_value(value, doc, rec, reward_key)
+        if flag and is_finite_number(value):
+            fields["resolved"] = bool(value)
+        return fields, present
     out: dict[str, Any] = {}
     present = False
     for key in ("outcome", "success", "reward"):  # later keys win on the same field
@@ -99,6 +104,23 @@ def record_outcome(record: dict[str, Any], reward_key: str | None, doc: Document
             present = True
             out.update(outcome_value(record[key], doc, rec, key))
     return out, present
+
+
+def zero_one_key(doc: Document, key: str) -> bool:
+    """Whether ``key`` holds a success flag in this file: every record that has a value there
+    holds 0 or 1 (numbers, or true/false beside them) and at least one holds a number.  A
+    graded reward (any other number, such as 0.5 or 2) keeps every value a ``final_reward``."""
+    numbers = 0
+    for rec in doc.records:
+        if rec.error is not None or not isinstance(rec.value, dict):
+            continue
+        value = get_path(rec.value, key, None)
+        if value is None or isinstance(value, bool):
+            continue
+        if not is_finite_number(value) or value not in (0, 1):
+            return False
+        numbers += 1
+    return numbers > 0
 
 
 def _has_path(record: Any, dotted: str) -> bool:
@@ -192,7 +214,7 @@ class _ChatImporter(Importer):
                 hint = "" if options.messages_key else "; give --messages-key"
                 raise doc.error(f"no message list under '{key}' (keys here: {keys}){hint}", rec, key)
         conv = convert_messages(messages, where=key, doc=doc, rec=rec)
-        outcome, _ = record_outcome(record, options.reward_key, doc, rec)
+        outcome, _ = record_outcome(record, options.reward_key, doc, rec, options.reward_is_flag)
         tools.extend(record_tools(record, "tools", doc, rec))
         tools.extend(record_tools(record, "functions", doc, rec))
         domain = record.get("domain")
@@ -213,6 +235,8 @@ class _ChatImporter(Importer):
 
     def read_chat(self, doc: Document, options: ReadOptions) -> ParsedFile:
         tools: list[ToolSchema] = []
+        if options.reward_key is not None and zero_one_key(doc, options.reward_key):
+            options = replace(options, reward_is_flag=True)
         items, rejected = convert_records(
             doc, options, lambda rec: self.convert_record(doc, rec, options, tools))
         warnings = []
@@ -311,7 +335,7 @@ class OpenAILegacyImporter(_ChatImporter):
         # it is not a tool the agent can call for information.
         tools.extend(record_tools(ag, "function", doc, rec, skip=frozenset({"Finish"})))
         if options.reward_key is not None:
-            outcome, _ = record_outcome(record, options.reward_key, doc, rec)
+            outcome, _ = record_outcome(record, options.reward_key, doc, rec, options.reward_is_flag)
         else:
             win = record.get("win")
             if win is not None and not isinstance(win, bool):
