@@ -202,9 +202,13 @@ def test_learning_curve_draws_whole_tasks():
 
 def test_learning_curve_on_a_frame(grok):
     frame, labels, groups = grok
-    curve = om.learning_curve(frame, labels, groups, ScoringContext(), sizes=(10, 40, 10_000), seeds=2, folds=3)
+    curve = om.learning_curve(frame, labels, groups, ScoringContext(), sizes=(10, 40, 10_000), seeds=2, folds=3,
+                              per_task=None)
     assert isinstance(curve, om.LearningCurve) and curve.configs == list(om.CURVE_CONFIGS)
     assert [p.labelled for p in curve.points] == [10, 40] and curve.skipped == [10_000]
+    # by default labels spread over tasks as a labelling queue gives them: fewer can be drawn
+    spread = om.learning_curve(frame, labels, groups, ScoringContext(), sizes=(10, 10_000), seeds=1, folds=3)
+    assert spread.per_task == om.CURVE_RUNS_PER_TASK and spread.skipped == [10_000]
     assert all(0 <= p.all_pairs <= 1 and p.seeds == 2 for p in curve.points)
     with pytest.raises(InputError, match="at least 2 tasks"):
         om.learning_curve(frame, np.full(frame.n_episodes, np.nan), groups)

@@ -371,6 +371,17 @@ def _dotted(value: Any, path: str) -> Any:
     return value
 
 
+def recorded_task_id(ep: "Episode", keys: Sequence[str] = TASK_ID_KEYS) -> Any:
+    """The value at the first of ``keys`` (dotted paths) that the episode's imported record or
+    its meta holds; None when none does."""
+    for key in keys:
+        for root in (ep.source.raw, ep.meta):
+            found = _dotted(root, key)
+            if found is not None:
+                return found
+    return None
+
+
 def episode_task_ids(episodes: Sequence["Episode"], group_key: str | None = None) -> list[str | None]:
     """Per episode its raw task id (without the domain prefix that task groups carry): the
     value at ``group_key`` (or the first of :data:`TASK_ID_KEYS`) in the imported record or
@@ -378,14 +389,7 @@ def episode_task_ids(episodes: Sequence["Episode"], group_key: str | None = None
     keys = (group_key,) if group_key else TASK_ID_KEYS
     out: list[str | None] = []
     for ep in episodes:
-        found = None
-        for key in keys:
-            for root in (ep.source.raw, ep.meta):
-                found = _dotted(root, key)
-                if found is not None:
-                    break
-            if found is not None:
-                break
+        found = recorded_task_id(ep, keys)
         out.append(None if found is None or isinstance(found, (dict, list)) else str(found).strip())
     return out
 

@@ -24,6 +24,7 @@ from core.data.episode_views import action_label
 from core.records.episodes import Episode
 from core.rewards.api import as_template, load_frame, score
 from core.rewards.components import ScoringContext
+from core.rewards.criteria import frame_criteria
 from core.rewards.labels import current_labels, dataset_outcomes, labels_version
 from core.rewards.learned import MIN_EPISODES, MIN_TASKS, LearnedOutcome
 from core.rewards.outcome_model import FEATURE_SETS, Config, LearningCurve, feature_table, fit_linear, learning_curve
@@ -139,7 +140,7 @@ def _labels_model(frame, labels: np.ndarray, groups: np.ndarray, ctx: ScoringCon
 def _guess(ws: "Workspace", frame, labels: np.ndarray, groups: np.ndarray, template,
            ) -> tuple[np.ndarray | None, np.ndarray, ModelSource, str]:
     """(probability or None, uncertainty in [0, 1], source, note) per episode of ``frame``."""
-    ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws))
+    ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), criteria=frame_criteria(ws, frame))
     base = as_template(template or DEFAULT_TEMPLATE, ws)
     params = _learned_term(base)
     if params is not None:
@@ -231,5 +232,5 @@ def dataset_learning_curve(ws: "Workspace", dataset: str, *, group_key: str | No
     labels over the recorded ones): :func:`core.rewards.outcome_model.learning_curve`."""
     frame = load_frame(ws, dataset)
     labels, groups = dataset_outcomes(ws, dataset, group_key)
-    ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws))
+    ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), criteria=frame_criteria(ws, frame))
     return learning_curve(frame, labels, groups, ctx, sizes=sizes)

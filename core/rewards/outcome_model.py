@@ -644,10 +644,15 @@ def learning_curve_table(table: FeatureTable, y: np.ndarray, groups: np.ndarray,
     return LearningCurve(points, skipped, configs, folds, per_task)
 
 
+#: Most runs of one task the learning curve labels: as a labelling queue spreads its labels over
+#: tasks (at least two, so that a task can give a within-task pair), not every run of a few tasks.
+CURVE_RUNS_PER_TASK = 4
+
+
 def learning_curve(frame: StepsFrame, labels: np.ndarray, groups: np.ndarray, ctx: ScoringContext | None = None,
                    sizes: Sequence[int] = (10, 20, 40, 80, 160), *, seeds: int = 3, folds: int = 5,
-                   config: Config | Sequence[Config] = CURVE_CONFIGS, per_task: int | None = None
-                   ) -> LearningCurve:
+                   config: Config | Sequence[Config] = CURVE_CONFIGS,
+                   per_task: int | None = CURVE_RUNS_PER_TASK) -> LearningCurve:
     """Held-out AUC (all pairs and within task) against the number of labelled episodes: per
     seed, the tasks are split into ``folds`` grouped folds; each fold's model (the configs'
     averaged logits; pass a fit's ``configs`` to follow it) is fitted on ``n`` labelled

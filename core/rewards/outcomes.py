@@ -18,15 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from core.data.task_criteria import TASK_ID_KEYS, recorded_task_id
 from core.records.episodes import Episode
 from core.base.errors import InputError
 
 #: Record keys tried, in order, for an episode's task id when no group key is given.
-DEFAULT_GROUP_KEYS: tuple[str, ...] = ("task_id", "task.id", "meta.task_id")
+DEFAULT_GROUP_KEYS: tuple[str, ...] = TASK_ID_KEYS
 
 
 def episode_labels(episodes: Sequence[Episode]) -> np.ndarray:
@@ -41,14 +41,6 @@ def episode_labels(episodes: Sequence[Episode]) -> np.ndarray:
     return out
 
 
-def _dotted(value: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def episode_groups(episodes: Sequence[Episode], group_key: str | None = None) -> np.ndarray:
     """Per episode the id of its task (a string).  ``group_key`` is a dotted path into the
     imported record (``source.raw``) or the episode's ``meta``; without one the keys of
@@ -56,14 +48,7 @@ def episode_groups(episodes: Sequence[Episode], group_key: str | None = None) ->
     keys = (group_key,) if group_key else DEFAULT_GROUP_KEYS
     out = []
     for ep in episodes:
-        found = None
-        for key in keys:
-            for root in (ep.source.raw, ep.meta):
-                found = _dotted(root, key)
-                if found is not None:
-                    break
-            if found is not None:
-                break
+        found = recorded_task_id(ep, keys)
         if found is None and group_key:
             raise InputError(f"episode {ep.episode_id!r} has no value at group key {group_key!r}",
                              field=group_key)

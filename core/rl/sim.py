@@ -427,6 +427,7 @@ def build_sim_tables(ws: Any, dataset: str, template: Any, *, masks: MaskRules |
     catalog, so they are not joined then: ``masks`` is used as given (a run's rules already
     hold the review rules of its own dataset)."""
     from core.rewards import build_frame, score  # deferred: loads pandas and scipy
+    from core.rewards.criteria import stamp_task_ids  # deferred: with the scoring imports above
 
     require_dataset(ws, dataset)
     own_catalog = catalog is None
@@ -434,7 +435,9 @@ def build_sim_tables(ws: Any, dataset: str, template: Any, *, masks: MaskRules |
         catalog = catalog_for_dataset(ws, dataset)
     episodes = ws.load_episodes(dataset)
     raw = raw_features_for_dataset(ws, dataset, catalog)
-    result = score(ws, template, frame=build_frame(episodes, catalog))
+    frame = build_frame(episodes, catalog)
+    stamp_task_ids(frame, ws, dataset, episodes)   # the dataset's task criteria reach the criteria terms
+    result = score(ws, template, frame=frame)
     rules = with_review_rules(_as_rules(masks), ws, dataset) if own_catalog else _as_rules(masks)
     return _assemble(episodes, catalog, raw, result, rules, config or SimConfig(), device)
 
