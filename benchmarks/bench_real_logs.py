@@ -19,6 +19,8 @@ tasks that have both outcomes:
 * **tuned** — ``rwb tune --objective outcome`` on half the tasks: the best trial and the
   template's own weights on the other half;
 * **learning curve** — the learned model's held-out AUC with 10/20/40/80/160 labels;
+* **interval check** — the learned model fitted on one half of the tasks: does the interval it
+  reports for new tasks cover what the other half gives (each half in turn);
 * **first run** — a fresh process on an empty workspace, no embedding store: import the file
   and score it with ``tool_agent``, against the previous generic pyramid that embedded every
   reply against the tool results before it (``benchmarks/reference_tool_agent_every_reply.yaml``).
@@ -155,6 +157,8 @@ def measure(name: str, options: dict, tasks: Path | None, trials: int, reference
             out["learning_curve"] = [{"labelled": p.labelled, "all_pairs": _num(p.all_pairs),
                                       "within_task": _num(p.within_task)} for p in curve.points]
             out["learning_curve_skipped"] = list(curve.skipped)
+            if out["tasks"] >= 20:
+                out["interval_check"] = half_split_check(frame, labels, groups, ctx)
         except InputError as exc:   # too few labelled episodes: say so in the output
             out["learned_error"] = str(exc)
         t0 = time.perf_counter()
@@ -165,6 +169,33 @@ def measure(name: str, options: dict, tasks: Path | None, trials: int, reference
         out["tuned"], out["tuned_template"] = report.get("best"), report.get("template")
         out["tuned_metric"], out["tuned_warnings"] = report.get("metric"), tuned.warnings
     return out
+
+
+def half_split_check(frame, labels, groups, ctx, seed: int = 0) -> list[dict]:
+    """Fit the learned model on one half of the labelled tasks, then score the other half with
+    the fitted model: does the interval the fit reports for new tasks cover that figure?
+    Each half in turn."""
+    import numpy as np
+
+    from core.rewards.learned import LearnedOutcome, fit_outcome_model
+    from core.rewards.outcomes import fidelity
+
+    tasks = np.unique(groups[~np.isnan(labels)].astype(str))
+    half = set(np.random.default_rng(seed).permutation(tasks)[: tasks.size // 2].tolist())
+    first = np.array([g in half for g in groups.astype(str)])
+    checks = []
+    for fit_on in (first, ~first):
+        fit = fit_outcome_model(frame, np.where(fit_on, labels, np.nan), groups, ctx=ctx)
+        prob = LearnedOutcome(**fit.params).predict(frame, ctx, groups.astype(str))
+        new = fidelity(prob[~fit_on], labels[~fit_on], groups[~fit_on])
+        for key in ("all_pairs", "within_task"):
+            reported, got = getattr(fit.heldout.learned, key), getattr(new, key)
+            if math.isnan(got.value) or math.isnan(reported.ci90[0]):
+                continue
+            checks.append({"figure": key, "reported": _num(reported.value),
+                           "ci90": [_num(v) for v in reported.ci90], "new_tasks": _num(got.value),
+                           "covered": bool(reported.ci90[0] <= got.value <= reported.ci90[1])})
+    return checks
 
 
 def _cell(fig: dict | None, key: str) -> str:
@@ -193,6 +224,11 @@ def print_table(results: list[dict], load: float) -> None:
                               f"{p['within_task'] if p['within_task'] is not None else float('nan'):.2f}"
                               for p in r["learning_curve"])
             print(f"  learning curve (labels: all|within)  {curve}")
+        for c in r.get("interval_check", []):
+            lo, hi = c["ci90"]
+            print(f"  interval check ({c['figure']}): fitted on half the tasks, reported {c['reported']:.3f} "
+                  f"[{lo:.2f}, {hi:.2f}], the other half gave {c['new_tasks']:.3f}: "
+                  + ("covered" if c["covered"] else "NOT covered"))
         if "learned_error" in r:
             print(f"  learned: {r['learned_error']}")
         fr, ref = r["first_run"], r.get("first_run_reference")
