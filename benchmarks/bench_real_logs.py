@@ -157,8 +157,10 @@ def measure(name: str, options: dict, tasks: Path | None, trials: int, reference
             out["learning_curve"] = [{"labelled": p.labelled, "all_pairs": _num(p.all_pairs),
                                       "within_task": _num(p.within_task)} for p in curve.points]
             out["learning_curve_skipped"] = list(curve.skipped)
-            if out["tasks"] >= 20:
+            try:
                 out["interval_check"] = half_split_check(frame, labels, groups, ctx)
+            except InputError as exc:   # a half too small to fit on: say so, keep the figures above
+                out["interval_check_error"] = str(exc)
         except InputError as exc:   # too few labelled episodes: say so in the output
             out["learned_error"] = str(exc)
         t0 = time.perf_counter()
@@ -229,6 +231,8 @@ def print_table(results: list[dict], load: float) -> None:
             print(f"  interval check ({c['figure']}): fitted on half the tasks, reported {c['reported']:.3f} "
                   f"[{lo:.2f}, {hi:.2f}], the other half gave {c['new_tasks']:.3f}: "
                   + ("covered" if c["covered"] else "NOT covered"))
+        if "interval_check_error" in r:
+            print(f"  interval check: not possible ({r['interval_check_error']})")
         if "learned_error" in r:
             print(f"  learned: {r['learned_error']}")
         fr, ref = r["first_run"], r.get("first_run_reference")
