@@ -213,12 +213,16 @@ def match_calls(expected: list[dict[str, Any]], made: list[tuple[str, dict[str, 
 
 
 # --------------------------------------------------------------------------- per-episode calls
-def _episode_calls(frame: StepsFrame, count_failed: bool) -> list[list[tuple[str, dict[str, Any], int]]]:
+def _episode_calls(frame: StepsFrame, count_failed: bool, wanted: np.ndarray | None = None
+                   ) -> list[list[tuple[str, dict[str, Any], int]]]:
     """Per episode its tool calls as ``(tool, arguments, step row)``, failed calls left out
-    unless ``count_failed`` (a call that failed changed nothing)."""
+    unless ``count_failed`` (a call that failed changed nothing); with ``wanted`` (bool per
+    episode) only those episodes' calls are parsed, the others' lists stay empty."""
     calls = frame.kind == TOOL_CALL
     if not count_failed:
         calls &= ~frame.tool_error
+    if wanted is not None:
+        calls &= wanted[frame.episode]
     rows = np.flatnonzero(calls)
     names = frame.tool_name_of()
     out: list[list[tuple[str, dict[str, Any], int]]] = [[] for _ in range(frame.n_episodes)]
@@ -232,6 +236,11 @@ def _episode_calls(frame: StepsFrame, count_failed: bool) -> list[list[tuple[str
 def _criteria(frame: StepsFrame, ctx: ScoringContext) -> list[dict[str, Any] | None]:
     crit = getattr(ctx, "criteria", None)
     return crit.for_frame(frame) if crit is not None else [None] * frame.n_episodes
+
+
+def _with_criteria(criteria: list[dict[str, Any] | None]) -> np.ndarray:
+    """Bool per episode: its task has criteria."""
+    return np.array([c is not None for c in criteria], dtype=bool)
 
 
 def _expected(crit: dict[str, Any], writes_only: bool) -> list[dict[str, Any]]:
@@ -262,8 +271,9 @@ class ExpectedCalls(_CriteriaComponent):
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
         out = np.full(frame.n_episodes, self.no_criteria_value)
-        calls = _episode_calls(frame, self.count_failed)
-        for i, crit in enumerate(_criteria(frame, ctx)):
+        criteria = _criteria(frame, ctx)
+        calls = _episode_calls(frame, self.count_failed, _with_criteria(criteria))
+        for i, crit in enumerate(criteria):
             if crit is None:
                 continue
             expected = _expected(crit, self.writes_only)
@@ -291,8 +301,9 @@ class UnexpectedWrites(_CriteriaComponent):
         """(unexpected writes plus forbidden calls, has criteria) per episode."""
         count = np.zeros(frame.n_episodes)
         has = np.zeros(frame.n_episodes, dtype=bool)
-        calls = _episode_calls(frame, self.count_failed)
-        for i, crit in enumerate(_criteria(frame, ctx)):
+        criteria = _criteria(frame, ctx)
+        calls = _episode_calls(frame, self.count_failed, _with_criteria(criteria))
+        for i, crit in enumerate(criteria):
             if crit is None:
                 continue
             has[i] = True
