@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from core.records.episodes import MAX_TEXT_CHARS, Episode, ToolSchema, episode_dict
+from core.base.bounded_json import deep_path as _deep_path, json_path as _json_path, max_depth_of as _max_depth
 from core.base.errors import InputError
 
 #: Largest episode accepted, as canonical JSON in UTF-8 bytes (and largest JSON Lines line).
@@ -323,72 +324,6 @@ class Document:
         """An :class:`InputError` located at ``rec`` (and ``field``) of this file."""
         return InputError(message, file=self.name, line=None if rec is None else rec.line,
                           record=None if rec is None else rec.record, field=field)
-
-
-#: The bytes that shape JSON once numbers, literals and the text inside strings are gone.
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-_DEPTH_STEP = np.zeros(256, dtype=np.int8)
-_DEPTH_STEP[list(b"[{")] = 1
-_DEPTH_STEP[list(b"]}")] = -1
-
-
-def _max_depth(data: bytes) -> int:
-    """Deepest nesting of lists and objects in JSON text, vectorised over the bytes (no
-    Python loop per character): escaped backslashes and quotes out, everything but brackets and
-    quotes out, then the running sum of the brackets outside strings (after an even
-    number of quotes).  Exact for valid JSON; for invalid JSON only a hint (the parser
-    reports the real problem; :func:`_deep_path` confirms before anything is refused)."""
-    if b"\\" in data:
-        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    s = np.frombuffer(data.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
-    outside = (np.cumsum(s == ord('"'), dtype=np.int64) & 1) == 0
-    steps = np.where(outside, _DEPTH_STEP[s], 0).astype(np.int32)
-    return max(0, int(np.cumsum(steps).max(initial=0)))
-
-
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"|[\[\]{},:]')
-
-
-def _deep_path(text: str, limit: int) -> list[Any] | None:
-    """The path (keys and indices) to the first list or object nested deeper than
-    ``limit`` in JSON ``text``, or None when there is none (the slow, exact walk)."""
-    stack: list[list[Any]] = []  # [bracket, key or index of the current member]
-    last_string: Any = None
-    for m in _JSON_TOKEN.finditer(text):
-        tok = m.group()
-        if tok == "[" or tok == "{":
-            if len(stack) >= limit:
-                return [member for _, member in stack]
-            stack.append([tok, 0 if tok == "[" else None])
-        elif tok == "]" or tok == "}":
-            if stack:
-                stack.pop()
-        elif tok == ",":
-            if stack and stack[-1][0] == "[":
-                stack[-1][1] += 1
-        elif tok == ":":
-            if stack:
-                stack[-1][1] = last_string
-        else:
-            try:
-                last_string = json.loads(tok)
-            except ValueError:
-                last_string = tok[1:-1]
-    return None
-
-
-def _json_path(path: list[Any]) -> str:
-    """``["steps", 0, "observation"]`` -> ``steps[0].observation`` (a deep path keeps its
-    first 8 and last 2 steps: ``a.b[0]…[0][0]``)."""
-    def text(parts: list[Any], first: bool) -> str:
-        out = ""
-        for p in parts:
-            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out or not first else str(p))
-        return out
-
-    if len(path) > 10:
-        return f"{text(path[:8], True)}…{text(path[-2:], False)} ({len(path)} levels)"
-    return text(path, True) or "(top)"
 
 
 def _check_bounds(doc: Document) -> None:
