@@ -3,6 +3,7 @@
     python benchmarks/bench_decide.py [--size small|production | --bundle FILE.zip] [--episodes 100]
                                       [--rate 10] [--max-gap 1.0] [--batch 64] [--hash-embedder] [--torch-threads 1]
                                       [--switch-interval-ms 0.5] [--rounds 5]
+                                      [--serve-precision float16|bfloat16|int8|distilled ...]
                                       [--workspace DIR] [--json]
 
 Without ``--bundle`` it builds one the way the workbench does: the finance sample imported
@@ -58,6 +59,14 @@ model is the real offline MiniLM (``core.base.embed``) unless ``--hash-embedder`
    A p99 of one replay is its sixth-slowest request, and one stall of the machine moves
    it, so ``--rounds`` (default 5) repeats the round (replay and floor) on fresh engines
    and the ratio is taken over all of them pooled; each round's own ratio is printed too.
+
+**The full policy and its served copy side by side** (``--serve-precision``, one or more of
+float16, bfloat16, int8, distilled): the run is exported once per precision as well
+(``export_bundle(serve_precision=)``; a copy export refuses is reported with its reason), or
+the bundles given by ``--bundle`` twice or more are compared.  Only section 5 runs then, for
+every bundle, its rounds interleaved (round k of each bundle, then round k + 1), so a slower
+spell of the machine reaches them alike; each copy's agreement with the trained policy on
+held-out states (from its manifest) is printed beside its tail ratios.
 
 The engine's clock runs on the recorded step times (each episode shifted to its start in
 the replay), so every engine sees the same trace inputs.  Target: p99 ≤ 2 ms per request.
@@ -139,8 +148,11 @@ SIZES = {"small": {"hidden": 64, "n_critics": 2, "encoder": {"dim": 64}},
          "production": {"hidden": 256, "n_critics": 3, "encoder": {}}}
 
 
-def build_bundle(work: Path, n_train: int, size: str = "small") -> Path:
-    """Import the finance sample, train a policy of ``size`` (:data:`SIZES`), export its bundle."""
+def build_bundle(work: Path, n_train: int, size: str = "small", precisions: tuple[str, ...] = ()
+                 ) -> Path | dict[str, Path | str]:
+    """Import the finance sample, train a policy of ``size`` (:data:`SIZES`), export its bundle;
+    with ``precisions``, export the run once more per served copy and return ``{"full": path,
+    precision: path, or the reason export refused that copy}``."""
     from core.govern.bundle import export_bundle
     from core.data.importers import import_file
     from core.rl.ppo import PPOConfig
@@ -157,8 +169,27 @@ def build_bundle(work: Path, n_train: int, size: str = "small") -> Path:
     print(f"training a {size} policy on {n_train} episodes …", flush=True)
     result = train(ws, LOCAL_ADMIN, template="finance_risk", dataset="finance", config=cfg)
     path = export_bundle(ws, LOCAL_ADMIN, result.run_id, work / "finance_risk-bench.zip")
+    if not precisions:
+        ws.close()
+        return path
+    out: dict[str, Path | str] = {"full": path}
+    for k, precision in enumerate(precisions):
+        print(f"exporting its served {precision} copy …", flush=True)
+        out[precision] = export_copy(ws, result.run_id, work / f"finance_risk-bench-{precision}.zip", precision,
+                                     version=f"0.{k + 2}.0")
     ws.close()
-    return path
+    return out
+
+
+def export_copy(ws: Workspace, run_id: str, path: Path, precision: str, *, version: str) -> Path | str:
+    """The run's bundle with a served copy of ``precision``, or why export refused that copy."""
+    from core.base.errors import InputError
+    from core.govern.bundle import export_bundle
+
+    try:
+        return export_bundle(ws, LOCAL_ADMIN, run_id, path, version=version, serve_precision=precision)
+    except InputError as exc:
+        return exc.reason
 
 
 @dataclass(frozen=True)
@@ -741,6 +772,119 @@ def print_report(out: dict) -> None:
           f"{out['load_after']:.1f} after, on {os.cpu_count()} CPUs")
 
 
+# =========================================================================== 5'. the policy and its copies side by side
+def interleaved_rounds(labels: list[str], rounds: int, run_round: Callable[[str, int], dict]) -> dict[str, list[dict]]:
+    """``run_round(label, k)`` for every round k and label: round k of every label before
+    round k + 1 of any, so a slower spell of the machine reaches every label alike."""
+    out: dict[str, list[dict]] = {label: [] for label in labels}
+    for k in range(rounds):
+        for label in labels:
+            out[label].append(run_round(label, k))
+    return out
+
+
+def served_figures(bundle: Any) -> dict:
+    """What a bundle serves: ``full`` or its copy's precision, the served network's weights,
+    and a copy's agreement with the trained policy on held-out states (its manifest's)."""
+    agent = bundle.served_policy
+    recorded = bundle.manifest.served
+    return {"precision": bundle.serve_precision, "weights": int(sum(p.numel() for p in agent.parameters())),
+            "heldout": None if recorded is None else recorded.heldout.model_dump()}
+
+
+def compare_tails(work: Path, bundles: dict[str, Any], embedder: Any, args: argparse.Namespace) -> dict:
+    """Section 5 (:func:`tail_round`, ``args.rounds`` rounds pooled) for every bundle, rounds
+    interleaved (:func:`interleaved_rounds`), each round on a fresh engine."""
+    episodes = episodes_of(args.train, args.episodes)
+    warm_up = episodes_of(0, 3)
+    load_before = os.getloadavg()[0]
+    print(f"section 5 for {', '.join(bundles)}: {sum(map(len, episodes))} requests from {len(episodes)} recorded "
+          f"episodes per round, {args.rounds} rounds each; load average {load_before:.1f} on {os.cpu_count()} CPUs",
+          flush=True)
+    factories = {}
+    for label, bundle in bundles.items():
+        (work / label).mkdir(parents=True, exist_ok=True)
+        factories[label] = engines(work / label, bundle, embedder, args)
+
+    def run_round(label: str, k: int) -> dict:
+        engine, clock, timed = factories[label][0](f"tail-{k}")
+        sequential(engine, clock, warm_up, args.rate)
+        engine.ready()
+        timed.calls.clear()
+        try:
+            return tail_round(engine, clock, timed, episodes, args)
+        finally:
+            engine.close()
+            engine.ws.close()
+
+    rounds = interleaved_rounds(list(bundles), args.rounds, run_round)
+    for _, _, processes in factories.values():
+        for process in processes:
+            process.close()
+    out = {}
+    for label, bundle in bundles.items():
+        tail = pooled_tail(rounds[label])
+        out[label] = {**served_figures(bundle), "policy_size": policy_size(bundle), "tail": tail,
+                      "tail_ratio": tail_ratios({"tail": tail})}
+    return {"bundles": out, "rounds": args.rounds, "episodes": len(episodes), "load_before": load_before,
+            "load_after": os.getloadavg()[0]}
+
+
+def comparison_lines(out: dict) -> list[str]:
+    """Section 5 for every bundle side by side: its tail ratios (paced, back to back) with the
+    percentiles they divide, its served network's size and a copy's held-out agreement."""
+    def ratio(x: float | None) -> str:
+        return "–" if x is None else f"{x:.2f}×"
+
+    lines = [f"5. the tail ratio, the trained policy and its served copies side by side: decide()'s p99 over "
+             f"the machine floor's p99, {out['rounds']} rounds each (interleaved) of {out['episodes']} episodes; "
+             f"load average {out['load_before']:.1f} before, {out['load_after']:.1f} after, on {os.cpu_count()} "
+             f"CPUs; goal ≤ {TAIL_RATIO_GOAL:g}×"]
+    for label, b in out["bundles"].items():
+        t, tail = b["tail_ratio"], b["tail"]
+        h = b["heldout"]
+        agreement = "the trained policy itself" if h is None else (
+            f"same first choice on {h['top1']:.2%} of {h['states']} held-out states, |Δp| mean "
+            f"{h['prob_gap_mean']:.4f} / max {h['prob_gap_max']:.4f}")
+        lines.append(f"   {label:10} {b['weights']:>10,} weights; tail ratio paced {ratio(t['paced'])}, back to back "
+                     f"{ratio(t['back_to_back'])}; {agreement}")
+        for key, name in (("paced", "paced"), ("back_to_back", "back to back")):
+            d, f, boost = tail[key]["all"], tail[f"{key}_floor"], tail[key]["rl_boost"]
+            if d["n"] and f["n"]:
+                lines.append(f"   {'':10} {name}: decide() p50 {d['p50']:.3f} / p99 {d['p99']:.3f} ms (n={d['n']}; "
+                             f"RL-Boost n={boost['n']}, p50 {boost['p50'] or 0:.3f} / p99 {boost['p99'] or 0:.3f} ms) "
+                             f"over the floor's p50 {f['p50']:.3f} / p99 {f['p99']:.3f} ms; rounds: "
+                             + ", ".join(ratio(x) for x in t[f"{key}_per_round"]))
+    for label, reason in out.get("refused", {}).items():
+        lines.append(f"   {label:10} not exported: {reason}")
+    return lines
+
+
+def compare_main(args: argparse.Namespace, work: Path, embedder: Any) -> None:
+    """The side-by-side mode: the bundles given, or the run exported in full and as each copy."""
+    from core.govern.bundle import load_bundle
+
+    refused: dict[str, str] = {}
+    if args.bundle:
+        paths: dict[str, Path | str] = {}
+        for i, path in enumerate(args.bundle):
+            label = load_bundle(path).serve_precision
+            paths[label if label not in paths else f"{label}-{i + 1}"] = path
+    else:
+        built = build_bundle(work, args.train, args.size, tuple(args.serve_precision))
+        assert isinstance(built, dict), "exports per precision when asked for copies"
+        paths = {k: v for k, v in built.items() if isinstance(v, Path)}
+        refused = {k: v for k, v in built.items() if isinstance(v, str)}
+    out = compare_tails(work, {label: load_bundle(p) for label, p in paths.items()}, embedder, args)
+    out["refused"] = refused
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print()
+        for line in comparison_lines(out):
+            print(line)
+
+
 # =========================================================================== main
 def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
             ) -> tuple[Callable[..., tuple[DecisionEngine, ReplayClock, TimedEmbedder]], list[DecisionEngine],
@@ -780,7 +924,9 @@ def engines(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", type=Path, help="A bundle zip (default: train and export one of --size).")
+    parser.add_argument("--bundle", type=Path, action="append",
+                        help="A bundle zip (default: train and export one of --size); twice or more: section 5 "
+                             "for each, side by side.")
     parser.add_argument("--size", choices=sorted(SIZES), default="small",
                         help="The policy to train without --bundle: the bench's small one, or the production-size "
                              "network rwb demo trains.")
@@ -800,22 +946,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workspace", type=Path, help="Folder for the temporary workspaces (kept).")
     parser.add_argument("--rounds", type=int, default=5,
                         help="Rounds of the tail ratio (section 5), each on a fresh engine; the ratio pools them.")
+    parser.add_argument("--serve-precision", action="append", default=[],
+                        choices=["float16", "bfloat16", "int8", "distilled"],
+                        help="Export the trained run with this served copy too and run section 5 for the full "
+                             "policy and each copy side by side (repeatable).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    if args.serve_precision and args.bundle:
+        parser.error("--serve-precision exports copies of a run it trains: leave out --bundle (or give the full "
+                     "bundle and its copies as --bundle each)")
     return args
 
 
 def policy_size(bundle: Any) -> str:
-    """The served policy's size and the forward serving runs (numpy, or the torch module)."""
+    """The served policy's size (the served copy's when the bundle has one) and the forward
+    serving runs (numpy, or the torch module)."""
     from core.serve.serving import PolicyRuntime
 
-    agent = bundle.policy
+    agent = bundle.served_policy
     n = sum(int(p.numel()) for p in agent.parameters()) if hasattr(agent, "parameters") else 0
     dim = getattr(getattr(getattr(agent, "encoder", None), "config", None), "dim", "?")
     forward = "numpy (core.serve.fast_policy)" if PolicyRuntime(bundle).fast is not None else "torch"
-    return f"{dim}-d encoded state, {getattr(agent, 'hidden', '?')}-wide heads, {n:,} weights, {forward} forward"
+    copy = "" if bundle.serve_precision == "full" else f"the served {bundle.serve_precision} copy: "
+    return (f"{copy}{dim}-d encoded state, {getattr(agent, 'hidden', '?')}-wide heads, {n:,} weights, "
+            f"{forward} forward")
 
 
 def measure(work: Path, bundle: Any, embedder: Any, args: argparse.Namespace) -> dict:
@@ -904,7 +1060,14 @@ def main() -> None:
         core.base.embed.workspace_embedder = lambda _ws: embedder  # training uses it too
     from core.govern.bundle import load_bundle
 
-    out = measure(work, load_bundle(args.bundle or build_bundle(work, args.train, args.size)), embedder, args)
+    if args.serve_precision or len(args.bundle or []) > 1:
+        compare_main(args, work, embedder)
+        if args.workspace is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return
+    built = args.bundle[0] if args.bundle else build_bundle(work, args.train, args.size)
+    assert isinstance(built, Path), "one bundle without copies"
+    out = measure(work, load_bundle(built), embedder, args)
     out["tail_ratio"] = tail_ratios(out)
     out["verdict"] = verdict(out, np.array(out.pop("embedding_ms")))
     if args.workspace is None:

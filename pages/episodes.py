@@ -80,7 +80,7 @@ with import_tab:
             bar = st.progress(0.0, text=f"Importing {upload.name}…")
             try:
                 result = import_upload(
-                    ws, upload.name, upload.getvalue(), format=fmt, dataset=dataset_name,
+                    ws, upload.name, upload, format=fmt, dataset=dataset_name,
                     messages_key=messages_key, reward_key=reward_key, id_key=id_key,
                     skip_invalid=skip_invalid, actor=actor,
                     progress=lambda done, total: bar.progress(done / max(total, 1),

@@ -10,7 +10,7 @@ from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.base.results import to_jsonable
 from core.govern import registry
-from core.govern.bundle import export_bundle, exported_bundle_bytes, list_bundles
+from core.govern.bundle import SERVE_PRECISIONS, describe_served, export_bundle, exported_bundle_bytes, list_bundles
 from core.policies import policies_root, read_index
 from core.rl.runs import list_runs
 
@@ -139,16 +139,23 @@ with runs_tab:
                                         placeholder="default: the template's name")
             export_version = st.text_input("Version", key="policies_export_version",
                                            placeholder="default: next minor version")
+            serve_precision = st.selectbox(
+                "Served copy", SERVE_PRECISIONS, key="policies_export_precision",
+                help="What production runs: the trained policy (full), or a cheaper copy of it — float16, bfloat16 "
+                     "or int8 weights, or a distilled smaller network. A copy is kept only when it makes the "
+                     "policy's first choice on at least 99% of the held-out states; the figures go into the "
+                     "signed manifest and the registry evaluates the copy.")
             if st.form_submit_button("Export bundle"):
                 with st.spinner("Evaluating on held-out episodes and writing the bundle…"):
                     try:
                         path = export_bundle(ws, actor, run_id, name=export_name.strip() or None,
-                                             version=export_version.strip() or None)
+                                             version=export_version.strip() or None, serve_precision=serve_precision)
                     except USER_ERRORS as exc:
                         st.error(user_message(exc))
                     else:
                         st.success(f"Wrote {path.name} from {run_id}: it is selected in the bundles "
                                    "below, ready to register.")
+                        st.caption(describe_served(path))
                         st.session_state["policies_bundle_file"] = path.name  # its picker is drawn below
     bundles = list_bundles(ws)  # read after the export above, so a new bundle is listed at once
     st.subheader("Exported bundles")

@@ -7,7 +7,8 @@ import streamlit as st
 from rwb_app import resources
 from rwb_app.messages import cli_equivalent, user_message
 from core.base.errors import RwbError
-from core.access.users import LOCAL_ADDRESS, multi_user, sign_in, sso_sign_in
+from core.access.users import (PASSWORD_POLICY, multi_user, password_problem, sign_in,
+                               sso_sign_in)
 
 st.title("Sign in")
 st.caption("Sign in to act with your role: analysts import, design rewards and train; reviewers "
@@ -17,9 +18,9 @@ st.caption("Sign in to act with your role: analysts import, design rewards and t
 ws = resources.workspace()
 actor = st.session_state.get("actor")
 # Failed sign-ins back off per user name and per client address (the server's view of the
-# peer; behind a proxy that hides it, every attempt counts as the one local address).
+# peer; behind a proxy that hides it there is no address, and only the user name backs off).
 address = st.context.ip_address
-address = address if isinstance(address, str) and address else LOCAL_ADDRESS
+address = address if isinstance(address, str) and address else None
 
 if not multi_user(ws):
     st.info("You are acting as the local admin: this workspace has no users, so everyone who opens it "
@@ -34,7 +35,12 @@ signed_in_sso = sso and bool(st.user.is_logged_in)
 
 if actor is not None:
     st.success(f"Signed in as **{actor.name}** ({actor.role}).")
+    if st.session_state.get("password_advice"):
+        st.warning(f"Your password does not meet the password policy: "
+                   f"{st.session_state['password_advice']}. Please change it.")
+        cli_equivalent(f"rwb users passwd {actor.name} --as {actor.name}", "to change it")
     if st.button("Sign out", key="sign_out"):
+        st.session_state.pop("password_advice", None)
         resources.sign_out()
         if signed_in_sso:
             st.logout()
@@ -62,7 +68,10 @@ if submitted:
     except RwbError as exc:
         st.error(user_message(exc))
     else:
+        # a password set before the policy still signs in; say so, once signed in
+        st.session_state["password_advice"] = password_problem(password)
         st.rerun()
+st.caption(f"Password policy: {PASSWORD_POLICY}.")
 if sso:
     st.button("Sign in with single sign-on", key="sso_sign_in", on_click=st.login)
 st.caption("No account yet? Ask an admin to add you as an analyst, reviewer or approver "

@@ -22,7 +22,7 @@ import pytest
 
 from _state_fixtures import HashEmbedder
 
-PASSWORDS = {"ada": "ada-password", "ana": "ana-password", "bob": "bob-password", "cy": "cy-password",
+PASSWORDS = {"ada": "ada-password", "ana": "ana-password", "bob": "bob-password", "cy": "cy-password-1",
              "rae": "rae-password"}
 ROLES = {"ada": "admin", "ana": "analyst", "bob": "approver", "cy": "approver", "rae": "reviewer"}
 #: Episodes of the finance sample the run trains on (every task type and behaviour is present).

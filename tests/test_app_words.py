@@ -4,6 +4,7 @@ and core errors that name CLI options reach the analyst with the page's labels i
 from __future__ import annotations
 
 import ast
+import io
 import re
 from pathlib import Path
 
@@ -106,14 +107,13 @@ def test_an_upload_keeps_the_errors_structure(tmp_path):
     assert "give --format, one of" in str(exc)  # the CLI's words are unchanged
 
 
-class _Upload:
-    """What ``st.file_uploader`` hands back, for a page run where AppTest cannot upload."""
+class _Upload(io.BytesIO):
+    """What ``st.file_uploader`` hands back (Streamlit's UploadedFile: a BytesIO with a name),
+    for a page run where AppTest cannot upload."""
 
     def __init__(self, name: str, data: bytes):
-        self.name, self._data = name, data
-
-    def getvalue(self) -> bytes:
-        return self._data
+        super().__init__(data)
+        self.name = name
 
 
 def test_episodes_page_shows_an_unknown_format_in_the_apps_words(tmp_path, monkeypatch):

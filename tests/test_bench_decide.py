@@ -148,3 +148,35 @@ def test_the_production_size_is_the_network_the_demo_trains(bench):
     assert (production.hidden, production.n_critics, production.encoder_config()) == \
         (demo.hidden, demo.n_critics, demo.encoder_config())
     assert demo.encoder_config().dim == 512 and PPOConfig(**bench.SIZES["small"]).encoder_config().dim == 64
+
+
+def test_the_side_by_side_rounds_interleave_so_every_bundle_meets_the_same_machine(bench):
+    calls = []
+    out = bench.interleaved_rounds(["full", "distilled"], 3, lambda label, k: calls.append((label, k)) or {"k": k})
+    assert calls == [("full", 0), ("distilled", 0), ("full", 1), ("distilled", 1), ("full", 2), ("distilled", 2)]
+    assert out == {"full": [{"k": 0}, {"k": 1}, {"k": 2}], "distilled": [{"k": 0}, {"k": 1}, {"k": 2}]}
+
+
+def test_the_side_by_side_report_prints_each_bundles_ratios_and_agreement_and_any_refusal(bench):
+    def part(ms):
+        return {"all": bench.percentiles(ms), "rl_boost": bench.percentiles(ms[:3]), "all_ms": ms, "rl_boost_ms": ms[:3]}
+
+    def floor(ms):
+        return {**bench.percentiles(ms), "chunk_ms": 1.0, "steal": None, "wall_ms": ms}
+
+    def figures(decide_ms):
+        tail = bench.pooled_tail([{"paced": part(decide_ms), "paced_floor": floor([1.0] * 100),
+                                   "back_to_back": part(decide_ms), "back_to_back_floor": floor([1.0] * 100)}])
+        return {"tail": tail, "tail_ratio": bench.tail_ratios({"tail": tail})}
+
+    held = {"states": 656, "top1": 0.9954, "prob_gap_max": 0.05, "prob_gap_mean": 0.002, "value_gap_max": 0.1,
+            "value_gap_mean": 0.01}
+    out = {"rounds": 1, "episodes": 100, "load_before": 1.0, "load_after": 2.0,
+           "bundles": {"full": {"precision": "full", "weights": 1_655_424, "heldout": None, **figures([2.0] * 100)},
+                       "distilled": {"precision": "distilled", "weights": 237_696, "heldout": held,
+                                     **figures([1.2] * 100)}},
+           "refused": {"int8": "its most probable allowed action is the trained policy's on 98.00% …"}}
+    text = "\n".join(bench.comparison_lines(out))
+    assert "full" in text and "paced 2.00×, back to back 2.00×" in text and "the trained policy itself" in text
+    assert "237,696 weights; tail ratio paced 1.20×" in text and "99.54% of 656 held-out states" in text
+    assert "int8       not exported: its most probable" in text

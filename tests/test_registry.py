@@ -288,9 +288,9 @@ def test_promote_and_rollback_write_the_index(ws, run, tmp_path, policies):
     entry = registry.promote(ws, cy, "prod", "0.1.0", "first release")
     index = json.loads((policies / "index.json").read_text())
     assert index["policies"]["prod"]["active"] == "0.1.0" and index["policies"]["prod"]["previous"] == []
-    # the file keeps its own form (no typed-only fields such as the entry's name)
+    # the file keeps its own form (no typed-only fields such as the entry's name), signed by the registry
     assert set(index) == {"rwb_policies", "policies"}
-    assert set(index["policies"]["prod"]) == {"active", "previous", "versions", "updated_at"}
+    assert set(index["policies"]["prod"]) == {"active", "previous", "versions", "updated_at", "signed"}
     assert read_index(policies).policies["prod"] == entry
     assert entry.versions["0.1.0"]["promoted_by"] == "cy" and entry.versions["0.1.0"]["approved_by"] == ["bob"]
     installed = policies / "prod" / "0.1.0"

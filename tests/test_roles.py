@@ -111,6 +111,7 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
     "core.govern.registry.approve": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "ok"),
     "core.govern.registry.promote": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "1.0.0", "go"),
     "core.govern.registry.rollback": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", "back"),
+    "core.govern.registry.publish_index": lambda f, ws, a, t, d: f(ws, a, "no-such-policy", root=d / "policies"),
     "core.access.audit.AuditWriter": lambda f, ws, a, t, d: f(ws, a, synchronous=True).close(),
     "core.access.audit.write_record": lambda f, ws, a, t, d: f(ws, a, {"not": "an audit record"}),
     "core.access.audit.recover_unflushed": lambda f, ws, a, t, d: f(ws, a),
@@ -138,6 +139,7 @@ SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.impo
 
 #: Functions that take an ``actor`` but are not writes checked against the table.
 NOT_WRITES = {
+    "core.govern.policy_folder.resolve_active": "reads; raises its high-water mark; the actor is named in the security log",
     "core.access.users.require_role": "the check itself",
     "core.access.users.require": "the check itself",
     "core.access.users.authorize": "the check itself",
@@ -145,6 +147,9 @@ NOT_WRITES = {
     "core.access.users.open_session": "signing in: the actor is who signs in",
     "core.access.users.Session": "a signed-in session: the actor is who signed in",
     "core.access.audit.security_event": "a line of the security log naming who did what",
+    "core.access.security_log.append": "the writer behind security_event: a line naming who did what",
+    "core.serve.serving.RefusalLog": "security-log lines of refused requests: the actor is the service",
+    "core.govern.bundle.verify_in_workspace": "reads; the actor is named in the security log on a refusal",
     "core.serve.serving.load_promoted": "reads; the actor is named in the security log on a refusal",
     "core.serve.serving.DecisionEngine": "writes audit records through core.access.audit.AuditWriter (checked)",
     "core.access.audit.SecurityEvent": "a record read back: the actor is who did it",

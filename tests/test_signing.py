@@ -31,6 +31,7 @@ from core.access import keys
 from core.govern import registry
 from core.access.audit import security_events
 from core.govern.bundle import BUNDLE_FILES, MANIFEST, SIGNATURE, BundleError, load_bundle, seal_manifest, verify_bundle
+from core.govern.policy_folder import PolicyIndexRefused
 from core.base.errors import ConflictError, PermissionDenied
 from core.serve.serving import DecisionEngine
 from core.records.store import Workspace
@@ -265,10 +266,10 @@ def test_a_swapped_promoted_copy_is_refused_by_serving_with_an_audit_event(run, 
     event = security_events(ws, "promoted_copy_refused")[-1]
     assert event.detail["policy"] == "swap@0.1.0" and expected in event.detail["reason"]
     assert registry.promoted_digest(ws, "swap", "0.1.0") != digest
-    if who == "the workspace's own key":
-        # the folder alone (index edited to match, signed by a trusted key) would pass: the
-        # registry's record is what catches it
-        assert load_bundle_for("swap", trust=keys.trust_store(ws)).manifest.digest == digest
+    # the folder alone no longer passes either: the index entry edited to match is no
+    # longer the one the registry signed
+    with pytest.raises(PolicyIndexRefused, match="changed after"):
+        load_bundle_for("swap", trust=keys.trust_store(ws))
 
 
 # --------------------------------------------------------------------------- keys

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.records.episodes import Action, ActionKind, Episode, Outcome, Source, Step, Task
 from core.base.errors import ConflictError, InputError, RwbError
+from core.access import security_log
 from core.access.users import Actor, authorize
 from core.records.catalog import OTHER, UNSET
 
@@ -303,6 +304,22 @@ class AuditWriter:
         recs = [make_record(r) for r in records]
         self._accept([_row(r, None, None, self.actor.name) for r in recs])
         return [r.decision_id for r in recs]
+
+    def write_batch(self, items: Sequence[tuple[Mapping[str, Any] | AuditRecord, Any,
+                                                Action | Mapping[str, Any] | None]]) -> list[str]:
+        """Accept several ``(record, request, action)`` (as :meth:`write` takes them), all or
+        none: every row is built and validated before any is accepted, and they are
+        committed in one transaction (in the same background commit, or at once when
+        ``synchronous``).  What a batch of decisions is audited with."""
+        rows, ids = [], []
+        for record, request, action in items:
+            request_json = None if request is None else _request_json(request)
+            rec = _make_record(record, request_json)
+            rows.append(_row(rec, request_json, action, self.actor.name))
+            ids.append(rec.decision_id)
+        if rows:
+            self._accept(rows)
+        return ids
 
     def _accept(self, rows: list[tuple[Any, ...]]) -> None:
         if self.synchronous:
@@ -714,12 +731,10 @@ def export(ws: "Workspace", actor: Actor, out: str | Path, *, as_episodes: bool 
 #: The security log: one JSON object per line, appended and never rewritten (key rotation,
 #: trust changes, refused bundles and refused promoted copies).  It lives beside the
 #: decision trail rather than in it: decision records have a fixed schema that auditors
-#: export as episodes; a refusal is not a decision.
-SECURITY_LOG = ("security", "events.jsonl")
-
-
-def security_log_path(ws: "Workspace") -> Path:
-    return ws.artifact_dir(SECURITY_LOG[0]) / SECURITY_LOG[1]
+#: export as episodes; a refusal is not a decision.  The file itself is written by
+#: core.access.security_log (which core.access.users writes through too).
+SECURITY_LOG = security_log.SECURITY_LOG
+security_log_path = security_log.security_log_path
 
 
 @dataclass(frozen=True)
@@ -742,16 +757,9 @@ def security_event(ws: "Workspace", actor: Actor | None, event: str, **detail: A
     """Append one security event (``event``, who, when, ``detail``) to the workspace's
     security log with one ``O_APPEND`` write, flushed to disk before returning.  Never
     holds a secret: callers pass fingerprints, digests and paths."""
-    record = SecurityEvent(at=now_iso(), event=event, actor=actor.name if actor else None,
-                           role=actor.role if actor else None, detail=detail)
-    line = (json.dumps(asdict(record), ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8")
-    fd = os.open(security_log_path(ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return record
+    return SecurityEvent(**security_log.append(ws, event, actor=actor.name if actor else None,
+                                               role=actor.role if actor else None, detail=detail,
+                                               at=now_iso()))
 
 
 def security_events(ws: "Workspace", event: str | None = None) -> list[SecurityEvent]:

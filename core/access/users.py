@@ -17,6 +17,7 @@ Details: docs/security.md (## Embedded and multi-user workspaces, ## Permissions
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import logging
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import secrets
+import string
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import argon2
 
+from core.access import security_log
 from core.base.errors import ConflictError, InputError, PermissionDenied
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,6 +92,7 @@ ACTIONS: dict[str, str] = {
     "core.govern.registry.approve": "approve",
     "core.govern.registry.promote": "promote",
     "core.govern.registry.rollback": "rollback",
+    "core.govern.registry.publish_index": "promote",
     "core.access.audit.AuditWriter": "write_audit",
     "core.access.audit.write_record": "write_audit",
     "core.access.audit.recover_unflushed": "write_audit",
@@ -125,7 +129,14 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@+-]{0,63}$")
 #: parameters are stored in each hash, and a hash made with others is re-hashed on sign-in.
 _ARGON2 = argon2.PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_len=32,
                                 salt_len=16, type=argon2.Type.ID)
-MIN_PASSWORD_CHARS = 8
+#: The password policy (:func:`password_problem`): at least this many characters …
+MIN_PASSWORD_CHARS = 12
+#: … and not a common password: not in zxcvbn's frequency list of the 30,000 passwords
+#: seen most often in breaches, case ignored, nor one of them with digits, spaces or
+#: punctuation added before or after it (``Password2024!``).
+PASSWORD_POLICY = (f"a password needs at least {MIN_PASSWORD_CHARS} characters and must not be "
+                   "a common password (nor a common one with digits or symbols added); a few "
+                   "unrelated words make a long password that is easy to remember")
 
 #: Failures in a row (each less than BACKOFF_WINDOW_S after the one before) that are free.
 BACKOFF_FREE_FAILURES = 5
@@ -324,12 +335,53 @@ def _dummy_hash() -> str:
     return _DUMMY_HASH
 
 
-def _check_password_text(password: str) -> None:
-    if not isinstance(password, str) or len(password) < MIN_PASSWORD_CHARS:
-        raise InputError(f"a password needs at least {MIN_PASSWORD_CHARS} characters",
-                         field="password")
+@functools.cache
+def common_passwords() -> frozenset[str]:
+    """The common-password list of :data:`PASSWORD_POLICY` (lower-case): the "passwords"
+    frequency list shipped with zxcvbn (MIT licence), loaded on first use."""
+    from zxcvbn.frequency_lists import FREQUENCY_LISTS  # type: ignore[import-untyped]  # 33 ms: only when needed
+
+    return frozenset(word.lower() for word in FREQUENCY_LISTS["passwords"])
+
+
+#: What is trimmed from both ends of a password before it is looked up a second time.
+_PADDING = string.digits + string.punctuation + string.whitespace
+
+
+def password_problem(password: Any) -> str | None:
+    """Why ``password`` breaks :data:`PASSWORD_POLICY`, or None when it meets it.
+
+    >>> password_problem("Password2024!").split(";")[0]
+    'this password is a common password with digits or symbols added'
+    >>> password_problem("ochre lantern dusk") is None
+    True
+    """
+    if not isinstance(password, str):
+        return "a password must be text"
+    if len(password) < MIN_PASSWORD_CHARS:
+        return (f"this password has {len(password)} characters; {PASSWORD_POLICY}")
     if password != password.strip():
-        raise InputError("a password may not start or end with spaces", field="password")
+        return "a password may not start or end with spaces"
+    lowered = password.lower()
+    common = common_passwords()
+    if lowered in common:
+        return f"this password is one of the most common passwords; {PASSWORD_POLICY}"
+    if lowered.strip(_PADDING) in common:
+        return (f"this password is a common password with digits or symbols added; "
+                f"{PASSWORD_POLICY}")
+    return None
+
+
+def _check_password_text(ws: "Workspace", actor: Actor, name: str, password: str) -> None:
+    """Refuse a new password that breaks the policy (:class:`InputError`, field
+    ``password``) and write the refusal to the security log (who, for whom, why; never
+    the password)."""
+    problem = password_problem(password)
+    if problem is None:
+        return
+    security_log.append(ws, "password_refused", actor=actor.name, role=actor.role,
+                        detail={"user": name, "reason": problem.split(";")[0]})
+    raise InputError(problem, field="password")
 
 
 # --------------------------------------------------------------------------- users table
@@ -417,7 +469,7 @@ def add_user(ws: "Workspace", actor: Actor, name: str, role: str, *, password: s
                          field="password")
     hashed = None
     if password is not None:
-        _check_password_text(password)
+        _check_password_text(ws, actor, name, password)
         hashed = hash_password(password)  # slow on purpose: outside the write lock
     with ws.transaction() as conn:
         n_users = conn.execute("SELECT COUNT(*) FROM users").fetchone()[0]
@@ -462,7 +514,7 @@ def set_password(ws: "Workspace", actor: Actor, name: str, password: str) -> Non
     user = get_user(ws, name)
     if actor.name != user.name or actor.kind != "user":
         authorize(ws, actor, "manage_users")
-    _check_password_text(password)
+    _check_password_text(ws, actor, user.name, password)
     hashed = hash_password(password)
     with ws.transaction() as conn:
         conn.execute("UPDATE users SET password_hash=? WHERE name=?", (hashed, user.name))
@@ -485,7 +537,8 @@ def disable_user(ws: "Workspace", actor: Actor, name: str) -> User:
 # --------------------------------------------------------------------------- signing in
 _REFUSED = "unknown user or wrong password"
 #: Where a sign-in comes from when the caller cannot tell (the CLI, a script, an app
-#: behind a proxy that hides the client address).
+#: behind a proxy that hides the client address): recorded, but not backed off as an
+#: address, since everyone would share it; such sign-ins back off per user name.
 LOCAL_ADDRESS = "local"
 
 
@@ -539,19 +592,52 @@ def _clean_address(address: str | None) -> str:
     return text or LOCAL_ADDRESS
 
 
-def _check_backoff(ws: "Workspace", key: str, address: str, now: float) -> None:
-    """Raise :class:`SignInThrottled` while ``key`` or ``address`` is backed off."""
+def _check_backoff(conn: Any, key: str, address: str, now: float) -> None:
+    """Raise :class:`SignInThrottled` while ``key`` or ``address`` is backed off, counting
+    the failures recorded in the workspace (attempts still being checked included).
+
+    The address counts only when the caller knows it: :data:`LOCAL_ADDRESS` stands for
+    "unknown" (every CLI call, an app behind a proxy that hides the client), and one
+    shared key would let anyone's failures lock every user out.  There the back-off is
+    per user name alone."""
     since = now - _FAILURE_MEMORY_S
-    for where, value, whose in (("user=? AND user_cleared=0", key, f"for the user name {key!r}"),
-                                ("address=?", address, "from this address")):
-        times = [r[0] for r in ws.conn.execute(
+    checks = [("user=? AND user_cleared=0", key, f"for the user name {key!r}")]
+    if address != LOCAL_ADDRESS:
+        checks.append(("address=?", address, "from this address"))
+    for where, value, whose in checks:
+        times = [r[0] for r in conn.execute(
             f"SELECT at FROM sign_in_failures WHERE {where} AND at>?", (value, since))]
         wait = backoff_wait(times, now)
         if wait > 0:
-            _log.warning("sign-in refused, backing off %.0f s: user=%r address=%r",
-                         wait, key, address)
             raise SignInThrottled(f"too many failed sign-ins {whose}; wait {_span(wait)} and "
                                   "try again", wait_s=wait)
+
+
+def _start_attempt(ws: "Workspace", key: str, address: str, now: float) -> int:
+    """Check the back-off and record this attempt as a failure, in one write transaction
+    (BEGIN IMMEDIATE), before any password is looked at; returns the failure row's id.
+
+    Counting and recording under the write lock is what makes the limit hold against a
+    race: of N attempts sent at once, each sees the ones before it as failures, so at most
+    :data:`BACKOFF_FREE_FAILURES` reach the password check.  A success deletes the row
+    again (:func:`authenticate`); a crash in between leaves it counted, as a failure.
+    A refusal writes ``sign_in_throttled`` to the security log."""
+    try:
+        with ws.transaction() as conn:
+            conn.execute("DELETE FROM sign_in_failures WHERE at<?", (now - _FAILURE_MEMORY_S,))
+            _check_backoff(conn, key, address, now)
+            attempt = conn.execute("INSERT INTO sign_in_failures(user, address, at) VALUES (?,?,?)",
+                                   (key, address, now)).lastrowid
+            if attempt is None:  # an INSERT into a rowid table always sets it
+                raise RuntimeError("the sign-in attempt was not recorded")
+            return attempt
+    except SignInThrottled as exc:
+        _log.warning("sign-in refused, backing off %.0f s: user=%r address=%r",
+                     exc.wait_s, key, address)
+        security_log.append(ws, "sign_in_throttled", actor=None, role=None,
+                            detail={"user": key, "address": address, "wait_s": math.ceil(exc.wait_s),
+                                    "reason": str(exc)})
+        raise
 
 
 def authenticate(ws: "Workspace", name: str, password: str, *, address: str | None = None,
@@ -560,33 +646,33 @@ def authenticate(ws: "Workspace", name: str, password: str, *, address: str | No
 
     Unknown user, wrong password, disabled user and password-less (OIDC-only) user all
     raise :class:`PermissionDenied`; the first two with the same message and timing.
-    Every failure is recorded with the user name, ``address`` (where the attempt comes
-    from; :data:`LOCAL_ADDRESS` when not given) and the time; while the name or the
-    address is backed off (:func:`backoff_wait`) the attempt is refused with
-    :class:`SignInThrottled`, even with the right password.  A success clears the user's
-    failures (not its address's) and re-hashes a password stored with an older scheme
-    (scrypt) as argon2id.
-    ``now`` (POSIX seconds) is for tests; it defaults to the clock."""
+    Every attempt is first recorded as a failure with the user name, ``address`` (where
+    the attempt comes from; :data:`LOCAL_ADDRESS` when unknown) and the time, in the same
+    transaction that checks the back-off (:func:`_start_attempt`): while the name or a
+    known address is backed off (:func:`backoff_wait`) the attempt is refused with
+    :class:`SignInThrottled`, even with the right password, and parallel attempts cannot
+    outrun the limit.  A success deletes its own failure row, clears the user's failures
+    (not its address's) and re-hashes a password stored with an older scheme (scrypt) as
+    argon2id.  ``now`` (POSIX seconds) is for tests; it defaults to the clock."""
     now = time.time() if now is None else now
     key = name.strip().lower() if isinstance(name, str) else ""
     address = _clean_address(address)
-    _check_backoff(ws, key, address, now)
+    attempt = _start_attempt(ws, key, address, now)
     row = ws.conn.execute(f"SELECT {_COLUMNS} FROM users WHERE name=?", (key,)).fetchone()
     stored = row[4] if row is not None and row[4] is not None else _dummy_hash()
     password = password if isinstance(password, str) else ""
     ok = verify_password(password, stored)
     if row is None or row[4] is None or not ok:
-        with ws.transaction() as conn:
-            conn.execute("DELETE FROM sign_in_failures WHERE at<?", (now - _FAILURE_MEMORY_S,))
-            conn.execute("INSERT INTO sign_in_failures(user, address, at) VALUES (?,?,?)",
-                         (key, address, now))
         _log.warning("failed sign-in: user=%r address=%r", key, address)
-        raise PermissionDenied(_REFUSED)
+        raise PermissionDenied(_REFUSED)  # the attempt's row stays: it was a failure
     user = _row_user(row)
     if user.disabled:
+        with ws.transaction() as conn:  # the right password: not a failure to back off from
+            conn.execute("DELETE FROM sign_in_failures WHERE id=?", (attempt,))
         raise PermissionDenied(f"user {user.name!r} is disabled; ask an admin")
     rehashed = hash_password(password) if password_needs_rehash(stored) else None
     with ws.transaction() as conn:
+        conn.execute("DELETE FROM sign_in_failures WHERE id=?", (attempt,))
         conn.execute("UPDATE sign_in_failures SET user_cleared=1 WHERE user=?", (user.name,))
         if rehashed is not None:  # only if nobody changed the password meanwhile
             conn.execute("UPDATE users SET password_hash=? WHERE name=? AND password_hash=?",
@@ -631,7 +717,10 @@ def oidc_user(ws: "Workspace", identity: Mapping[str, Any]) -> Actor:
 
 def resolve_actor(ws: "Workspace", name: str | None, password: str | None) -> Actor:
     """The actor for a CLI call or a script: the local admin in embedded mode (``name``
-    must then be None or ``"local"``), else the user ``name`` signed in with ``password``."""
+    must then be None or ``"local"``), else the user ``name`` signed in with ``password``.
+
+    A CLI call has no client address, so its failed sign-ins back off per user name only:
+    five wrong passwords for one user do not lock out another (the admin included)."""
     if not multi_user(ws):
         if name not in (None, "", LOCAL_ADMIN.name):
             raise PermissionDenied(f"no user {name!r}: this workspace has no users (embedded "

@@ -25,6 +25,11 @@ def export_bundle(
     name: Optional[str] = typer.Option(None, "--name", help="Policy name (default: the template's name)."),
     version: Optional[str] = typer.Option(
         None, "--version", help="Semantic version (default: next minor after the registered ones)."),
+    serve_precision: str = typer.Option(
+        "full", "--serve-precision",
+        help="What serving runs: the trained policy (full), or a cheaper copy of it: float16, bfloat16 or int8 "
+             "weights, or a distilled smaller network (refused unless it agrees with the policy on at least 99%% "
+             "of the held-out states; the agreement goes into the signed manifest)."),
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -32,7 +37,8 @@ def export_bundle(
     from core.govern import bundle  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
-    path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version)
+    path = bundle.export_bundle(ws, acting_user(ws, as_name), run_id, out, name=name, version=version,
+                                serve_precision=serve_precision)
     report = bundle.verify_in_workspace(ws, path)
     m = report.manifest or {}
     if as_json:
@@ -43,6 +49,7 @@ def export_bundle(
     typer.echo(f"wrote {path}: {m.get('name')} {m.get('version')} from {run_id}, signed by key {report.signer}")
     typer.echo(f"  held-out return {ev.get('policy', {}).get('return_mean')} vs logged expert "
                f"{ev.get('expert_return')} over {ev.get('episodes')} episodes")
+    typer.echo(f"  {bundle.served_copy_line(m)}")
 
 
 @app.command("verify")
@@ -54,8 +61,9 @@ def verify(
              "(registering and promoting still refuse such a bundle)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Check the signature (by a key this workspace trusts), hashes, schema, paths, pickle payloads
-    and a smoke run; exit 2 when refused.  Then compare what the bundle was built with to this
+    """Check the signature (by a key this workspace trusts), hashes, schema, paths, sizes and nesting
+    (zip bombs and deep JSON are refused unread), pickle payloads and a smoke run; exit 2 when
+    refused, recorded in the security log.  Then compare what the bundle was built with to this
     environment: another embedding model or feature layout is a WARNING, other versions a note."""
     from core.govern import bundle  # deferred: keeps rwb --help fast
 

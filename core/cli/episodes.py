@@ -45,7 +45,7 @@ def _workspace_errors() -> Iterator[None]:
 def _progress(path: Path) -> Iterator[Any]:
     """A rich progress bar on stderr for big files; yields the ``progress(done, total)`` callback."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
     try:
@@ -55,8 +55,9 @@ def _progress(path: Path) -> Iterator[Any]:
     if not (big and console.is_terminal):
         yield None
         return
-    with Progress(TextColumn("importing {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("records"), TimeElapsedColumn(), console=console, transient=True) as bar:
+    # done/total count bytes of the file as it is read (records for a file read whole): a share is what to show
+    with Progress(TextColumn("importing {task.description}"), BarColumn(), TaskProgressColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(path.name, total=None)
 
         def update(done: int, total: int) -> None:

@@ -19,7 +19,7 @@ from core.cli.acting import acting_user, as_option
 if TYPE_CHECKING:  # pragma: no cover
     from core.govern.registry import PolicyVersion, PolicyVersionDetail
 
-app = typer.Typer(help="Policy registry: list, register, approve, promote, roll back, history.",
+app = typer.Typer(help="Policy registry: list, register, approve, promote, roll back, publish the index, history.",
                   no_args_is_help=True)
 
 
@@ -153,6 +153,30 @@ def rollback(
     typer.echo(f"{name}: rolled back to {entry.active}")
 
 
+@app.command("publish-index")
+def publish_index(
+    name: Optional[str] = typer.Argument(None, help="Only this policy name (default: every one in production)."),
+    root: Optional[Path] = typer.Option(None, "--root", help="The policies folder (default: $RWB_POLICIES_DIR or "
+                                                            "core/policies)."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Write the policies folder's index entries again from the registry's records, signed.
+
+    For an index that was edited, lost, or written unsigned: production serves only an
+    index entry a trusted registry signed."""
+    from core.govern import registry  # deferred: keeps rwb --help fast
+
+    ws = open_workspace()
+    entries = registry.publish_index(ws, acting_user(ws, as_name), name, root=root)
+    if as_json:
+        print_json({"entries": entries})
+        return
+    for e in entries:
+        typer.echo(f"{e.name}: {e.active} is in production (index signed at registry event "
+                   f"{(e.signed or {}).get('sequence')})")
+
+
 @app.command("history")
 def history(
     name: Optional[str] = typer.Argument(None, help="Only this policy name."),
@@ -161,14 +185,17 @@ def history(
     """Every registry event, oldest first: who did what, when and why."""
     from core.govern import registry  # deferred: keeps rwb --help fast
 
-    events = registry.history(open_workspace(), name)
+    ws = open_workspace()
+    events = registry.history(ws, name)
+    unrecorded = {u.event.id: u.reason for u in registry.unrecorded_events(ws, name)}
     if as_json:
-        print_json({"events": events})
+        print_json({"events": events, "unrecorded": [{"id": i, "reason": r} for i, r in unrecorded.items()]})
         return
     if not events:
         typer.echo("no registry events yet")
     for e in events:
         detail = {k: v for k, v in e.detail.items() if k in ("from", "bundle_sha256")}
+        flag = f" [not the registry's record, counts for nothing: {unrecorded[e.id]}]" if e.id in unrecorded else ""
         typer.echo(f"{e.at} {e.name}@{e.version:<10} {e.event:<12} {e.actor} ({e.role})"
                    f"{': ' + e.comment if e.comment else ''}"
-                   f"{' ' + json.dumps(detail) if detail else ''}")
+                   f"{' ' + json.dumps(detail) if detail else ''}{flag}")

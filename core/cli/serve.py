@@ -29,13 +29,17 @@ REQUEST_HELP = ("The request: JSON text, @FILE (a JSON object, a list, or JSON l
 
 
 def _requests(request: str) -> list[dict]:
-    from core.serve.serving import read_requests  # deferred: keeps rwb --help fast
+    from core.serve.serving import MAX_REQUESTS_TEXT_BYTES, read_requests  # deferred: keeps rwb --help fast
 
-    if request == "-":
-        return read_requests(sys.stdin.read(), file="<stdin>")
+    if request == "-":  # one character past the cap is enough for read_requests to refuse
+        return read_requests(sys.stdin.read(MAX_REQUESTS_TEXT_BYTES + 1), file="<stdin>")
     if request.startswith("@"):
         path = Path(request[1:])
         try:
+            size = path.stat().st_size
+            if size > MAX_REQUESTS_TEXT_BYTES:  # refused before it is read
+                raise InputError(f"{size:,} bytes is more than the {MAX_REQUESTS_TEXT_BYTES:,} a request file may "
+                                 "hold; split it", file=str(path))
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise InputError(f"cannot read the requests: {exc}", file=str(path)) from exc

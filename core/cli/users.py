@@ -1,7 +1,9 @@
 """``rwb users``: add and list workspace users (multi-user mode), change roles.
 
 The first user added must be an admin; from then on every command needs
-``--as NAME`` and a password (see ``core.access.users`` for roles and permissions).
+``--as NAME`` and a password (see ``core.access.users`` for roles, permissions and the
+password policy).  Failed sign-ins back off per user name: one user's typos never lock
+out another.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def add(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Add a user.  Without --password-stdin and without --email/--oidc-sub you are asked
-    for the password."""
+    for the password: at least 12 characters, and not a common password."""
     from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
@@ -108,7 +110,8 @@ def passwd(
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Set a user's password (your own, or anyone's as an admin)."""
+    """Set a user's password (your own, or anyone's as an admin): at least 12 characters,
+    and not a common password."""
     from core.access import users  # deferred: keeps rwb --help fast
 
     ws = open_workspace()

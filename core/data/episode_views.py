@@ -21,11 +21,13 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal
 
 from core.records.episodes import Action, Episode, Step
 from core.base.errors import InputError
@@ -391,7 +393,7 @@ def _safe_name(filename: str) -> str:
     return name
 
 
-def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "auto",
+def import_upload(ws: Workspace, filename: str, data: bytes | BinaryIO, *, format: str = "auto",
                   dataset: str | None = None, messages_key: str | None = None,
                   reward_key: str | None = None, id_key: str | None = None,
                   skip_invalid: bool = False,
@@ -399,24 +401,33 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
                   actor: Actor | None = None) -> ImportResult:
     """Import a file handed in through the browser; returns the ``ImportResult``.
 
-    The bytes are kept in the workspace under ``artifacts/uploads/<sha256>/<original name>``
-    (the dataset defaults to the original name's stem, and the import record points at the
-    kept copy).  When the import fails the kept copy is removed again, so the workspace is
-    left as it was, and the error names the file by its original name.  ``actor`` as for
-    :func:`~core.data.importers.api.import_file` (checked before any byte is kept)."""
+    ``data``: the file's bytes, or a binary file object (such as Streamlit's
+    ``UploadedFile``), copied a piece at a time.  The bytes are kept in the workspace under
+    ``artifacts/uploads/<sha256>/<original name>`` (the dataset defaults to the original
+    name's stem, and the import record points at the kept copy), then imported from there
+    as any file is (a record at a time).  When the import fails the kept copy is removed
+    again, so the workspace is left as it was, and the error names the file by its
+    original name.  ``actor`` as for :func:`~core.data.importers.api.import_file` (checked
+    before any byte is kept)."""
     actor = current_user(ws) if actor is None else actor
     authorize(ws, actor, "import")
     name = _safe_name(filename)
-    if not data:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = io.BytesIO(bytes(data))
+    data.seek(0)
+    if not data.read(1):
         raise InputError("the uploaded file is empty", file=name)
-    digest = hashlib.sha256(data).hexdigest()
-    folder = ws.artifact_dir("uploads", digest[:16])
-    path = folder / name
-    created = not path.exists()
-    if created:
-        tmp = folder / f".upload.{os.getpid()}.tmp"  # short: the name may take all 255 bytes
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+    uploads = ws.artifact_dir("uploads")
+    tmp = uploads / f".upload.{os.getpid()}.{threading.get_ident()}.tmp"  # short: the name may take all 255 bytes
+    try:
+        digest = _copy_hashing(data, tmp)
+        folder = ws.artifact_dir("uploads", digest[:16])
+        path = folder / name
+        created = not path.exists()
+        if created:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     try:
         return import_file(ws, path, format=format, dataset=dataset or None,
                            messages_key=messages_key or None, reward_key=reward_key or None,
@@ -433,6 +444,21 @@ def import_upload(ws: Workspace, filename: str, data: bytes, *, format: str = "a
             # Name the file as the analyst knows it, not the (now removed) kept copy.
             raise exc.relocated(file=name) from None
         raise
+
+
+def _copy_hashing(source: BinaryIO, out: Path) -> str:
+    """Copy ``source`` from its start into the file ``out``, a piece at a time; its sha256."""
+    digest = hashlib.sha256()
+    source.seek(0)
+    with open(out, "wb") as f:
+        while piece := source.read(UPLOAD_PIECE_BYTES):
+            digest.update(piece)
+            f.write(piece)
+    return digest.hexdigest()
+
+
+#: Bytes copied at a time from an upload into the workspace.
+UPLOAD_PIECE_BYTES = 1 << 20
 
 
 @dataclass

@@ -24,7 +24,7 @@ import tempfile
 import time
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
-from core.base import safe_yaml
+from core.base import bounded_json, safe_yaml
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
+from core.access.audit import security_event
 from core.access.keys import parse_signature, sign_digest, signature_problem, signing_key, trust_store
 from core.access.users import Actor, authorize
 from core.base.embed import DIM, Embedder
@@ -69,12 +70,35 @@ BUNDLE_FILES: tuple[str, ...] = (
     "policy.safetensors", "policy.json", "encoder.safetensors", "encoder.json", "catalog.json",
     "masks.yaml", "template.yaml", "rde.safetensors", "rde.json", "feature_stats.json",
     "smoke.safetensors", "smoke.json")
+#: The served copy (core.govern.served_copy): in a bundle exactly when its manifest records one.
+SERVED_FILES: tuple[str, ...] = ("served.safetensors", "served.json")
+#: What serving may run: the trained module itself (``full``), or a cheaper copy of it.
+SERVE_PRECISIONS: tuple[str, ...] = ("full", "float16", "bfloat16", "int8", "distilled")
 #: File names that announce a pickle (or a format that may carry one).
 PICKLE_SUFFIXES: tuple[str, ...] = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib",
                                     ".dill", ".npy", ".npz", ".sav", ".model")
-#: Largest file a bundle may hold, and largest bundle (zip bombs are refused before reading).
-MAX_FILE_BYTES = 1 << 30
-MAX_BUNDLE_BYTES = 4 << 30
+#: Bounds on a bundle, checked before a member is read (names, count, declared sizes) and
+#: while it is read (its actual size, in chunks, never past its cap), so a zip bomb costs no
+#: more than a legitimate bundle of the largest size.  The production-size bundle holds
+#: 6.3 MB (a 5 MB encoder, 0.8 MB of policy weights, JSON and YAML under 0.1 MB each).
+MAX_MEMBERS = 32
+#: Largest central directory parsed (a bundle's 14 entries take about 1.2 kB).
+MAX_CENTRAL_DIRECTORY_BYTES = 64 << 10
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_SIGNATURE_BYTES = 64 << 10
+#: Any other JSON member (catalog, smoke set, feature statistics, configurations).
+MAX_JSON_BYTES = 16 << 20
+#: A YAML member (core.base.safe_yaml refuses longer text anyway).
+MAX_YAML_BYTES = safe_yaml.MAX_BYTES
+#: A safetensors member (weights, the RDE tree's arrays, the smoke set's inputs).
+MAX_WEIGHTS_BYTES = 48 << 20
+#: All members together, unpacked.
+MAX_BUNDLE_BYTES = 64 << 20
+#: Deepest nesting in a JSON member: an episode nests at most 64 levels
+#: (core.data.importers.base.MAX_JSON_DEPTH) and the smoke set and catalog embed its states
+#: and tool schemas a few levels down.
+MAX_JSON_DEPTH = 128
+_SAFETENSORS_HEADER_DEPTH = 8
 #: Recorded held-out states in the smoke set.
 SMOKE_STATES = 64
 
@@ -169,9 +193,42 @@ class BuiltWith(_Strict):
     feature_layout: FeatureLayout
 
 
+class AgreementFigures(_Strict):
+    """How closely the served copy reproduces the trained module on ``states`` states under
+    their masks (:class:`core.govern.served_copy.Agreement`)."""
+
+    states: int = Field(ge=1)
+    #: share of states where both rank the same allowed action first
+    top1: float = Field(ge=0, le=1)
+    #: largest, and mean over states, of the largest gap between the two action distributions
+    prob_gap_max: float = Field(ge=0, le=1)
+    prob_gap_mean: float = Field(ge=0, le=1)
+    #: the same for the critic ensemble's mean value (the reward estimates RL-Boost compares)
+    value_gap_max: float = Field(ge=0)
+    value_gap_mean: float = Field(ge=0)
+
+
+class ServedCopy(_Strict):
+    """The cheaper copy of the policy that serving runs (``served.safetensors``,
+    ``served.json``), and how closely it agrees with the trained module."""
+
+    precision: Literal["float16", "bfloat16", "int8", "distilled"]
+    #: weights of the copy and of the trained module
+    parameters: int = Field(ge=1)
+    trained_parameters: int = Field(ge=1)
+    #: measured at export on the run's held-out episodes (the states below), never the smoke set
+    heldout: AgreementFigures
+    heldout_states: str
+    #: on the smoke set: computed again whenever the bundle is loaded
+    smoke: AgreementFigures
+    #: the bar the held-out figures passed
+    min_top1: float
+    max_prob_gap_mean: float
+
+
 #: Optional manifest fields: left out of the manifest file (and so of its digest) when
 #: absent, so a manifest that does not record them verifies against its own digest.
-RECORDED_LATER: tuple[str, ...] = ("built_with", "catalog_digest")
+RECORDED_LATER: tuple[str, ...] = ("built_with", "catalog_digest", "served")
 
 
 class Manifest(_Strict):
@@ -200,6 +257,8 @@ class Manifest(_Strict):
     built_with: BuiltWith | None = None
     #: sha256 of the catalog's canonical JSON (:func:`catalog_digest`; None: not recorded)
     catalog_digest: str | None = Field(default=None, pattern=_HEX64)
+    #: The copy serving runs in place of the trained module (None: serving runs the module)
+    served: ServedCopy | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unrecorded(self, handler: Any) -> dict[str, Any]:
@@ -530,78 +589,243 @@ def unsafe_member_name(name: str) -> str | None:
     return None
 
 
+def _member_cap(name: str) -> int:
+    """The most bytes bundle member ``name`` may unpack to (0: no bundle has such a file)."""
+    if name == MANIFEST:
+        return MAX_MANIFEST_BYTES
+    if name == SIGNATURE:
+        return MAX_SIGNATURE_BYTES
+    if name not in BUNDLE_FILES and name not in SERVED_FILES:
+        return 0
+    if name.endswith(".safetensors"):
+        return MAX_WEIGHTS_BYTES
+    if name.endswith(".json"):
+        return MAX_JSON_BYTES
+    return MAX_YAML_BYTES if name.endswith(".yaml") else 0
+
+
+def _size_problem(name: str, size: int) -> str | None:
+    """Why a member ``name`` declared to unpack to ``size`` bytes is refused unread (None:
+    it may be read): a name no bundle has, or a size over its kind's cap."""
+    cap = _member_cap(name)
+    if cap == 0:
+        pickle_name = ", a pickle-style file name" if name.lower().endswith(PICKLE_SUFFIXES) else ""
+        return f"extra file {name!r} (not part of a bundle{pickle_name}; not read)"
+    if size > cap:
+        return f"{name!r} unpacks to {size:,} bytes, more than the {cap:,} a bundle's {name} may hold (not read)"
+    return None
+
+
+class _Unreadable(Exception):
+    """A member that cannot be read within its bounds (the message says why)."""
+
+
+def _read_capped(declared: Mapping[str, int], read: Callable[[str, int], bytes],
+                 problems: list[str]) -> dict[str, bytes]:
+    """Members by name, ``manifest.json`` and ``signature.json`` first: after them only the
+    members the manifest lists, each at the size it lists (which its digest covers) — a
+    member the manifest does not list, or lists at another size, is refused unread.
+    ``read(name, size)`` reads one member, never past ``size`` + 1 bytes."""
+    members: dict[str, bytes] = {}
+
+    def take(name: str) -> None:
+        try:
+            members[name] = read(name, declared[name])
+        except _Unreadable as exc:
+            problems.append(str(exc))
+
+    for name in (MANIFEST, SIGNATURE):
+        if name in declared:
+            take(name)
+    listed: dict[str, Any] | None = None
+    try:
+        manifest = _json_file(MANIFEST, members[MANIFEST])
+        listed = manifest["files"] if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+    except (KeyError, ValueError):
+        pass  # the manifest stage says what is wrong with it; until then each kind's cap holds
+    for name, size in declared.items():
+        if name in (MANIFEST, SIGNATURE):
+            continue
+        if listed is not None:
+            entry = listed.get(name)
+            if not isinstance(entry, dict):
+                problems.append(f"extra file {name!r} (the manifest does not list it; not read)")
+                continue
+            if entry.get("bytes") != size:
+                problems.append(f"{name} has {size:,} bytes, the manifest says {entry.get('bytes')!r} "
+                                "(changed; not read)")
+                continue
+        take(name)
+    return members
+
+
+def _zip_directory_problem(fp: Any) -> str | None:
+    """Why the zip's central directory is too large to parse (None when it is not), from its
+    end record alone: ``zipfile.ZipFile`` builds an object per entry before anyone can count
+    them.  The end record is read with zipfile's own reader, so these are the very numbers
+    ZipFile acts on next."""
+    try:
+        end = zipfile._EndRecData(fp)  # type: ignore[attr-defined]
+    except (OSError, zipfile.BadZipFile):
+        return None  # ZipFile refuses it with its own reason
+    if not end:
+        return None
+    entries, directory_bytes = end[4], end[5]  # zipfile's _ECD_ENTRIES_TOTAL and _ECD_SIZE
+    if entries > MAX_MEMBERS:
+        return f"the zip has {entries:,} entries; a bundle has at most {MAX_MEMBERS} (not read)"
+    if directory_bytes > MAX_CENTRAL_DIRECTORY_BYTES:
+        return (f"the zip's central directory takes {directory_bytes:,} bytes, more than the "
+                f"{MAX_CENTRAL_DIRECTORY_BYTES:,} of a bundle's (not read)")
+    return None
+
+
+def _zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """``info``'s bytes, inflated no further than the size its header declares (already
+    checked against its cap): zipfile inflates with an output limit and stops at the
+    declared size, where a member that holds more fails its CRC-32.  The extra byte asked
+    for below must not come either, so the bound does not rest on zipfile alone."""
+    name, size = info.filename, info.file_size
+    try:
+        with zf.open(info) as f:
+            data = f.read(size)
+            more = f.read(1)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError) as exc:
+        raise _Unreadable(f"{name!r} cannot be read from the zip: {exc}") from None
+    if more:
+        raise _Unreadable(f"{name!r} unpacks to more than the {size:,} bytes the zip declares for it "
+                          "(a zip bomb; not read further)")
+    if len(data) != size:
+        raise _Unreadable(f"{name!r} holds {len(data):,} bytes but the zip says {size:,}")
+    return data
+
+
 def _read_zip(path: Path, v: _Verification) -> dict[str, bytes]:
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        v.stage("archive", [f"not a readable zip: {exc}"])  # raises _Refused
+        fp = open(path, "rb")
+    except OSError as exc:
+        v.stage("archive", [f"cannot open the bundle: {exc.strerror or exc}"])  # raises _Refused
         raise AssertionError("unreachable") from exc
-    members: dict[str, bytes] = {}
-    with zf:
-        infos = zf.infolist()
-        problems: list[str] = []
-        names = [i.filename for i in infos]
-        for dup in sorted({n for n in names if names.count(n) > 1}):
-            problems.append(f"{dup!r} appears more than once in the zip")
-        total = 0
-        for info in infos:
-            why = unsafe_member_name(info.filename)
-            mode = info.external_attr >> 16
-            if why is None and stat.S_IFMT(mode) == stat.S_IFLNK:
-                why = f"{info.filename!r} is a symbolic link (zip-slip)"
-            if why is None and info.is_dir():
-                why = f"{info.filename!r} is a folder entry; bundles are flat"
-            if why is None and info.flag_bits & 0x1:
-                why = f"{info.filename!r} is encrypted"
-            if why is None and info.file_size > MAX_FILE_BYTES:
-                why = f"{info.filename!r} unpacks to {info.file_size} bytes (limit {MAX_FILE_BYTES})"
-            total += info.file_size
-            if why:
-                problems.append(why)
-        if total > MAX_BUNDLE_BYTES:
-            problems.append(f"the bundle unpacks to {total} bytes (limit {MAX_BUNDLE_BYTES})")
-        v.stage("paths", problems, f"{len(infos)} flat files, no links, no '..', no absolute paths")
-        for info in infos:
-            try:
-                # zipfile checks each member's CRC-32 while reading it
-                with zf.open(info) as f:
-                    data = f.read(MAX_FILE_BYTES + 1)
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError) as exc:
-                problems.append(f"{info.filename!r} cannot be read from the zip: {exc}")
-                continue
-            if len(data) != info.file_size:
-                problems.append(f"{info.filename!r} holds {len(data)} bytes but the zip says {info.file_size}")
-                continue
-            members[info.filename] = data
-        v.stage("archive", problems, "every member read with a matching CRC-32")
+    with fp:
+        too_big = _zip_directory_problem(fp)
+        if too_big:
+            v.stage("paths", [too_big])
+        try:
+            zf = zipfile.ZipFile(fp)
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            v.stage("archive", [f"not a readable zip: {exc}"])
+            raise AssertionError("unreachable") from exc
+        with zf:
+            return _read_zip_members(zf, v)
+
+
+def _read_zip_members(zf: zipfile.ZipFile, v: _Verification) -> dict[str, bytes]:
+    infos = zf.infolist()
+    problems: list[str] = []
+    if len(infos) > MAX_MEMBERS:
+        v.stage("paths", [f"the zip has {len(infos):,} entries; a bundle has at most {MAX_MEMBERS} (not read)"])
+    names = [i.filename for i in infos]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{dup!r} appears more than once in the zip")
+    total = 0
+    for info in infos:
+        why = unsafe_member_name(info.filename)
+        mode = info.external_attr >> 16
+        if why is None and stat.S_IFMT(mode) == stat.S_IFLNK:
+            why = f"{info.filename!r} is a symbolic link (zip-slip)"
+        if why is None and info.is_dir():
+            why = f"{info.filename!r} is a folder entry; bundles are flat"
+        if why is None and info.flag_bits & 0x1:
+            why = f"{info.filename!r} is encrypted"
+        why = why or _size_problem(info.filename, info.file_size)
+        total += info.file_size
+        if why:
+            problems.append(why)
+    if total > MAX_BUNDLE_BYTES:
+        problems.append(f"the bundle unpacks to {total:,} bytes, more than the {MAX_BUNDLE_BYTES:,} allowed "
+                        "(not read)")
+    v.stage("paths", problems, f"{len(infos)} flat files, no links, no '..', no absolute paths, sizes within bounds")
+    by_name = {i.filename: i for i in infos}
+    members = _read_capped({i.filename: i.file_size for i in infos},
+                           lambda name, _size: _zip_member(zf, by_name[name]), problems)
+    v.stage("archive", problems, "every member read within its declared size, with a matching CRC-32")
     return members
+
+
+def _folder_member(path: Path, size: int) -> bytes:
+    """The file at ``path`` (``size`` bytes when listed), never read past ``size`` + 1 bytes;
+    a file swapped for a link or something other than a plain file since it was listed
+    is not followed or read."""
+    name = path.name
+    try:
+        # O_NOFOLLOW: a file swapped for a link after the scan is not followed; O_NONBLOCK:
+        # a FIFO swapped in does not hang the open (a plain file ignores the flag)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise _Unreadable(f"{name!r} cannot be read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _Unreadable(f"{name!r} is not a plain file; bundles are flat")
+        data = f.read(size + 1)
+    if len(data) != size:
+        raise _Unreadable(f"{name!r} changed size while it was read ({size:,} bytes when listed)")
+    return data
 
 
 def _read_folder(path: Path, v: _Verification) -> dict[str, bytes]:
     problems: list[str] = []
-    entries = sorted(os.scandir(path), key=lambda e: e.name)
+    entries: list[os.DirEntry[str]] = []
+    with os.scandir(path) as listing:
+        for e in listing:
+            if len(entries) == MAX_MEMBERS:
+                v.stage("paths", [f"{path} holds more than {MAX_MEMBERS} entries; a bundle has at most "
+                                  f"{MAX_MEMBERS} (not read)"])
+            entries.append(e)
+    entries.sort(key=lambda e: e.name)
+    sizes: dict[str, int] = {}
     for e in entries:
         why = unsafe_member_name(e.name)
         if why is None and e.is_symlink():
             why = f"{e.name!r} is a symbolic link"
         elif why is None and not e.is_file(follow_symlinks=False):
             why = f"{e.name!r} is not a plain file; bundles are flat"
-        elif why is None and e.stat(follow_symlinks=False).st_size > MAX_FILE_BYTES:
-            why = f"{e.name!r} is larger than {MAX_FILE_BYTES} bytes"
+        if why is None:
+            sizes[e.name] = e.stat(follow_symlinks=False).st_size
+            why = _size_problem(e.name, sizes[e.name])
         if why:
             problems.append(why)
-    v.stage("paths", problems, f"{len(entries)} plain files, no links, no sub-folders")
-    members = {}
-    for e in entries:
-        # O_NOFOLLOW: a file swapped for a link after the scan is not followed
-        fd = os.open(e.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            members[e.name] = f.read()
+    if sum(sizes.values()) > MAX_BUNDLE_BYTES:
+        problems.append(f"the bundle holds {sum(sizes.values()):,} bytes, more than the {MAX_BUNDLE_BYTES:,} "
+                        "allowed (not read)")
+    v.stage("paths", problems, f"{len(entries)} plain files, no links, no sub-folders, sizes within bounds")
+    members = _read_capped(sizes, lambda name, size: _folder_member(path / name, size), problems)
+    v.stage("archive", problems, "every file read within its listed size")
     return members
 
 
+def _zip_manifest(path: Path) -> Any:
+    """The parsed ``manifest.json`` of the bundle zip at ``path``, within the same bounds as
+    verification (nothing else is read; nothing is checked against it): a ValueError says
+    why it cannot be read."""
+    with open(path, "rb") as fp:
+        too_big = _zip_directory_problem(fp)
+        if too_big:
+            raise ValueError(too_big)
+        with zipfile.ZipFile(fp) as zf:
+            info = zf.getinfo(MANIFEST)
+            why = _size_problem(MANIFEST, info.file_size)
+            if why:
+                raise ValueError(why)
+            try:
+                return _json_file(MANIFEST, _zip_member(zf, info))
+            except _Unreadable as exc:
+                raise ValueError(str(exc)) from None
+
+
 def read_members(path: str | Path, v: _Verification | None = None) -> dict[str, bytes]:
-    """Every file of a bundle (zip or promoted folder) as bytes, after the path checks."""
+    """Every file of a bundle (zip or promoted folder) as bytes, within the bounds above:
+    the names, count and declared sizes are checked before anything is read (stage
+    ``paths``), then ``manifest.json`` and ``signature.json`` are read, then only the files
+    the manifest lists, each never past its declared size (stage ``archive``)."""
     v = v or _Verification(str(path))
     p = Path(path)
     if p.is_symlink():
@@ -661,9 +885,10 @@ def safetensors_problem(name: str, data: bytes) -> str | None:
     if n < 2 or n > len(data) - 8 or n > 100 * (1 << 20):
         return f"{name}: safetensors header length {n} does not fit the file"
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return f"{name}: safetensors header is not valid JSON"
+        # a header is flat (name -> dtype, shape, offsets): 3 levels
+        header = bounded_json.loads(data[8:8 + n], max_bytes=n, max_depth=_SAFETENSORS_HEADER_DEPTH)
+    except InputError as exc:
+        return f"{name}: safetensors header is not valid JSON ({exc.reason})"
     if not isinstance(header, dict):
         return f"{name}: safetensors header is not a JSON object"
     meta = header.pop("__metadata__", None)
@@ -708,15 +933,14 @@ def _text(name: str, data: bytes) -> str:
 
 
 def _json_file(name: str, data: bytes) -> Any:
-    text = _text(name, data)
+    """JSON member ``name`` parsed within its kind's size cap and :data:`MAX_JSON_DEPTH`
+    levels, both checked before the parser runs (core.base.bounded_json): a ValueError
+    naming the member and the JSON path when refused, never a RecursionError."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise ValueError(f"{name}: not valid JSON ({exc})") from None
-
-
-def _no_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not allowed")
+        return bounded_json.loads(data, max_bytes=_member_cap(name) or MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH,
+                                  file=name)
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _yaml_file(name: str, data: bytes) -> str:
@@ -748,7 +972,9 @@ class LoadedBundle:
     * ``feature_stats`` — :class:`core.state.features.FeatureStats` for turning new steps into
       encoder inputs (``core.state.features.extract_features(..., stats=bundle.feature_stats)``);
     * ``smoke`` — the smoke set: ``obs`` (encoder input tensors), ``action_counts``,
-      ``states`` (scalar state dicts) and ``task_types``.
+      ``states`` (scalar state dicts) and ``task_types``;
+    * ``served`` — the cheaper copy serving runs in place of ``policy`` (the manifest's
+      ``served`` says which and how closely it agrees), None when serving runs ``policy``.
 
     Methods compute on a batch of encoder inputs ``obs`` (the dict of
     :meth:`core.state.features.RawStateFeatures.step_batch` / the simulator's observation) and a
@@ -768,6 +994,17 @@ class LoadedBundle:
     rde: "RdeModel"
     feature_stats: "FeatureStats"
     smoke: dict[str, Any]
+    served: "Agent | None" = None
+
+    @property
+    def served_policy(self) -> "Agent":
+        """The module serving runs: the served copy when the bundle has one, else the policy."""
+        return self.policy if self.served is None else self.served
+
+    @property
+    def serve_precision(self) -> str:
+        """``full``, or the served copy's precision."""
+        return "full" if self.manifest.served is None else self.manifest.served.precision
 
     @property
     def name(self) -> str:
@@ -961,17 +1198,23 @@ def _check_signature(members: Mapping[str, bytes], manifest: Manifest, trust: Ma
             f"signed by {signer}" + (" (a trusted key)" if trust is not None else " (trust not checked)"))
 
 
+def bundle_files(served: bool) -> tuple[str, ...]:
+    """Every file of a bundle besides its manifest and signature: :data:`BUNDLE_FILES`, and
+    :data:`SERVED_FILES` when the manifest records a served copy (``served``)."""
+    return BUNDLE_FILES + (SERVED_FILES if served else ())
+
+
 def _check_files(members: Mapping[str, bytes], manifest: Manifest, v: _Verification) -> None:
     present = set(members) - {MANIFEST, SIGNATURE}
     listed = set(manifest.files)
-    expected = set(BUNDLE_FILES)
+    expected = set(bundle_files(manifest.served is not None))
     problems = [f"extra file {n!r} (not part of a bundle)" for n in sorted(present - expected)]
     problems += [f"missing file {n!r}" for n in sorted(expected - present)]
     problems += [f"the manifest lists {n!r}, which a bundle does not have" for n in sorted(listed - expected)]
     problems += [f"the manifest does not list {n!r}" for n in sorted(expected - listed)]
     v.stage("files", problems, f"exactly the {len(expected)} bundle files")
     problems = []
-    for n in BUNDLE_FILES:
+    for n in bundle_files(manifest.served is not None):
         entry, data = manifest.files[n], members[n]
         if len(data) != entry.bytes:
             problems.append(f"{n} has {len(data)} bytes, the manifest says {entry.bytes} (changed)")
@@ -983,7 +1226,7 @@ def _check_files(members: Mapping[str, bytes], manifest: Manifest, v: _Verificat
 def _check_formats(members: Mapping[str, bytes], v: _Verification) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     problems = []
-    for n in BUNDLE_FILES:
+    for n in bundle_files(SERVED_FILES[0] in members):  # the files stage checked the set against the manifest
         data = members[n]
         try:
             if n.endswith(".safetensors"):
@@ -1084,11 +1327,43 @@ def _build(members: Mapping[str, bytes], parsed: Mapping[str, Any], manifest: Ma
             if width != inp.dims:
                 problems.append(f"the manifest's feature layout gives {inp.name} {inp.dims} values, the smoke "
                                 f"set's encoder inputs have {width}")
-    v.stage("contents", problems, "catalog, masks, template, encoder, policy, RDE tree and smoke set load")
+    served = attempt(SERVED_FILES[0], lambda: served_module(members, manifest)) \
+        if manifest.served is not None else None
+    v.stage("contents", problems, "catalog, masks, template, encoder, policy, RDE tree and smoke set load"
+            + ("" if manifest.served is None else f", and the served {manifest.served.precision} copy"))
     assert compiled is not None and policy is not None  # a part that failed to load is a problem: refused above
     return LoadedBundle(path=path, manifest=manifest, catalog=catalog, mask_rules=rules, masks=compiled,
                         template=template, encoder=encoder, policy=policy, rde=rde, feature_stats=stats,
-                        smoke=smoke)
+                        smoke=smoke, served=served)
+
+
+def served_module(members: Mapping[str, bytes], manifest: Manifest) -> "Agent":
+    """The served copy ``manifest`` records, built from the bundle's ``served.json`` (its
+    network) and ``served.safetensors`` (exactly that network's weights, in the stored form
+    of its precision, finite), in eval mode on CPU.  ValueError (or InputError) says why not."""
+    from core.govern import served_copy  # deferred: loads torch
+
+    if manifest.served is None:
+        raise ValueError("the manifest records no served copy")
+    weights_file, meta_file = SERVED_FILES
+    meta = _json_file(meta_file, members[meta_file])
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_file} is not a JSON object")
+    precision = manifest.served.precision
+    if meta.get("precision") != precision:
+        raise ValueError(f"{meta_file} describes a {meta.get('precision')!r} copy, the manifest a {precision!r} one")
+    if meta.get("class") != POLICY_CLASS:
+        raise ValueError(f"{meta_file} names the module {meta.get('class')!r}; this Reward Workbench builds "
+                         f"{POLICY_CLASS}")
+    if meta.get("n_actions") != manifest.n_actions:
+        raise ValueError(f"the served copy has {meta.get('n_actions')} actions, the catalog {manifest.n_actions}")
+    agent = served_copy.empty_module(meta)
+    weights = served_copy.float_weights(_tensors(weights_file, members[weights_file]), precision)
+    _load_exact(agent, agent.state_dict(), weights, weights_file, prefix="")
+    if sum(int(p.numel()) for p in agent.parameters()) != manifest.served.parameters:
+        raise ValueError(f"the served copy has another number of weights than the manifest's "
+                         f"{manifest.served.parameters}")
+    return agent.eval().requires_grad_(False)
 
 
 def _smoke_set(members: Mapping[str, bytes], parsed: Mapping[str, Any], n_actions: int) -> dict[str, Any]:
@@ -1162,6 +1437,8 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
                 values = value_heads.mean(-1)
                 if tuple(values.shape) != (S,) or not bool(torch.isfinite(values).all()):
                     problems.append("the critic's values are not one finite number per state")
+        if bundle.served is not None:
+            problems += _served_smoke_problems(bundle, obs, mask)
         rde = bundle.rde
         X = rde.featurize(bundle.smoke["states"], bundle.smoke["task_types"],
                           np.asarray(bundle.smoke["step_t"], np.int64) if len(bundle.smoke["step_t"]) == S
@@ -1174,6 +1451,29 @@ def _check_smoke(bundle: LoadedBundle, v: _Verification) -> None:
     except (InputError, ValueError, RuntimeError, KeyError, IndexError) as exc:
         problems.append(f"the smoke run failed: {exc}")
     v.stage("smoke", problems, f"{len(bundle.smoke['states'])} held-out states: only unmasked actions")
+
+
+def _served_smoke_problems(bundle: LoadedBundle, obs: Mapping[str, "torch.Tensor"], mask: np.ndarray) -> list[str]:
+    """The served copy on the smoke states: one finite logit per allowed action and one
+    finite value per state, and the agreement with the policy that the manifest records for
+    these states, computed again."""
+    import torch
+
+    from core.govern.served_copy import agreement  # deferred: loads torch
+
+    copy, recorded = bundle.served, bundle.manifest.served
+    assert copy is not None and recorded is not None, "called for a bundle with a served copy"
+    with torch.no_grad():
+        logits, values = copy.heads(copy.state(obs))
+    allowed = torch.as_tensor(mask)
+    if tuple(logits.shape) != tuple(allowed.shape) or values.shape[0] != allowed.shape[0]:
+        return [f"the served copy answers logits of shape {tuple(logits.shape)} for {tuple(allowed.shape)} "
+                "states and actions"]
+    if not (bool(torch.isfinite(logits[allowed]).all()) and bool(torch.isfinite(values).all())):
+        return ["the served copy gives non-finite logits to allowed actions or non-finite values"]
+    why = agreement(bundle.policy, copy, obs, allowed).differs_from(recorded.smoke.model_dump())
+    return [] if why is None else [f"the served {recorded.precision} copy does not agree with the policy on the "
+                                   f"smoke states as the manifest records: {why}"]
 
 
 def _verify(path: str | Path, trust: Mapping[str, bytes] | None, allow_unsigned: bool
@@ -1209,13 +1509,44 @@ def verify_bundle(path: str | Path, *, trust: Mapping[str, bytes] | None = None,
     return _verify(path, trust, allow_unsigned)[0]
 
 
-def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bool = False) -> VerifyReport:
+#: Longest reason a security event records (a reason quotes names the bundle chose).
+_LOGGED_REASON_CHARS = 2000
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    """``bytes`` and ``bundle_sha256`` of a bundle zip, for the security log; the digest
+    (a read of the whole file) only of a file no larger than a bundle may unpack to."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return {}
+        if st.st_size > MAX_BUNDLE_BYTES:
+            return {"bytes": st.st_size}
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return {}
+    return {"bytes": st.st_size, "bundle_sha256": digest.hexdigest()}
+
+
+def verify_in_workspace(ws: "Workspace", path: str | Path, *, allow_unsigned: bool = False,
+                        actor: Actor | None = None) -> VerifyReport:
     """:func:`verify_bundle` against ``ws``'s trust store, with the bundle's build
     environment compared to this one (:func:`environment_checks` against the workspace's
     embedder) in ``report.environment`` — what ``rwb bundle verify`` runs.  A difference
-    is reported, never a refusal."""
-
+    is reported, never a refusal.  A refused bundle is recorded in the workspace's security
+    log (``bundle_refused``: the file, its size and sha256, the failed checks, the reasons)."""
     report = verify_bundle(path, trust=trust_store(ws), allow_unsigned=allow_unsigned)
+    if not report.ok:
+        security_event(ws, actor, "bundle_refused", file=str(path), **_file_identity(Path(path)),
+                       checks=[c.check for c in report.checks if not c.ok],
+                       reason=_clip(report.reason, _LOGGED_REASON_CHARS))
     if report.manifest is not None:
         manifest = Manifest.model_validate(report.manifest)
         report.environment = environment_checks(manifest, text_embedding.workspace_embedder(ws))
@@ -1246,8 +1577,9 @@ def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, b
     """Seal ``body`` (manifest fields without ``files``/``digest``) over ``files``, sign the
     digest with ``key`` (``signature.json``; none without a key) and write the zip
     atomically (temp file, then rename).  Returns the path written."""
-    if set(files) != set(BUNDLE_FILES):
-        raise ValueError(f"a bundle needs exactly {BUNDLE_FILES}; got {sorted(files)}")
+    names = bundle_files(body.get("served") is not None)
+    if set(files) != set(names):
+        raise ValueError(f"a bundle needs exactly {names}; got {sorted(files)}")
     entries = {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}
     manifest = seal_manifest({**body, "files": entries})
     out = Path(out)
@@ -1259,7 +1591,7 @@ def write_bundle(out: str | Path, body: Mapping[str, Any], files: Mapping[str, b
         with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             when = _zip_time(manifest.created_at)
             signed = [(SIGNATURE, _json_bytes(sign_digest(key, manifest.digest).to_dict()))] if key else []
-            for name, data in [(MANIFEST, manifest.to_bytes())] + [(n, files[n]) for n in BUNDLE_FILES] + signed:
+            for name, data in [(MANIFEST, manifest.to_bytes())] + [(n, files[n]) for n in names] + signed:
                 info = zipfile.ZipInfo(name, date_time=when)
                 info.external_attr = (stat.S_IFREG | 0o644) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -1279,7 +1611,7 @@ def write_folder(folder: str | Path, manifest: Manifest, files: Mapping[str, byt
     place (this writes into ``folder`` directly)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=False)
-    for name in BUNDLE_FILES:
+    for name in bundle_files(manifest.served is not None):
         (folder / name).write_bytes(files[name])
     (folder / MANIFEST).write_bytes(manifest.to_bytes())
     if key is not None:
@@ -1362,7 +1694,7 @@ def _run_episodes(ws: "Workspace", run: RunRecord) -> list[Any]:
 
 
 def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | None = None, *,
-                  name: str | None = None, version: str | None = None) -> Path:
+                  name: str | None = None, version: str | None = None, serve_precision: str = "full") -> Path:
     """Write the trained policy of ``run_id`` as a bundle zip at ``out`` (default: the
     workspace's ``artifacts/bundles/<name>-<version>.zip``).  Needs ``export_bundle``.
 
@@ -1371,10 +1703,19 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     name).  The run must have ended (finished or stopped) with a checkpoint.  The bundle
     carries the run's last checkpoint, the catalog and mask rules of its data (plus the
     review rules at export time), its template, the evaluation report on its held-out
-    episodes, an RDE tree fit on the expert's training episodes, and a smoke set."""
+    episodes, an RDE tree fit on the expert's training episodes, and a smoke set.
+
+    ``serve_precision`` other than ``full`` adds the copy serving will run in the policy's place
+    (:mod:`core.govern.served_copy`: float16, bfloat16 or int8 weights, or a distilled smaller
+    network), with its agreement with the policy on the held-out episodes in the manifest;
+    a copy below the bar is refused (InputError naming ``serve_precision``).  The evaluation is
+    then the copy's: what production would serve."""
     from core.rl.evaluation import evaluate  # deferred: loads torch
 
     authorize(ws, actor, "export_bundle")
+    if serve_precision not in SERVE_PRECISIONS:
+        raise InputError(f"unknown serve precision {serve_precision!r}: one of {', '.join(SERVE_PRECISIONS)}",
+                         field="serve_precision")
     run = get_run(ws, run_id)
     if run.status not in ("finished", "stopped"):
         raise ConflictError(f"run {run_id} is {run.display_status}; export a run that has finished or was "
@@ -1390,9 +1731,9 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
     if Path(out).exists():
         raise ConflictError(f"{out} exists already; choose another file or version")
 
-    # The run's own evaluation on its held-out split (core.rl.evaluation), then what it trained
-    # on and its last checkpoint, rebuilt as its trainer built them (core.rl.runs.open_run).
-    report = evaluate(ws, run_id)
+    # What the run trained on and its last checkpoint, rebuilt as its trainer built them
+    # (core.rl.runs.open_run); the copy serving will run, if any; then the run's own evaluation
+    # of that module on its held-out split (core.rl.evaluation).
     ctx = open_run(ws, run_id)
     template, data, agent = ctx.template, ctx.data, ctx.agent.eval()
     tables = data.tables
@@ -1401,6 +1742,9 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         raise ConflictError(f"the episodes of run {run_id} changed while it was exported; export again")
     train_idx = data.train_episodes.cpu().tolist()
     held_idx = data.heldout_episodes.cpu().tolist()
+    copy, served = (None, None) if serve_precision == "full" else \
+        _served_copy(agent, serve_precision, tables, train_idx, held_idx, seed=int(ctx.config.seed))
+    report = evaluate(ws, run_id, policy=copy)
 
     # The RDE baseline: a tree on the logged expert's training episodes — or, when the logs
     # hold no expert (an imperfect agent's logs), on those of the behaviour whose training
@@ -1431,6 +1775,8 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
 
     rules = with_review_rules(tables.mask_rules, ws, run.dataset)
     smoke_st, smoke_js = _smoke_files(tables, episodes, held_idx)
+    if copy is not None and served is not None:
+        served["smoke"] = _smoke_agreement(agent, copy, smoke_st, smoke_js, rules.compile(tables.catalog))
     from safetensors.numpy import save as save_np
 
     files = {
@@ -1448,6 +1794,11 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "smoke.safetensors": smoke_st,
         "smoke.json": smoke_js,
     }
+    if copy is not None:
+        from core.govern.served_copy import network, stored_tensors  # deferred: loads torch
+
+        files[SERVED_FILES[0]] = _safetensors_bytes(stored_tensors(copy, serve_precision))
+        files[SERVED_FILES[1]] = _json_bytes({"precision": serve_precision, "class": POLICY_CLASS, **network(copy)})
     body = {
         "format": BUNDLE_FORMAT, "name": name, "version": version, "created_by": actor.name,
         "created_at": _now_iso(), "run_id": run_id, "trained_by": run.created_by,
@@ -1462,6 +1813,7 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         "approvals": [],
         "built_with": built_with(text_embedding.workspace_embedder(ws)).model_dump(mode="json"),
         "catalog_digest": catalog_digest(tables.catalog),
+        "served": served,
     }
     path = write_bundle(out, _finite(body), files, key=signing_key(ws))
     verdict = verify_bundle(path, trust=trust_store(ws))
@@ -1469,6 +1821,81 @@ def export_bundle(ws: "Workspace", actor: Actor, run_id: str, out: str | Path | 
         path.unlink(missing_ok=True)
         raise BundleError(f"the exported bundle failed its own verification: {verdict.reason}", file=str(path))
     return path
+
+
+def _served_copy(agent: "Agent", precision: str, tables: Any, train: Sequence[int], heldout: Sequence[int], *,
+                 seed: int) -> tuple["Agent", dict[str, Any]]:
+    """The copy of ``agent`` that serving would run (:func:`core.govern.served_copy.make_copy`)
+    and what the manifest records of it: its size and its agreement with ``agent`` on the
+    held-out episodes.  A copy that does not agree enough is refused, naming the precisions
+    that keep more of the policy."""
+    from core.govern import served_copy  # deferred: loads torch
+
+    copy = served_copy.make_copy(agent, precision, tables, train, seed=seed)
+    obs, mask = served_copy.heldout_states(tables, heldout, agent)
+    figures = served_copy.agreement(agent, copy, obs, mask)
+    why = figures.problem()
+    if why is not None:
+        closer = [p for p in ("float16", "bfloat16") if p != precision]
+        raise InputError(f"the {precision} copy of the policy cannot be served: {why}; export with "
+                         f"--serve-precision {' or '.join(closer)}, which keep more of the policy, or serve the "
+                         "full policy (--serve-precision full)", field="serve_precision")
+    return copy, {"precision": precision, "parameters": sum(int(p.numel()) for p in copy.parameters()),
+                  "trained_parameters": sum(int(p.numel()) for p in agent.parameters()),
+                  "heldout": figures.to_dict(), "heldout_states": served_copy.HELDOUT_STATES,
+                  "min_top1": served_copy.MIN_TOP1, "max_prob_gap_mean": served_copy.MAX_PROB_GAP_MEAN}
+
+
+def _smoke_agreement(agent: "Agent", copy: "Agent", smoke_weights: bytes, smoke_meta: bytes,
+                     masks: "CompiledMasks") -> dict[str, Any]:
+    """The copy's agreement with ``agent`` on the smoke set (its encoder inputs, and its
+    states' masks under the bundle's rules, as :meth:`LoadedBundle.smoke_mask` computes them
+    when the bundle is loaded and checks these figures again)."""
+    import torch
+    from safetensors.numpy import load as load_np
+
+    from core.govern.served_copy import agreement  # deferred: loads torch
+    from core.rl.sim import OBS_KEYS  # deferred: loads torch and gymnasium
+
+    arrays, meta = load_np(smoke_weights), json.loads(smoke_meta)
+    states, task_types = [s if isinstance(s, Mapping) else {} for s in meta["states"]], list(meta["task_types"])
+    feats = state_features(states, task_types)
+    for f in masks.required_features:
+        if f not in feats:
+            feats[f] = np.full(len(states), np.nan) if f in masks.numeric_features \
+                else np.array([None] * len(states), dtype=object)
+    mask = np.asarray(masks.evaluate(feats, arrays["action_counts"]).mask, dtype=bool)
+    obs = {k: torch.as_tensor(np.array(arrays[k])) for k in OBS_KEYS}
+    return agreement(agent, copy, obs, torch.as_tensor(mask)).to_dict()
+
+
+def served_copy_line(manifest: Mapping[str, Any]) -> str:
+    """What serving runs for a manifest (its JSON form), in one line: the trained policy, or
+    its served copy with the agreement figures measured at export."""
+    served = manifest.get("served")
+    if not isinstance(served, Mapping):
+        return "Serving runs the trained policy itself (full precision)"
+    h = served["heldout"]
+    return (f"Serving runs a {served['precision']} copy: {served['parameters']:,} weights (the trained policy's "
+            f"{served['trained_parameters']:,}); the same first choice on {h['top1']:.2%} of {h['states']} held-out "
+            f"states, action-probability gap mean {h['prob_gap_mean']:.4f} / max {h['prob_gap_max']:.4f}, value "
+            f"gap mean {h['value_gap_mean']:.4f} / max {h['value_gap_max']:.4f}")
+
+
+def describe_served(path: str | Path) -> str:
+    """:func:`served_copy_line` of the bundle zip at ``path`` (its manifest only, read within
+    the bounds of verification; nothing is verified)."""
+    try:
+        manifest = _zip_manifest(Path(path))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"cannot read the manifest of {Path(path).name}: {exc}", file=str(path)) from None
+    if not isinstance(manifest, Mapping):
+        raise InputError(f"the manifest of {Path(path).name} is not a JSON object", file=str(path))
+    try:
+        return served_copy_line(manifest)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"the manifest of {Path(path).name} records its served copy without {exc}",
+                         file=str(path)) from None
 
 
 def bundles_dir(ws: "Workspace") -> Path:
@@ -1505,8 +1932,7 @@ def list_bundles(ws: "Workspace") -> list[BundleListing]:
     for path in sorted(bundles_dir(ws).glob("*.zip"), key=lambda p: p.stat().st_mtime, reverse=True):
         file, size = path.name, path.stat().st_size
         try:
-            with zipfile.ZipFile(path) as zf:
-                m = json.loads(zf.read(MANIFEST))
+            m = _zip_manifest(path)
             ev = m.get("evaluation") or {}
             listing = BundleListing(file=file, path=str(path), bytes=size, name=m.get("name"),
                                     version=m.get("version"), run_id=m.get("run_id"),
@@ -1539,7 +1965,8 @@ def heldout_identity(tables: Any, heldout: Any, run: RunRecord) -> dict[str, Any
             "dataset": run.dataset, "template_sha256": run.template_hash}
 
 
-__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "Approval", "BuiltWith", "BundleError", "BundleListing", "EmbeddingModelRef",
+__all__ = ["BUNDLE_FILES", "BUNDLE_FORMAT", "MANIFEST", "SERVED_FILES", "SERVE_PRECISIONS", "AgreementFigures",
+           "ServedCopy", "bundle_files", "describe_served", "served_copy_line", "served_module", "Approval", "BuiltWith", "BundleError", "BundleListing", "EmbeddingModelRef",
            "EnvironmentCheck", "FeatureInput", "FeatureLayout", "FeaturePart", "FileEntry", "LoadedBundle",
            "Manifest", "built_with", "catalog_digest", "embedding_model_ref", "environment_checks", "feature_layout",
            "model_files_digest", "SIGNATURE", "TemplateRef", "VerifyReport", "bundles_dir", "export_bundle", "exported_bundle_bytes",

@@ -4,10 +4,12 @@ Every policy name has versions, each one verified bundle, moving candidate → a
 production (→ rolled_back).  Entry points: :func:`register` (verify, keep a copy, record the
 registry's own evaluation), :func:`approve` (four-eyes plus :func:`promotion_gate`),
 :func:`promote` (an atomic, signed copy into the policies folder) and :func:`rollback`.
-Every transition is one append-only row of ``registry_events``; stages and :func:`aliases`
-are computed from them.
+Every transition is one append-only row of ``registry_events``, signed by the workspace;
+stages, :func:`aliases`, approvals and the signed policies index (:func:`publish_index`)
+are computed from the signed rows alone, so a row written by hand counts for nothing.
 
-Details: docs/governance.md (## Registry stages, ## The promotion gate, ## Registry events).
+Details: docs/governance.md (## Registry stages, ## The promotion gate, ## Registry events,
+## The policies index is a cache of the registry).
 """
 
 from __future__ import annotations
@@ -21,21 +23,24 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.govern.bundle import (Approval, BundleError, ENCODER_PREFIX, MANIFEST, Manifest, heldout_identity,
+from core.govern.bundle import (MAX_BUNDLE_BYTES, MAX_CENTRAL_DIRECTORY_BYTES, Approval, BundleError, ENCODER_PREFIX,
+                                MANIFEST, Manifest, heldout_identity,
                                 load_bundle, next_version, read_members, seal_manifest, semver_key, verify_bundle,
                                 write_folder)
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.access.keys import signing_key, trust_store
-from core.govern.policy_folder import INDEX, PolicyIndexEntry, policies_root, read_index_document
-from core.govern.registry_records import RegistryEvent, policy_names, promoted_digest
+from core.govern.policy_folder import (INDEX, PolicyIndexEntry, entry_signature_problem, policies_root,
+                                       read_index_document, sign_entry)
+from core.govern.registry_records import (AFTER, EVENT_LABEL, SIGNATURE, RegistryEvent, RegistryLog,
+                                          RegistryLogBroken, UnrecordedEvent, event_payload, policy_names,
+                                          production_stack, promoted_digest, registry_log, sign_record)
 from core.govern.registry_records import promoted_digest_in as _promoted_digest
-from core.govern.registry_records import registry_events as _events
-from core.access.users import Actor, authorize, check_four_eyes
+from core.access.users import PERMISSIONS, Actor, authorize, check_four_eyes
 from core.access.audit import security_event
 from core.rl.runs import get_run, open_run
 
@@ -84,52 +89,42 @@ def _row(conn: "sqlite3.Connection", name: str, version: str) -> dict[str, Any]:
     return d
 
 
-def _replay(events: Sequence[RegistryEvent]) -> tuple[dict[str, str], list[str]]:
-    """``(stage per version, production stack)`` of one name from its events, in order:
-    a promotion pushes onto the stack, a rollback pops the top (the stack's top is
-    production)."""
-    stage: dict[str, str] = {}
-    stack: list[str] = []
-    for e in events:
-        v = e.version
-        if e.event == "registered":
-            stage[v] = "candidate"
-        elif e.event == "approved":
-            stage[v] = "approved"
-        elif e.event == "promoted":
-            if stack and stack[-1] != v:
-                stage[stack[-1]] = "approved"
-            stack.append(v)
-            stage[v] = "production"
-        elif e.event == "rolled_back":
-            if stack:
-                stage[stack.pop()] = "rolled_back"
-            stage[v] = "production"
-            if not stack or stack[-1] != v:  # a log that restored a version off the stack
-                stack.append(v)
-    return stage, stack
+_replay = production_stack
 
 
-def _state(conn: "sqlite3.Connection", name: str) -> tuple[dict[str, str], list[str]]:
-    return _replay(_events(conn, name))
+def _log(ws: "Workspace", name: str | None, conn: "sqlite3.Connection | None" = None) -> RegistryLog:
+    """The registry's log (of ``name``, or all), each row checked against the workspace's trust store."""
+    return registry_log(conn or ws.conn, name, trust_store(ws))
+
+
+def _events(ws: "Workspace", name: str, conn: "sqlite3.Connection | None" = None) -> list[RegistryEvent]:
+    """The events of ``name`` the registry recorded itself (signed by its workspace): the only
+    ones a stage, an approval or a production version is read from.  A row inserted or
+    changed by hand is not among them (:func:`unrecorded_events` lists those)."""
+    return _log(ws, name, conn).recorded
+
+
+def _state(ws: "Workspace", name: str, conn: "sqlite3.Connection | None" = None
+           ) -> tuple[dict[str, str], list[str]]:
+    return _replay(_events(ws, name, conn))
 
 
 def production_version(ws: "Workspace", name: str) -> str | None:
     """The version of ``name`` in production (per this workspace's registry), or None."""
-    stack = _state(ws.conn, name)[1]
+    stack = _state(ws, name)[1]
     return stack[-1] if stack else None
 
 
 def previous_version(ws: "Workspace", name: str) -> str | None:
     """The version :func:`rollback` would restore (None when there is none)."""
-    stack = _state(ws.conn, name)[1]
+    stack = _state(ws, name)[1]
     return stack[-2] if len(stack) >= 2 else None
 
 
 def aliases(ws: "Workspace", name: str) -> dict[str, str | None]:
     """``{"production", "approved", "candidate"}`` → the version each alias points to: the
     production version, and the highest approved and highest candidate version."""
-    stage, stack = _state(ws.conn, name)
+    stage, stack = _state(ws, name)
 
     def top(s: str) -> str | None:
         vs = sorted((v for v, st in stage.items() if st == s), key=semver_key)
@@ -255,7 +250,7 @@ def _summary(row: Mapping[str, Any], stage: str, events: Sequence[RegistryEvent]
 def _detail(ws: "Workspace", name: str, version: str) -> dict[str, Any]:
     """The fields of :class:`PolicyVersionDetail` for ``name@version``."""
     row = _row(ws.conn, name, version)
-    events = _events(ws.conn, name)
+    events = _events(ws, name)
     stage = _replay(events)[0].get(version, "candidate")
     return {**_summary(row, stage, events), "manifest": row["manifest"]}
 
@@ -276,7 +271,7 @@ def list_versions(ws: "Workspace", name: str | None = None) -> list[PolicyVersio
     rows = [dict(zip(_VERSION_COLUMNS, r)) for r in ws.conn.execute(sql, args)]
     out = []
     for n in sorted({r["name"] for r in rows}):
-        events = _events(ws.conn, n)
+        events = _events(ws, n)
         stage = _replay(events)[0]
         for r in sorted((r for r in rows if r["name"] == n), key=lambda r: semver_key(r["version"])):
             r["manifest"] = json.loads(r["manifest"])
@@ -285,8 +280,16 @@ def list_versions(ws: "Workspace", name: str | None = None) -> list[PolicyVersio
 
 
 def history(ws: "Workspace", name: str | None = None) -> list[RegistryEvent]:
-    """Every registry event (of ``name``, or all), oldest first: who did what, when and why."""
-    return _events(ws.conn, name)
+    """Every registry event (of ``name``, or all), oldest first: who did what, when and why.
+    The raw log: rows the registry did not write are listed too (:func:`unrecorded_events`)."""
+    return _log(ws, name).events
+
+
+def unrecorded_events(ws: "Workspace", name: str | None = None) -> list[UnrecordedEvent]:
+    """Rows of the log (of ``name``, or all) that the registry's own functions did not write
+    — no signature by a key the workspace trusts, or one that does not cover the row as it
+    is — each with why.  They count for nothing: no stage, approval or production reads them."""
+    return _log(ws, name).unrecorded
 
 
 @dataclass(frozen=True)
@@ -333,7 +336,7 @@ def compare_versions(ws: "Workspace", versions: list[tuple[str, str]]) -> list[V
     rows = []
     for name, version in versions:
         v = get_version(ws, name, version)
-        ev = _record(_events(ws.conn, name), version).get("evaluation") or {}
+        ev = _record(_events(ws, name), version).get("evaluation") or {}
         pol, rnd = ev.get("policy") or {}, ev.get("random_in_mask") or {}
         rows.append(VersionComparison(
             policy=f"{name}@{version}", stage=v.stage, run=v.run_id, heldout_episodes=ev.get("episodes"),
@@ -365,14 +368,28 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
     src = Path(bundle_path)
     if not src.is_file() or src.suffix.lower() != ".zip":
         raise InputError(f"register a bundle zip file (got {src})", file=str(src))
-    data = src.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
+    # A bundle's members are capped at MAX_BUNDLE_BYTES in all; the zip's headers add little.
+    # Refuse a larger file by its size, before a byte of it is read.
+    limit = MAX_BUNDLE_BYTES + MAX_CENTRAL_DIRECTORY_BYTES + (1 << 20)
+    size = src.stat().st_size
+    if size > limit:
+        security_event(ws, actor, "bundle_refused", file=str(src), size=size,
+                       reason=f"{size:,} bytes is more than a bundle may hold ({limit:,})")
+        raise BundleError(f"bundle refused: {size:,} bytes is more than a bundle may hold ({limit:,})",
+                          file=str(src))
     folder = ws.artifact_dir("registry")
     fd, tmp_name = tempfile.mkstemp(prefix=".incoming-", suffix=".zip", dir=folder)
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        digest = hashlib.sha256()
+        with open(src, "rb") as source, os.fdopen(fd, "wb") as f:
+            while chunk := source.read(min(1 << 20, limit + 1 - f.tell())):
+                digest.update(chunk)
+                f.write(chunk)
+            if f.tell() > limit:  # the file grew after its size was read
+                raise BundleError(f"bundle refused: {src} grew past {limit:,} bytes while it was read",
+                                  file=str(src))
+        sha = digest.hexdigest()
         # verify the copy we keep, not the caller's file, which may change meanwhile
         report = verify_bundle(tmp, trust=trust_store(ws))
         if not report.ok:
@@ -402,7 +419,7 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
                          f"({', '.join('?' * len(_VERSION_COLUMNS))})",
                          (m.name, m.version, str(dest), sha, m.digest, _json(report.manifest), m.run_id,
                           m.created_by, m.trained_by, actor.name, _now_iso()))
-            _event(conn, m.name, m.version, "registered", actor, comment,
+            _event(ws, conn, m.name, m.version, "registered", actor, comment,
                    {"bundle_sha256": sha, "source": str(src.resolve()), "manifest_digest": m.digest,
                     "signer": report.signer, "registered_by": actor.name, **own})
     finally:
@@ -414,9 +431,11 @@ def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> d
     """The registry's own record of a bundle's run: who created the run (the workspace's
     run table) and the run's evaluation on its held-out episodes, computed here
     (:func:`core.rl.evaluation.evaluate`, the protocol export uses), after checking that the
-    bundle's weights are the run's checkpoint — so the figures are the bundle's.  A run
-    that is not in this workspace cannot be evaluated here (its episodes and split live
-    in the workspace that trained it): refused."""
+    bundle's weights are the run's checkpoint — so the figures are the bundle's.  When the
+    bundle carries a served copy, the figures are the copy's (what production would serve,
+    what the promotion gate reads), with its agreement computed here.  A run that is not in
+    this workspace cannot be evaluated here (its episodes and split live in the workspace
+    that trained it): refused.  A refusal of the weights goes to the security log."""
     from core.rl.evaluation import evaluate  # deferred: loads torch
 
     if not ws.conn.execute("SELECT 1 FROM runs WHERE id=?", (m.run_id,)).fetchone():
@@ -425,22 +444,37 @@ def _own_record(ws: "Workspace", m: Manifest, members: Mapping[str, bytes]) -> d
                           "figures; register the bundle in the workspace that trained the run", field="run_id")
     run = get_run(ws, m.run_id)
     ctx = open_run(ws, m.run_id)
-    _check_weights(ctx.agent, members, m)
-    report = evaluate(ws, m.run_id)
+    try:
+        served = _check_weights(ctx, members, m)
+    except BundleError as exc:
+        security_event(ws, None, "bundle_weights_refused", policy=m.policy_version, run_id=m.run_id,
+                       manifest_digest=m.digest, reason=exc.reason)
+        raise
+    report = evaluate(ws, m.run_id, policy=None if served is None else served[0])
     # stored as JSON: the report's fields as keys, then what the registry adds
     evaluation = {**report.to_dict(), **heldout_identity(ctx.data.tables, ctx.data.heldout_episodes, run),
                   "split": "heldout", "metric": "return_mean", "expert_return": report.logged.get("expert"),
                   "evaluated_at": _now_iso()}
-    return {"trained_by": run.created_by, "evaluation": json.loads(_json(evaluation)),
-            "evaluated_from": f"run {m.run_id} in this workspace (its held-out split)"}
+    own = {"trained_by": run.created_by, "evaluation": json.loads(_json(evaluation)),
+           "evaluated_from": f"run {m.run_id} in this workspace (its held-out split)"}
+    if served is not None:
+        own["evaluated_from"] += f", the bundle's served {served[1]['precision']} copy"
+        own["served"] = served[1]
+    return own
 
 
-def _check_weights(agent: Any, members: Mapping[str, bytes], m: Manifest) -> None:
-    """The bundle's policy and encoder weights must be the run's checkpoint, tensor for tensor."""
+def _check_weights(ctx: Any, members: Mapping[str, bytes], m: Manifest) -> tuple[Any, dict[str, Any]] | None:
+    """The bundle's policy and encoder weights must be the run's checkpoint (``ctx``: the run
+    opened), tensor for tensor.  Its served copy, if any, must agree with that checkpoint on
+    the run's held-out states as the manifest records, computed again here, and pass the bar
+    (core.govern.served_copy).  Returns the copy and the figures computed here (None without one)."""
     import torch
     from safetensors.torch import load as load_tensors
 
+    from core.govern import served_copy  # deferred: loads torch
+    from core.govern.bundle import served_module  # deferred with the copy's other helpers, used here only
 
+    agent = ctx.agent
     ours = agent.state_dict()
     theirs = {**load_tensors(members["policy.safetensors"]),
               **{ENCODER_PREFIX + k: v for k, v in load_tensors(members["encoder.safetensors"]).items()}}
@@ -449,6 +483,23 @@ def _check_weights(agent: Any, members: Mapping[str, bytes], m: Manifest) -> Non
     if not same:
         raise BundleError(f"the weights in {m.policy_version} are not the checkpoint of run {m.run_id}; the registry "
                           "evaluates the run, so it registers only that run's own policy", field="policy.safetensors")
+    if m.served is None:
+        return None
+    try:
+        copy = served_module(members, m)
+    except (InputError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise BundleError(f"the served copy in {m.policy_version} cannot be built: {exc}", field="served") from None
+    obs, mask = served_copy.heldout_states(ctx.data.tables, ctx.data.heldout_episodes.cpu().tolist(), agent)
+    figures = served_copy.agreement(agent, copy, obs, mask)
+    why = figures.differs_from(m.served.heldout.model_dump())
+    if why is not None:
+        raise BundleError(f"the served {m.served.precision} copy in {m.policy_version} does not agree with run "
+                          f"{m.run_id}'s checkpoint as its manifest records ({why})", field="served")
+    why = figures.problem()
+    if why is not None:
+        raise BundleError(f"the served {m.served.precision} copy in {m.policy_version} may not be served: {why}",
+                          field="served")
+    return copy, {"precision": m.served.precision, "heldout": figures.to_dict()}
 
 
 def _check_run_record(ws: "Workspace", m: Manifest) -> None:
@@ -465,11 +516,24 @@ def _check_run_record(ws: "Workspace", m: Manifest) -> None:
                           field="template")
 
 
-def _event(conn: "sqlite3.Connection", name: str, version: str, event: str, actor: Actor, comment: str,
-           detail: Mapping[str, Any] | None = None) -> None:
-    conn.execute("INSERT INTO registry_events (name, version, event, actor, role, at, comment, detail) "
-                 "VALUES (?,?,?,?,?,?,?,?)", (name, version, event, actor.name, actor.role, _now_iso(),
-                                              comment or "", _json(detail or {})))
+def _event(ws: "Workspace", conn: "sqlite3.Connection", name: str, version: str, event: str, actor: Actor,
+           comment: str, detail: Mapping[str, Any] | None = None) -> RegistryEvent:
+    """Append one event, signed with the workspace's key over the whole row (its id
+    included) and naming the recorded event of ``name`` it follows, inside the caller's
+    transaction (which holds the write lock, so the id taken here is the row's)."""
+    log = _log(ws, name, conn)
+    log.check_whole(name)
+    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='registry_events'").fetchone()
+    top = conn.execute("SELECT MAX(id) FROM registry_events").fetchone()
+    new_id = max(int(seq[0]) if seq else 0, int(top[0] or 0)) + 1
+    body = json.loads(_json({**(detail or {}), AFTER: log.last_sequence(name)}))  # the form read back
+    row = RegistryEvent(id=new_id, name=name, version=version, event=event, actor=actor.name, role=actor.role,
+                        at=_now_iso(), comment=comment or "", detail=body)
+    signed = {**body, SIGNATURE: sign_record(signing_key(ws), EVENT_LABEL, event_payload(row))}
+    conn.execute("INSERT INTO registry_events (id, name, version, event, actor, role, at, comment, detail) "
+                 "VALUES (?,?,?,?,?,?,?,?,?)", (row.id, name, version, event, row.actor, row.role, row.at,
+                                                row.comment, _json(signed)))
+    return replace(row, detail=signed)
 
 
 def _registered_bundle(row: Mapping[str, Any]) -> Path:
@@ -547,7 +611,7 @@ def promotion_gate(ws: "Workspace", name: str, version: str, *, margin: float = 
     started from the start states of that behaviour's held-out episodes against what the
     behaviour's logs earned on them.  Returns the verdict with the numbers behind it."""
     cand = _row(ws.conn, name, version)
-    events = _events(ws.conn, name)
+    events = _events(ws, name)
     ev = _evaluation(events, version)
     pol = ev.get("policy") or {}
     out: dict[str, Any] = {"candidate": f"{name}@{version}", "metric": "mean template return on held-out episodes",
@@ -631,33 +695,130 @@ def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mappi
             "baseline_episodes": pooled.episodes}
 
 
+# --------------------------------------------------------------------------- the registry's own records
+def _checked_events(ws: "Workspace", conn: "sqlite3.Connection", name: str, actor: Actor) -> list[RegistryEvent]:
+    """The recorded events of ``name`` for a decision: refused (and logged) when the log
+    lost events; each row the registry did not write is logged and left out."""
+    log = _log(ws, name, conn)
+    try:
+        log.check_whole(name)
+    except RegistryLogBroken as exc:
+        security_event(ws, actor, "registry_log_broken", policy=name, reason=str(exc))
+        raise
+    for row in log.unrecorded:
+        security_event(ws, actor, "registry_record_refused", policy=name, event_id=row.event.id,
+                       event_type=row.event.event, version=row.event.version, by=row.event.actor, reason=row.reason)
+    return log.recorded
+
+
+def _registration(ws: "Workspace", actor: Actor, row: Mapping[str, Any],
+                  events: Sequence[RegistryEvent]) -> RegistryEvent:
+    """The recorded ``registered`` event of ``row``'s version, which the row must agree with
+    (``policy_versions`` is a plain table; the event is signed by the registry)."""
+    name, version = row["name"], row["version"]
+    reg = next((e for e in events if e.event == "registered" and e.version == version), None)
+    if reg is None or "trained_by" not in reg.detail:
+        raise ConflictError(f"{name}@{version} has no registration the registry recorded itself (who trained the "
+                            "run, its evaluation, signed by this workspace); export and register it again as a "
+                            "new version")
+    for key in ("bundle_sha256", "manifest_digest", "registered_by"):
+        if reg.detail.get(key) != row[key]:
+            reason = (f"the policy_versions row of {name}@{version} says {key} {str(row[key])[:16]!r}, the "
+                      f"registry's signed registration {str(reg.detail.get(key))[:16]!r}")
+            security_event(ws, actor, "registry_record_refused", policy=name, version=version,
+                           table="policy_versions", field=key, reason=reason)
+            raise ConflictError(f"{reason}: the row was changed after registration; the registry will not use it")
+    return reg
+
+
+def _current_approval(events: Sequence[RegistryEvent], version: str) -> RegistryEvent | None:
+    """The recorded approval that makes ``version`` approved now: its latest ``approved``
+    event not followed by a rollback away from it (which asks for a new approval)."""
+    current = None
+    for e in events:
+        if e.event == "approved" and e.version == version:
+            current = e
+        elif e.event == "rolled_back" and e.detail.get("from") == version:
+            current = None
+    return current
+
+
+def _approval_problems(approval: RegistryEvent, reg: RegistryEvent, name: str, version: str) -> list[str]:
+    """Why a recorded approval does not let ``name@version`` be promoted (empty when it does)."""
+    problems = []
+    recorded_gate = approval.detail.get("gate")
+    gate: dict[str, Any] = recorded_gate if isinstance(recorded_gate, dict) else {}
+    if gate.get("passed") is not True or gate.get("candidate") != f"{name}@{version}":
+        problems.append("it records no passing promotion gate of this version")
+    if approval.role not in PERMISSIONS["approve"]:
+        problems.append(f"{approval.actor} approved as {approval.role}, a role without the approve permission")
+    who = approval.actor.casefold()
+    for did, person in (("registered", reg.detail.get("registered_by")), ("trained", reg.detail.get("trained_by"))):
+        if isinstance(person, str) and person.casefold() == who:
+            problems.append(f"four-eyes rule: {approval.actor} {did} this version")
+    bound = (approval.detail.get("registered"), approval.detail.get("manifest_digest"),
+             approval.detail.get("bundle_sha256"))
+    if bound != (reg.id, reg.detail.get("manifest_digest"), reg.detail.get("bundle_sha256")):
+        problems.append("it approves other bytes than the registered bundle")
+    return problems
+
+
+def _verified_approval(ws: "Workspace", actor: Actor, row: Mapping[str, Any],
+                       events: Sequence[RegistryEvent]) -> RegistryEvent:
+    """The approval chain of ``row``'s version, re-checked from the recorded events at
+    promotion: its signed registration (which the row agrees with), and an approval written
+    by :func:`approve` after a passing gate, by a person holding the approve permission
+    then, who neither registered the bundle nor trained the run, for the registered bytes."""
+    name, version = row["name"], row["version"]
+    reg = _registration(ws, actor, row, events)
+    approval = _current_approval(events, version)
+    problems = (["the registry recorded no approval of it"] if approval is None
+                else _approval_problems(approval, reg, name, version))
+    if approval is None or problems:
+        security_event(ws, actor, "approval_refused", policy=f"{name}@{version}",
+                       event_id=approval.id if approval else None, by=approval.actor if approval else None,
+                       reason="; ".join(problems))
+        raise ConflictError(f"{name}@{version} cannot be promoted: its approval does not hold "
+                            f"({'; '.join(problems)}); approve it again (`rwb registry approve`)")
+    return approval
+
+
+def _not_counted(ws: "Workspace", name: str, version: str) -> str:
+    """A note naming rows of ``version`` in the log that the registry did not write."""
+    rows = [u for u in _log(ws, name).unrecorded if u.event.version == version]
+    if not rows:
+        return ""
+    listed = ", ".join(f"event {u.event.id} ({u.event.event} by {u.event.actor})" for u in rows[:5])
+    return f"; the log holds rows the registry did not write, which count for nothing: {listed}"
+
+
 # --------------------------------------------------------------------------- approve
 def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> PolicyVersionDetail:
     """Approve a candidate for promotion.  Needs ``approve``, a person who neither trained
-    nor exported it (four-eyes), a comment saying why, and a passing promotion gate."""
+    nor exported it (four-eyes), a comment saying why, and a passing promotion gate.  The
+    approval is recorded for the registered bytes (their digests and registration event)."""
     authorize(ws, actor, "approve")
     if not isinstance(comment, str) or not comment.strip():
         raise InputError("say why you approve (a comment is required)", field="comment")
     row = _row(ws.conn, name, version)
-    rec = _record(_events(ws.conn, name), version)
-    if "trained_by" not in rec:
-        raise ConflictError(f"{name}@{version} was registered before the registry kept its own records (who "
-                            "trained the run, its evaluation); export and register it again as a new version")
+    reg = _registration(ws, actor, row, _events(ws, name))
     # the registry's record, never the manifest: who registered it, who trained the run
-    check_four_eyes(actor, row["registered_by"], rec["trained_by"])
+    check_four_eyes(actor, reg.detail.get("registered_by"), reg.detail["trained_by"])
     _registered_bundle(row)
     gate = promotion_gate(ws, name, version)
     if not gate.passed:
         raise GateFailed(f"promotion gate: {gate.reason}")
     with ws.transaction() as conn:
-        stage, stack = _state(conn, name)
+        stage, stack = _replay(_checked_events(ws, conn, name, actor))
         if (stack[-1] if stack else None) != gate.production:
             raise ConflictError(f"the production version of {name} changed while the gate ran; approve again")
         current = stage.get(version)
         if current not in ("candidate", "rolled_back"):
             raise ConflictError(f"{name}@{version} is {current}; only a candidate (or a rolled-back version) "
                                 "can be approved")
-        _event(conn, name, version, "approved", actor, comment.strip(), {"gate": to_jsonable(gate)})
+        _event(ws, conn, name, version, "approved", actor, comment.strip(),
+               {"gate": to_jsonable(gate), "registered": reg.id, "manifest_digest": reg.detail["manifest_digest"],
+                "bundle_sha256": reg.detail["bundle_sha256"]})
     return get_version(ws, name, version)
 
 
@@ -673,23 +834,6 @@ def _locked(root: Path) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
-
-
-@contextlib.contextmanager
-def _index_change(ws: "Workspace", base: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """Under the policies folder's lock: one workspace transaction and a copy of
-    ``index.json`` to edit.  The edited index is written last, inside the transaction; any
-    failure up to the commit puts the old index back."""
-    with _locked(base):
-        old_index = read_index_document(base)
-        index = json.loads(json.dumps(old_index))
-        try:
-            with ws.transaction() as conn:
-                yield conn, index
-                _write_index(base, index)
-        except BaseException:
-            _write_index(base, old_index)
-            raise
 
 
 def _write_index(root: Path, index: Mapping[str, Any]) -> None:
@@ -737,37 +881,104 @@ def _install(ws: "Workspace", root: Path, row: Mapping[str, Any], approvals: lis
     return sealed
 
 
-def _index_entry(index: dict[str, Any], name: str) -> dict[str, Any]:
-    return index["policies"].setdefault(name, {"active": None, "previous": [], "versions": {}})
+def _index_entry(events: Sequence[RegistryEvent]) -> dict[str, Any] | None:
+    """The index entry of one name, written from its recorded events alone (None when
+    nothing of it is in production)."""
+    stack = _replay(events)[1]
+    if not stack:
+        return None
+    versions: dict[str, dict[str, Any]] = {}
+    rolled_back = []
+    for e in events:
+        if e.event == "promoted":
+            versions[e.version] = {"manifest_digest": e.detail.get("manifest_digest"), "promoted_at": e.at,
+                                   "promoted_by": e.actor, "run_id": e.detail.get("run_id"),
+                                   "approved_by": list(e.detail.get("approved_by") or [])}
+        elif e.event == "rolled_back":
+            restored = versions.setdefault(e.version, {})
+            restored["manifest_digest"] = e.detail.get("manifest_digest")
+            if e.detail.get("reinstalled"):
+                restored["reinstalled_at"] = e.at
+            rolled_back.append({"version": e.detail.get("from"), "at": e.at, "by": e.actor})
+    entry: dict[str, Any] = {"active": stack[-1], "previous": list(reversed(stack[:-1])), "versions": versions,
+                             "updated_at": events[-1].at}
+    if rolled_back:
+        entry["rolled_back"] = rolled_back
+    return entry
+
+
+def _publish(ws: "Workspace", actor: Actor, base: Path, names: Sequence[str]) -> dict[str, PolicyIndexEntry]:
+    """Write the entries of ``names`` into ``base``'s ``index.json`` from the registry's
+    recorded events, each signed with the workspace's key and carrying the id of the
+    latest event it reflects; entries of other names (other registries') are kept as they
+    are.  An entry found unsigned or edited is logged before it is replaced.  The caller
+    holds the folder's lock; the events are committed."""
+    path = base / INDEX
+    try:
+        document = read_index_document(base)
+    except InputError as exc:
+        security_event(ws, actor, "policy_index_refused", path=str(path), reason=exc.reason, rewritten=True)
+        document = {"rwb_policies": 1, "policies": {}}
+    key, trust = signing_key(ws), trust_store(ws)
+    out = {}
+    for name in names:
+        log = _log(ws, name)
+        try:
+            log.check_whole(name)
+        except RegistryLogBroken as exc:
+            security_event(ws, actor, "registry_log_broken", policy=name, reason=str(exc))
+            raise
+        events = log.recorded
+        old = document["policies"].get(name)
+        problem = None if old is None else entry_signature_problem(name, old, trust)
+        if problem is not None:
+            security_event(ws, actor, "policy_index_refused", policy=name, path=str(path), reason=problem,
+                           index_active=old.get("active"), rewritten=True)
+        entry = _index_entry(events)
+        if entry is None:
+            raise ConflictError(f"nothing of {name} is in production in this workspace's registry: there is no "
+                                "index entry to publish (promote a version first)")
+        document["policies"][name] = sign_entry(key, name, entry, events[-1].id)
+        out[name] = PolicyIndexEntry.from_document(name, document["policies"][name])
+    _write_index(base, document)
+    return out
+
+
+def _published(ws: "Workspace", actor: Actor, base: Path, name: str, done: str) -> PolicyIndexEntry:
+    """:func:`_publish` of ``name`` after a committed transition (``done``, in words): the
+    registry holds it even when the index cannot be written, and the error says how to
+    write it again."""
+    try:
+        return _publish(ws, actor, base, [name])[name]
+    except OSError as exc:
+        raise ConflictError(f"{done} in the registry, but the policies index in {base} could not be written "
+                            f"({exc}); `rwb registry publish-index {name}` writes it from the registry's "
+                            "records") from None
 
 
 def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str = "", *,
             root: str | Path | None = None) -> PolicyIndexEntry:
-    """Make an approved version production: write it into the policies folder
-    (``core/policies/<name>/<version>/``, or ``root`` / ``$RWB_POLICIES_DIR``) and name it
-    active in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
+    """Make an approved version production: re-check its approval chain from the
+    registry's recorded events, write it into the policies folder
+    (``core/policies/<name>/<version>/``, or ``root`` / ``$RWB_POLICIES_DIR``) and write
+    its signed entry in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
     authorize(ws, actor, "promote")
     base = policies_root(root)
-    with _index_change(ws, base) as (conn, index):
-        events = _events(conn, name)
-        stage, stack = _replay(events)
-        row = _row(conn, name, version)
-        if stage.get(version) != "approved":
-            raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an "
-                                "approved version can be promoted (approve it first)")
-        sealed = _install(ws, base, row, _approvals(events, version))
-        entry = _index_entry(index, name)
-        previous = stack[-1] if stack else None
-        entry["previous"] = ([previous] if previous else []) + [v for v in entry.get("previous", [])
-                                                                if v not in (previous, version)]
-        entry["active"] = version
-        entry["versions"][version] = {"manifest_digest": sealed.digest, "promoted_at": _now_iso(),
-                                      "promoted_by": actor.name, "run_id": sealed.run_id,
-                                      "approved_by": [a.by for a in sealed.approvals]}
-        entry["updated_at"] = _now_iso()
-        _event(conn, name, version, "promoted", actor, comment,
-               {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest})
-    return PolicyIndexEntry.read(base, name)
+    with _locked(base):
+        with ws.transaction() as conn:
+            events = _checked_events(ws, conn, name, actor)
+            stage, stack = _replay(events)
+            row = _row(conn, name, version)
+            if stage.get(version) != "approved":
+                raise ConflictError(f"{name}@{version} is {stage.get(version, 'not registered')}; only an approved "
+                                    "version can be promoted (approve it first)" + _not_counted(ws, name, version))
+            _verified_approval(ws, actor, row, events)
+            sealed = _install(ws, base, row, _approvals(events, version))
+            previous = stack[-1] if stack else None
+            _event(ws, conn, name, version, "promoted", actor, comment,
+                   {"from": previous, "path": str(base / name / version), "manifest_digest": sealed.digest,
+                    "run_id": sealed.run_id, "approved_by": [a.by for a in sealed.approvals]})
+        return _published(ws, actor, base, name, f"{name}@{version} is production")
 
 
 def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
@@ -775,43 +986,50 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
     """Make the previous production version of ``name`` active again.  Needs ``rollback``.
 
     The version rolled back from becomes ``rolled_back`` (it needs a new approval to be
-    promoted again).  The restored version is re-verified in the policies folder and
-    rewritten from the registry's copy when it is missing or damaged there."""
+    promoted again).  The restored version is re-verified in the policies folder against
+    the digest the registry recorded when it installed it, and rewritten from the
+    registry's copy when it is missing, damaged or another copy there; the event records
+    the digest of the copy the registry installed, never one read from the folder."""
     authorize(ws, actor, "rollback")
     base = policies_root(root)
-    with _index_change(ws, base) as (conn, index):
-        events = _events(conn, name)
-        _, stack = _replay(events)
-        if len(stack) < 2:
-            what = f"only {stack[-1]} was ever promoted" if stack else "nothing was promoted"
-            raise ConflictError(f"{name} has no previous production version to roll back to ({what})")
-        current, previous = stack[-1], stack[-2]
-        row = _row(conn, name, previous)
-        folder = base / name / previous
-        entry = _index_entry(index, name)
-        recorded = entry["versions"].get(previous, {})
-        # the copy must be the one this registry recorded (the index is a file anyone may edit)
-        ok = folder.is_dir() and verify_bundle(folder, trust=trust_store(ws)).ok and \
-            Manifest.model_validate_json((folder / MANIFEST).read_bytes()).digest == \
-            _promoted_digest(events, previous)
-        if not ok:
-            sealed = _install(ws, base, row, _approvals(events, previous))
-            recorded = {**recorded, "manifest_digest": sealed.digest, "reinstalled_at": _now_iso()}
-        else:
-            recorded = {**recorded, "manifest_digest": recorded.get("manifest_digest")}
-        entry["versions"][previous] = recorded
-        entry["active"] = previous
-        entry["previous"] = list(reversed(stack[:-2]))
-        entry.setdefault("rolled_back", []).append({"version": current, "at": _now_iso(), "by": actor.name})
-        entry["updated_at"] = _now_iso()
-        _event(conn, name, previous, "rolled_back", actor, comment,
-               {"from": current, "reinstalled": not ok, "path": str(folder),
-                "manifest_digest": recorded["manifest_digest"]})
-    return PolicyIndexEntry.read(base, name)
+    with _locked(base):
+        with ws.transaction() as conn:
+            events = _checked_events(ws, conn, name, actor)
+            _, stack = _replay(events)
+            if len(stack) < 2:
+                what = f"only {stack[-1]} was ever promoted" if stack else "nothing was promoted"
+                raise ConflictError(f"{name} has no previous production version to roll back to ({what})")
+            current, previous = stack[-1], stack[-2]
+            row = _row(conn, name, previous)
+            _registration(ws, actor, row, events)
+            folder = base / name / previous
+            recorded = _promoted_digest(events, previous)
+            report = verify_bundle(folder, trust=trust_store(ws)) if folder.is_dir() else None
+            intact = recorded is not None and report is not None and report.ok and \
+                (report.manifest or {}).get("digest") == recorded
+            digest = recorded if intact else _install(ws, base, row, _approvals(events, previous)).digest
+            _event(ws, conn, name, previous, "rolled_back", actor, comment,
+                   {"from": current, "reinstalled": not intact, "path": str(folder), "manifest_digest": digest})
+        return _published(ws, actor, base, name, f"{name} is rolled back to {previous}")
+
+
+def publish_index(ws: "Workspace", actor: Actor, name: str | None = None, *,
+                  root: str | Path | None = None) -> list[PolicyIndexEntry]:
+    """Write the index entry of ``name`` (or of every name this registry has in production)
+    again from the registry's recorded events, signed: after an index was edited, lost, or
+    written by a version that did not sign it.  Changes nothing in the registry.  Needs
+    ``promote``."""
+    authorize(ws, actor, "promote")
+    base = policies_root(root)
+    names = [name] if name is not None else [n for n in policy_names(ws) if _state(ws, n)[1]]
+    if not names:
+        raise ConflictError("nothing is in production in this workspace's registry: there is no index to publish")
+    with _locked(base):
+        return list(_publish(ws, actor, base, names).values())
 
 
 __all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "PolicyIndexEntry", "PolicyVersion", "PolicyVersionDetail",
-           "PromotionGate", "RecordedApproval", "Registration", "RegistryEvent", "STAGES", "VersionComparison",
-           "aliases", "approve", "bundle_bytes", "compare_versions", "get_version", "history", "list_versions",
-           "next_version", "policy_names", "previous_version", "production_version", "promote", "promoted_digest",
-           "promotion_gate", "register", "rollback"]
+           "PromotionGate", "RecordedApproval", "Registration", "RegistryEvent", "STAGES", "UnrecordedEvent",
+           "VersionComparison", "aliases", "approve", "bundle_bytes", "compare_versions", "get_version", "history",
+           "list_versions", "next_version", "policy_names", "previous_version", "production_version", "promote",
+           "promoted_digest", "promotion_gate", "publish_index", "register", "rollback", "unrecorded_events"]

@@ -500,9 +500,28 @@ def _m8_criteria_and_labels(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m9_policy_index_seen(conn: sqlite3.Connection) -> None:
+    """Per promoted policy, the newest signed index entry this workspace has served from
+    (core.govern.policy_folder.resolve_active): an entry reflecting an earlier registry event
+    than this high-water mark is an old index put back, and refused."""
+    _run_script(
+        conn, """
+        CREATE TABLE IF NOT EXISTS policy_index_seen (
+            name TEXT PRIMARY KEY,
+            sequence INTEGER NOT NULL,
+            fingerprint TEXT NOT NULL,
+            active TEXT NOT NULL,
+            manifest_digest TEXT NOT NULL,
+            seen_at TEXT NOT NULL
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
                                                           _m4_template_versions, _m5_policy_registry,
-                                                          _m6_tuning, _m7_sign_in, _m8_criteria_and_labels]
+                                                          _m6_tuning, _m7_sign_in, _m8_criteria_and_labels,
+                                                          _m9_policy_index_seen]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -33,6 +33,19 @@ LEVEL_TITLES: dict[str, str] = {"L1": "base", "L2": "process", "L3": "result", "
 #: Identity of the sentence model behind text components (part of their cache key).
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
+#: The largest magnitude of any number in a template: weights, gates, return coefficients,
+#: schedule steps, expectation bounds and parameters alike (core.rewards.template checks
+#: it).  Far beyond any meaningful setting, it keeps every integer inside numpy's int64 and
+#: the sums of products of a few template numbers finite.
+MAX_TEMPLATE_NUMBER = 1_000_000_000
+#: The declared range of a parameter that is a reward value a component hands out (a score,
+#: a neutral or missing value, a clip bound).
+VALUE_RANGE = (-1_000_000.0, 1_000_000.0)
+#: … of a count or length a component reads (a window, a cap, a number of calls or characters).
+COUNT_RANGE = (0, 1_000_000)
+#: … of a non-negative rate or multiplier (``per``: the cost of one unit).
+RATE_RANGE = (0.0, 1_000_000.0)
+
 
 #: Texts sent to the embedder at a time by :meth:`ScoringContext.encode`, so that progress
 #: moves while a long list is embedded.
@@ -87,6 +100,9 @@ class Component:
     uses_embeddings: ClassVar[bool] = False
     #: Bump when the computation changes: cached component columns are keyed by it.
     version: ClassVar[int] = 1
+    #: Inclusive (low, high) of each numeric parameter (for a list parameter: of each of its
+    #: numbers); one not declared here lies within ±:data:`MAX_TEMPLATE_NUMBER`.
+    param_ranges: ClassVar[dict[str, tuple[float, float]]] = {}
 
     def __call__(self, frame: StepsFrame, ctx: ScoringContext) -> np.ndarray:
         # The base class computes nothing: every registered component overrides this.
@@ -105,6 +121,11 @@ class Component:
         hints = typing.get_type_hints(cls.__init__)
         return {n: (hints.get(n, Any), p.default) for n, p in sig.parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    @classmethod
+    def param_range(cls, name: str) -> tuple[float, float]:
+        """The inclusive range parameter ``name`` must lie in (:attr:`param_ranges`)."""
+        return cls.param_ranges.get(name, (-MAX_TEMPLATE_NUMBER, MAX_TEMPLATE_NUMBER))
 
     def params(self) -> dict[str, Any]:
         """Current parameter values, defaults included (what the cache key is made of)."""
@@ -209,6 +230,8 @@ class ToolValidity(Component):
 
     name = "tool_validity"
     level = "L1"
+    param_ranges = {"tool_part": (0.0, 1.0), "args_part": (0.0, 1.0), "error_value": VALUE_RANGE,
+                    "not_call_value": VALUE_RANGE}
 
     def __init__(self, *, tool_part: float = 0.5, args_part: float = 0.5, error_value: float = 0.0,
                  not_call_value: float = 1.0):
@@ -238,6 +261,11 @@ class ParamReasonableness(Component):
 
     name = "param_reasonableness"
     level = "L2"
+    # max_value > 0: the curve multiplies it by an unbounded slope (0 × ∞ would be NaN)
+    param_ranges = {"window": (1, 10_000_000), "z_ok": (0.0, 1_000.0), "z_zero": (0.0, 1_000.0),
+                    "max_value": (1e-6, VALUE_RANGE[1]), "min_history": (1, 10_000_000),
+                    "min_std": (1e-12, 1e6), "rel_std": (0.0, 1_000.0), "max_distinct_ratio": (0.0, 1.0),
+                    "min_freq": (1e-9, 1.0), "neutral": VALUE_RANGE}
     episode_local = False  # compares with the history of earlier calls, across episodes
 
     def __init__(self, *, window: int = 1000, z_ok: float = 2.0, z_zero: float = 3.48,
@@ -389,6 +417,10 @@ class OutputConsistency(Component):
 
     name = "output_consistency"
     level = "L3"
+    param_ranges = {"threshold": (-1.0, 1.0), "high": VALUE_RANGE, "low": VALUE_RANGE,
+                    "ramp_from": (-1.0, 1.0), "context_calls": COUNT_RANGE,
+                    "no_evidence_value": VALUE_RANGE, "neutral": VALUE_RANGE,
+                    "max_chars": (16, COUNT_RANGE[1])}
     uses_embeddings = True
 
     def __init__(self, *, threshold: float = 0.75, high: float = 0.6, low: float = 0.0,
@@ -470,6 +502,8 @@ class EvidenceReliability(Component):
 
     name = "evidence_reliability"
     level = "L3"
+    param_ranges = {"high": VALUE_RANGE, "low": VALUE_RANGE, "context_calls": COUNT_RANGE,
+                    "no_evidence_value": VALUE_RANGE, "neutral": VALUE_RANGE}
 
     def __init__(self, *, markers: list[str] | None = None, high: float = 1.0, low: float = 0.0,
                  any_flag: bool = True, context_calls: int = 0, apply_to: list[str] | None = None,
@@ -519,6 +553,8 @@ class BusinessImpact(Component):
 
     name = "business_impact"
     level = "L4"
+    param_ranges = {"scale": VALUE_RANGE, "offset": VALUE_RANGE, "low": VALUE_RANGE,
+                    "high": VALUE_RANGE, "missing_value": VALUE_RANGE}
 
     def __init__(self, *, field: Literal["business_metric", "final_reward", "resolved"] = "business_metric",
                  fallback_field: str | None = None, scale: float = 1.0, offset: float = 0.0,
@@ -548,6 +584,7 @@ class LatencyPenalty(Component):
 
     name = "latency_penalty"
     level = "penalty"
+    param_ranges = {"per": RATE_RANGE, "unit_ms": (1e-3, 1e9), "cap_units": (0.0, 1e9)}
 
     def __init__(self, *, per: float = 0.05, unit_ms: float = 1000.0, cap_units: float | None = None):
         _check(per >= 0 and unit_ms > 0, "need per ≥ 0 and unit_ms > 0")
@@ -591,6 +628,7 @@ class ActionSmoothing(Component):
 
     name = "action_smoothing"
     level = "penalty"
+    param_ranges = {"per": RATE_RANGE}
 
     def __init__(self, *, per: float = 0.1, opposites: list[list[str]] | None = None,
                  key_param: str | None = None):
@@ -635,6 +673,7 @@ class StepCost(Component):
 
     name = "step_cost"
     level = "penalty"
+    param_ranges = {"per": RATE_RANGE}
 
     def __init__(self, *, per: float = 0.1, kinds: list[str] | None = None):
         _check(per >= 0, "per must be ≥ 0")
@@ -663,6 +702,7 @@ class RepeatedFailures(Component):
 
     name = "repeated_failures"
     level = "penalty"
+    param_ranges = {"per": RATE_RANGE, "cap": (1, COUNT_RANGE[1])}
 
     def __init__(self, *, per: float = 0.2, cap: int = 5, match: Literal["call", "tool"] = "call",
                  count_invalid: bool = True):
@@ -686,6 +726,7 @@ class DuplicateCalls(Component):
 
     name = "duplicate_calls"
     level = "penalty"
+    param_ranges = {"per": RATE_RANGE, "cap": (1, COUNT_RANGE[1])}
     #: The recorded-episode simulator recomputes this component from an environment's own
     #: history when it leaves the log (core.rl.sim): a counterfactual repeat is a repeat.
     history = "own_calls"
@@ -727,6 +768,8 @@ class ResolvedBonus(Component):
     name = "resolved_bonus"
     level = "episode"
     scope = "episode"
+    param_ranges = {"resolved_value": VALUE_RANGE, "unresolved_value": VALUE_RANGE,
+                    "missing_value": VALUE_RANGE}
 
     def __init__(self, *, resolved_value: float = 1.0, unresolved_value: float = -0.2,
                  missing_value: float = 0.0):
@@ -746,6 +789,7 @@ class SentimentBonus(Component):
     name = "sentiment_bonus"
     level = "episode"
     scope = "episode"
+    param_ranges = {"per": VALUE_RANGE, "missing_value": VALUE_RANGE}
 
     def __init__(self, *, per: float = 0.5, missing_value: float = 0.0):
         self.per, self.missing_value = float(per), float(missing_value)
@@ -762,6 +806,7 @@ class LengthPenalty(Component):
     name = "length_penalty"
     level = "episode"
     scope = "episode"
+    param_ranges = {"per": RATE_RANGE, "free": COUNT_RANGE}
 
     def __init__(self, *, per: float = 0.1, count: Literal["steps", "tool_calls", "replies"] = "steps",
                  free: int = 0):
@@ -780,6 +825,8 @@ class TerminalOutcome(Component):
     name = "terminal_outcome"
     level = "episode"
     scope = "episode"
+    param_ranges = {"scale": VALUE_RANGE, "offset": VALUE_RANGE, "low": VALUE_RANGE,
+                    "high": VALUE_RANGE, "missing_value": VALUE_RANGE}
 
     def __init__(self, *, field: Literal["final_reward", "business_metric", "resolved"] = "final_reward",
                  fallback_field: str | None = None, scale: float = 1.0, offset: float = 0.0,
@@ -805,6 +852,8 @@ class EndsWithAnswer(Component):
     name = "ends_with_answer"
     level = "episode"
     scope = "episode"
+    param_ranges = {"answer_value": VALUE_RANGE, "no_answer_value": VALUE_RANGE,
+                    "min_chars": COUNT_RANGE}
 
     def __init__(self, *, answer_value: float = 1.0, no_answer_value: float = -0.5,
                  min_chars: int = 1):

@@ -27,7 +27,7 @@ import yaml
 from core.base import package_data
 from core.base import safe_yaml
 from core.base.errors import InputError
-from core.rewards.components import COMPONENTS, LEVEL_TITLES, LEVELS
+from core.rewards.components import COMPONENTS, LEVEL_TITLES, LEVELS, MAX_TEMPLATE_NUMBER
 
 FORMAT_VERSION = 1
 RESERVED_NAMES = {"episode_id", "t", "action", "kind", "tool", "total", "penalties", "return",
@@ -58,6 +58,14 @@ class TemplateError(InputError):
         super().__init__(message, file=file, line=line, field=field)
         # the message already says "at line N" the way an analyst reads it; keep the file in front
         self.args = (f"{file}: {message}" if file else message,)
+
+
+class TemplateOutOfBounds(TemplateError):
+    """A template refused by a bound rather than a mistake of form: a number outside its range
+    (:data:`NUMBER_RULE`, a weight's, a gate's or a parameter's declared range; NaN and
+    infinities included), or a document too large, too deep or with aliases
+    (:mod:`core.base.safe_yaml`).  A save refused this way is written to
+    the security log (:func:`core.rewards.versions.save_template`)."""
 
 
 # --------------------------------------------------------------------------- value types
@@ -199,8 +207,10 @@ class Template:
             if k not in keys:
                 raise TemplateError(f"no level {k!r}; levels: {', '.join(sorted(keys))}",
                                     file=self.source)
-            if g is not None and not (isinstance(g, (int, float)) and math.isfinite(g)):
-                raise TemplateError(f"gate of level {k} must be a finite number", file=self.source)
+            if g is not None and not _in_bounds(g):
+                error = TemplateOutOfBounds if _is_number(g) else TemplateError
+                raise error(f"gate of level {k} must be a finite number ({NUMBER_RULE})",
+                            file=self.source)
         gate_of = {k: None if g is None else float(g) for k, g in gates.items()}
         levels = tuple(replace(lv, gate=gate_of[lv.key]) if lv.key in gate_of else lv for lv in self.levels)
         return replace(self, levels=levels, gating=self.gating if enabled is None else bool(enabled))
@@ -208,10 +218,10 @@ class Template:
     def with_return(self, *, a: float | None = None, b: float | None = None,
                     gamma: float | None = None) -> "Template":
         """A copy with the episode-return coefficients changed."""
-        new = replace(self, a=self.a if a is None else float(a), b=self.b if b is None else float(b),
-                      gamma=self.gamma if gamma is None else float(gamma))
-        _check_return(new.a, new.b, new.gamma, None, self.source)
-        return new
+        a, b, gamma = (self.a if a is None else a, self.b if b is None else b,
+                       self.gamma if gamma is None else gamma)
+        _check_return(a, b, gamma, None, self.source)  # before float(): a huge int would overflow
+        return replace(self, a=float(a), b=float(b), gamma=float(gamma))
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -290,11 +300,11 @@ class _Ctx:
             path = path[:-1]
         return self.lines.get(path)
 
-    def fail(self, path: tuple, message: str) -> typing.NoReturn:
+    def fail(self, path: tuple, message: str, error: type[TemplateError] = TemplateError) -> typing.NoReturn:
         line = self.line(path)
         where = f" at line {line}" if line is not None else ""
-        raise TemplateError(message.replace("{at}", where), file=self.file, line=line,
-                            field=".".join(map(str, path)) or None)
+        raise error(message.replace("{at}", where), file=self.file, line=line,
+                    field=".".join(map(str, path)) or None)
 
     def mapping(self, value: Any, path: tuple, allowed: tuple[str, ...] | None = None) -> dict:
         if not isinstance(value, dict):
@@ -308,35 +318,83 @@ class _Ctx:
         return value
 
 
+# --------------------------------------------------------------------------- numbers
+#: How a refusal states the rule every number of a template follows.
+NUMBER_RULE = f"every number in a template is at most {MAX_TEMPLATE_NUMBER:,} in size"
+
+
+def _shown(value: Any) -> str:
+    """A number as a message shows it (a huge integer by its length, not its digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        if value.bit_length() < 14_000:  # str() refuses integers of more than 4,300 digits
+            return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
+
+
+def _bound(x: float) -> str:
+    """A range end for a message: ``10,000,000``, ``0.5``, ``1e-06``."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _in_bounds(value: Any, low: float = -MAX_TEMPLATE_NUMBER, high: float = MAX_TEMPLATE_NUMBER) -> bool:
+    """A number within [low, high] (NaN and infinities are not); compared without
+    converting, so a huge integer is refused rather than overflowing a float."""
+    return _is_number(value) and value == value and low <= value <= high
+
+
+def _check_numbers(data: Any, ctx: _Ctx) -> None:
+    """Refuse any number of the document larger than :data:`MAX_TEMPLATE_NUMBER` in size,
+    wherever it is (the specific checks above have already given their own messages)."""
+    stack: list[tuple[Any, tuple]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, path + (k,)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, path + (i,)) for i, v in enumerate(value))
+        elif _is_number(value) and value == value and not _in_bounds(value):
+            ctx.fail(path, f"'{safe_yaml.key_path(path)}'{{at}} is {_shown(value)}; {NUMBER_RULE}",
+                     TemplateOutOfBounds)
+
+
 def _check_weight(w: Any, what: str, ctx: _Ctx | None, file: str | None, path: tuple = ()) -> float:
     problem = None
     if isinstance(w, bool) or not isinstance(w, (int, float)):
         problem = f"{what}{{at}} must be a number, got {w!r}"
-    elif math.isnan(w):
+    elif w != w:
         problem = f"{what}{{at}} is NaN; weights must be finite numbers ≥ 0"
-    elif math.isinf(w):
+    elif w in (math.inf, -math.inf):
         problem = f"{what}{{at}} is infinite; weights must be finite numbers ≥ 0"
     elif w < 0:
-        problem = (f"{what}{{at}} is negative ({w}); weights must be ≥ 0 — penalties already "
-                   f"carry their own sign")
+        problem = (f"{what}{{at}} is negative ({_shown(w)}); weights must be ≥ 0 — penalties "
+                   f"already carry their own sign")
+    elif w > MAX_TEMPLATE_NUMBER:
+        problem = f"{what}{{at}} is {_shown(w)}; {NUMBER_RULE}"
     if problem:
+        error = TemplateOutOfBounds if _is_number(w) else TemplateError
         if ctx is not None:
-            ctx.fail(path, problem)
-        raise TemplateError(problem.replace("{at}", ""), file=file)
+            ctx.fail(path, problem, error)
+        raise error(problem.replace("{at}", ""), file=file)
     return float(w)
 
 
 def _check_return(a: Any, b: Any, gamma: Any, ctx: _Ctx | None, file: str | None) -> None:
     for key, v in (("a", a), ("b", b), ("gamma", gamma)):
-        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+        bad = not _in_bounds(v)
         if not bad and key == "gamma" and not 0 < v <= 1:
             bad = True
         if bad:
             msg = (f"return.{key}{{at}} must be a finite number" +
-                   (" in (0, 1]" if key == "gamma" else "") + f", got {v!r}")
+                   (" in (0, 1]" if key == "gamma" else f" ({NUMBER_RULE})") + f", got {_shown(v)}")
+            error = TemplateOutOfBounds if _is_number(v) else TemplateError
             if ctx is not None:
-                ctx.fail(("return", key), msg)
-            raise TemplateError(msg.replace("{at}", ""), file=file)
+                ctx.fail(("return", key), msg, error)
+            raise error(msg.replace("{at}", ""), file=file)
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:
@@ -355,8 +413,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return isinstance(value, list) and (not args or all(_type_ok(v, args[0]) for v in value))
     if origin is dict or annotation is dict:
         return isinstance(value, dict)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is float:  # an int is finite (and math.isfinite would overflow on a huge one)
+        return _is_number(value) and (isinstance(value, int) or math.isfinite(value))
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if annotation is bool:
@@ -396,7 +454,15 @@ def _validate_params(spec: ComponentSpec, file: str | None, lines: dict[tuple, i
         annotation = specs[k][0]
         if not _type_ok(v, annotation):
             ctx.fail(path + ("params", k), f"parameter '{k}' of '{spec.name}'{{at}} must be "
-                     f"{_type_name(annotation)}, got {v!r}")
+                     f"{_type_name(annotation)}, got {_shown(v)}")
+        low, high = cls.param_range(k)
+        for where, number in ([((), v)] if _is_number(v) else
+                              [((i,), x) for i, x in enumerate(v) if _is_number(x)]
+                              if isinstance(v, list) else []):
+            if not _in_bounds(number, low, high):
+                ctx.fail(path + ("params", k) + where,
+                         f"parameter '{k}' of '{spec.name}'{{at}} is {_shown(number)}; it must be "
+                         f"between {_bound(low)} and {_bound(high)}", TemplateOutOfBounds)
     try:
         build_component(spec)
     except (ValueError, TypeError) as exc:
@@ -477,9 +543,10 @@ def _expectations(value: Any, names: set[str], ctx: _Ctx) -> tuple[ExpectationSp
             if r not in item:
                 ctx.fail(path, f"expectation '{name}'{{at}} ({kind}) needs '{r}'")
         for k in ("below", "above", "max", "min", "margin"):
-            if k in item and (isinstance(item[k], bool) or not isinstance(item[k], (int, float))
-                              or not math.isfinite(item[k])):
-                ctx.fail(path + (k,), f"'{k}' of expectation '{name}'{{at}} must be a finite number")
+            if k in item and not _in_bounds(item[k]):
+                ctx.fail(path + (k,), f"'{k}' of expectation '{name}'{{at}} must be a finite "
+                         f"number ({NUMBER_RULE})",
+                         TemplateOutOfBounds if _is_number(item[k]) else TemplateError)
         if "metric" in item and item["metric"] not in METRICS:
             ctx.fail(path + ("metric",), f"metric{{at}} must be one of {', '.join(METRICS)}")
         if kind == "episode_score":
@@ -519,9 +586,9 @@ def _yaml_error(exc: InputError, file: str | None) -> TemplateError:
     prefix = "not valid YAML: "
     if exc.reason.startswith(prefix):
         message = f"not valid YAML{at}: {exc.reason[len(prefix):]}"
-    else:
-        message = f"{f'key {exc.field!r}' if exc.field else 'the template'}{at}: {exc.reason}"
-    return TemplateError(message, file=file, line=exc.line, field=exc.field)
+        return TemplateError(message, file=file, line=exc.line, field=exc.field)
+    message = f"{f'key {exc.field!r}' if exc.field else 'the template'}{at}: {exc.reason}"
+    return TemplateOutOfBounds(message, file=file, line=exc.line, field=exc.field)
 
 
 def parse_template(text: str, *, file: str | None = None) -> Template:
@@ -576,9 +643,9 @@ def parse_template(text: str, *, file: str | None = None) -> Template:
         previous = LEVELS.index(key)
         body = ctx.mapping(body or {}, lpath, LEVEL_KEYS)
         gate = body.get("gate")
-        if gate is not None and (isinstance(gate, bool) or not isinstance(gate, (int, float))
-                                 or not math.isfinite(gate)):
-            ctx.fail(lpath + ("gate",), f"gate of level {key}{{at}} must be a finite number")
+        if gate is not None and not _in_bounds(gate):
+            ctx.fail(lpath + ("gate",), f"gate of level {key}{{at}} must be a finite number "
+                     f"({NUMBER_RULE})", TemplateOutOfBounds if _is_number(gate) else TemplateError)
         title = body.get("title", LEVEL_TITLES[key])
         if not isinstance(title, str):
             ctx.fail(lpath + ("title",), "title{at} must be text")
@@ -611,8 +678,11 @@ def parse_template(text: str, *, file: str | None = None) -> Template:
         parsed: list[tuple[int, float]] = []
         for j, p in enumerate(points):
             if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
-                    and not isinstance(p[0], bool) and p[0] >= 0):
-                ctx.fail(spath + (j,), "schedule points{at} are [training_step ≥ 0, weight] pairs")
+                    and not isinstance(p[0], bool) and 0 <= p[0] <= MAX_TEMPLATE_NUMBER):
+                huge = isinstance(p, list) and len(p) == 2 and _is_number(p[0]) and p[0] > MAX_TEMPLATE_NUMBER
+                ctx.fail(spath + (j,), f"schedule points{{at}} are [training_step, weight] pairs "
+                         f"with 0 ≤ training_step ≤ {MAX_TEMPLATE_NUMBER:,}",
+                         TemplateOutOfBounds if huge else TemplateError)
             w = _check_weight(p[1], f"scheduled weight of '{comp_name}'", ctx, file, spath + (j,))
             if parsed and p[0] <= parsed[-1][0]:
                 ctx.fail(spath + (j,), "schedule steps{at} must increase")
@@ -620,6 +690,7 @@ def parse_template(text: str, *, file: str | None = None) -> Template:
         schedules[str(comp_name)] = tuple(parsed)
 
     expectations = _expectations(top.get("expectations") or [], set(seen), ctx)
+    _check_numbers(data, ctx)
     return Template(name=name.strip(), description=description, levels=tuple(levels),
                     penalties=penalties, episode_terms=episode_terms, gating=gating, a=float(a),
                     b=float(b), gamma=float(gamma), schedules=schedules, expectations=expectations,

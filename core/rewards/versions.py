@@ -27,7 +27,9 @@ import yaml
 from core.base import safe_yaml
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
-from core.rewards.template import Template, TemplateError, load_template, parse_template, templates_dir
+from core.rewards.template import (Template, TemplateError, TemplateOutOfBounds, load_template,
+                                   parse_template, templates_dir)
+from core.access.audit import security_event
 from core.access.users import Actor, authorize
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -302,7 +304,9 @@ def save_template(ws: "Workspace", actor: Actor, name: str, yaml_text: str | Tem
     * ``message``: why (shown in ``rwb reward versions``); ``meta``: JSON-able extras.
 
     The actor needs the ``edit_template`` permission; the text is validated first
-    (:class:`~core.rewards.template.TemplateError` names key and line).  The version
+    (:class:`~core.rewards.template.TemplateError` names key and line), and a template
+    refused by a bound (a number out of range, :class:`~core.rewards.template.TemplateOutOfBounds`)
+    is also written to the security log as ``template_refused``.  The version
     check and the insert are one transaction: of concurrent saves on one base exactly
     one wins.  This signature is stable (``rwb tune apply`` calls it)."""
     authorize(ws, actor, "edit_template")
@@ -319,7 +323,12 @@ def save_template(ws: "Workspace", actor: Actor, name: str, yaml_text: str | Tem
         raise InputError(f"a template is YAML text, got {type(yaml_text).__name__}", field="yaml")
     if not text.strip():
         raise InputError("the template text is empty", field="yaml")
-    template = parse_template(text, file=f"template {name!r}")
+    try:  # the whole template is validated before anything is written
+        template = parse_template(text, file=f"template {name!r}")
+    except TemplateOutOfBounds as exc:
+        security_event(ws, actor, "template_refused", template=name, field=exc.field,
+                       line=exc.line, reason=exc.reason, yaml_sha256=sha256_text(text))
+        raise
     if template.name != name:
         line = _key_line(text, "name")
         raise TemplateError(f"the YAML names the template {template.name!r}"

@@ -167,7 +167,7 @@ def _summarise(passes: "list[RolloutStats]") -> PooledReturns:
 
 def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None, dataset: str | None = None,
              import_options: EpisodeFileOptions | None = None, repeats: int = 3, device: str = "cpu",
-             seed: int = 0) -> EvaluationReport:
+             seed: int = 0, policy: Any = None) -> EvaluationReport:
     """Policy (greedy) vs every logged behaviour vs uniform-random-in-mask on held-out episodes.
 
     Held-out episodes: the run's own held-out split (default), every episode of an
@@ -180,7 +180,10 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
     (:class:`core.records.catalog.CatalogCoverage` as a dict) — all from the simulator — and ``ope``:
     the off-policy estimate of the policy's success and return on the logged evaluation
     episodes themselves (:func:`core.rl.ope.off_policy_report`; intervals over tasks, and
-    ``reliable: false`` with a note when the logs do not support the policy enough)."""
+    ``reliable: false`` with a note when the logs do not support the policy enough).
+
+    ``policy`` evaluates another module over the run's inputs and actions in place of its checkpoint
+    (a bundle's served copy, core.govern.served_copy), on the same episodes and draws."""
     from core.rl.ppo import resolve_device  # deferred: loads gymnasium
     from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
     from core.rl.sim import logged_returns  # deferred: loads gymnasium
@@ -194,7 +197,7 @@ def evaluate(ws: "Workspace", run_id: str, *, episodes: str | Path | None = None
                          "read an episodes file: give --episodes FILE too", field="import_options")
     device = resolve_device(device)
     ctx = open_run(ws, run_id, device=device)
-    agent = ctx.agent
+    agent = ctx.agent if policy is None else policy.to(device)
     if episodes is None and dataset is None:
         tables = ctx.data.tables
         held = ctx.data.heldout_episodes

@@ -19,10 +19,11 @@ import dataclasses
 import hmac
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,19 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.access.audit import AuditUnavailable
+from core.base import bounded_json
 from core.base.errors import InputError, RwbError
-from core.serve.serving import (DecisionEngine, DecisionRequest, LastResult, ServingConfig, _is_bundle_path, load,
+from core.serve.serving import (MAX_NESTING, REQUEST_NESTING, DecisionEngine, DecisionRequest, LastResult,
+                                REFUSAL_TEXT_CHARS, RefusalLog, ServingConfig, _is_bundle_path, error_field, load,
                                 load_promoted)
 from core.access.keys import trust_store
 from core.govern.bundle import load_bundle
@@ -51,6 +57,12 @@ ENV_WORKSPACE = "RWB_WORKSPACE"
 ENV_POLICIES = "RWB_POLICIES_DIR"
 #: Requests one batch call may carry (a bound on the work one HTTP request can ask for).
 MAX_BATCH = 256
+#: The largest body the decide endpoints read (one request / a batch), in bytes: a longer
+#: declared ``Content-Length`` is refused (413) before a byte is read, a body without one is
+#: cut when it passes the cap.  One request within the field limits (docs/serving.md,
+#: ## Request limits) is under 3.7 MB as compact UTF-8 JSON.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BATCH_BODY_BYTES = 32 * 1024 * 1024
 #: Seconds the readiness probe waits for the database's write lock, and (until it is
 #: done once) for the sentence model's warm-up.
 AUDIT_PROBE_TIMEOUT_S = 1.0
@@ -259,8 +271,11 @@ class DecisionService:
         r = engine.metrics.registry
         self.requests = Counter("rwb_http_requests", "HTTP requests answered, by endpoint and status.",
                                 ["endpoint", "status"], registry=r)
+        #: Refused requests in the security log (the engine's log: one rate limit for both).
+        self.refusals: RefusalLog = engine.refusals
         self.errors = Counter("rwb_http_errors", "HTTP requests refused or failed, by endpoint and reason "
-                              "(invalid_request, unauthorized, audit_unavailable, unavailable, internal).",
+                              "(invalid_request, unauthorized, too_large, bad_request, audit_unavailable, "
+                              "unavailable, internal).",
                               ["endpoint", "reason"], registry=r)
         self.duration = Histogram("rwb_http_request_duration_seconds", "Handler time of the decide endpoints "
                                   "(waiting for the engine and decide() included; parsing excluded).",
@@ -315,8 +330,10 @@ class DecisionService:
                          problems=problems, reload_error=engine.reload_error)
 
     def close(self) -> None:
-        """Commit the remaining audit records, stop the engine and close its workspace."""
+        """Log the refusals the rate limit held back, commit the remaining audit records,
+        stop the engine and close its workspace."""
         try:
+            self.refusals.close()
             self.engine.close()
         finally:
             self.engine.ws.close()
@@ -346,31 +363,39 @@ def _field_of(loc: Sequence[Any], body: Any, missing: bool) -> tuple[str | None,
     parts = list(loc)
     if parts and parts[0] == "body":
         parts = parts[1:]
-    path: list[Any] = []
-    node = body
-    for p in parts:
-        if isinstance(node, Mapping) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
-            node = node[p]
-        else:
-            if missing:
-                path.append(p)
-            break
-        path.append(p)
     record = None
-    if len(path) >= 2 and path[0] == "requests" and isinstance(path[1], int):
-        record, path = path[1], path[2:]
-    return (".".join(str(p) for p in path) or None), record
+    requests = body.get("requests") if isinstance(body, Mapping) else None
+    if (len(parts) >= 2 and parts[0] == "requests" and isinstance(parts[1], int) and isinstance(requests, list)
+            and 0 <= parts[1] < len(requests)):
+        record, parts, body = parts[1], parts[2:], requests[parts[1]]
+    return error_field(parts, body, missing), record
+
+
+_BODY_PATH = re.compile(r"(?:requests\[(\d+)\]\.)?([^.\[…]+)(?:\.([^.\[…]+))?")
+
+
+def _deep_field(path: str | None) -> tuple[str | None, int | None]:
+    """The request field and batch index of a nesting refusal of the body, from the JSON
+    path :func:`core.base.bounded_json.loads` names (``requests[2].messages[0].a…``):
+    the request's own field (``messages``, ``last_result.result``, ``state.hour``)."""
+    m = None if path is None or path == "(top)" else _BODY_PATH.match(path)
+    if m is None:
+        return None, None
+    top, sub = m.group(2), m.group(3)
+    name = f"{top}.{sub}" if sub and top in ("last_result", "state") else top
+    return (name if len(name) <= 64 else name[:64] + "…"), (int(m.group(1)) if m.group(1) else None)
 
 
 def _invalid(exc: RequestValidationError) -> tuple[ErrorOut, str | None]:
     """The 422 body of a request FastAPI refused (the first error leads, as parse_request's)."""
-    errors: list[dict[str, Any]] = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-        for e in exc.errors()]
+    raw = list(exc.errors())
+    errors: list[dict[str, Any]] = [  # a long key in a location is cut: an error never echoes a payload
+        {"loc": [p if isinstance(p, int) or len(str(p)) <= 64 else str(p)[:64] + "…" for p in e.get("loc", ())],
+         "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in raw]
     first: dict[str, Any] = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
-    name, record = _field_of(first["loc"], getattr(exc, "body", None), first["type"] == "missing")
+    name, record = _field_of(raw[0].get("loc", ()) if raw else (), getattr(exc, "body", None),
+                             first["type"] == "missing")
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "json_invalid":
         name, msg = None, f"the body is not valid JSON ({msg})"
@@ -380,6 +405,173 @@ def _invalid(exc: RequestValidationError) -> tuple[ErrorOut, str | None]:
     where = "" if record is None else f"request {record}: "
     text = f"{where}invalid decision request: {name}: {msg}" if name else f"{where}{msg}"
     return ErrorOut(message=text, field=name, record=record, detail=errors), name
+
+
+# =========================================================================== the guard in front
+#: Where the guard hands the parsed body on (the ASGI scope of the request).
+_PARSED_BODY = "rwb.parsed_body"
+
+
+def _bearer(value: str | None) -> str | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header (as HTTPBearer reads it)."""
+    scheme, _, credentials = (value or "").partition(" ")
+    return (credentials.strip() or None) if scheme.lower() == "bearer" else None
+
+
+class _RequestGuard:
+    """A pure ASGI middleware in front of FastAPI, on the decide endpoints.
+
+    From the headers alone, before a byte of the body is read: the bearer token (401), then
+    the declared ``Content-Length`` against :data:`MAX_BODY_BYTES` /
+    :data:`MAX_BATCH_BODY_BYTES` (413).  A body without a length is counted while it is
+    received and cut when it passes the cap (413).  The body read is parsed with
+    :func:`core.base.bounded_json.loads` (size, then nesting measured before the parser
+    recurses: 422 naming the field) and handed on parsed, for FastAPI to validate with the
+    pydantic models (:class:`_ParsedRoute`).  A refusal before the body was read closes the
+    connection, so that the rest of it is never received; each refusal is counted in the
+    metrics and written to the security log (:class:`core.serve.serving.RefusalLog`)."""
+
+    def __init__(self, app: ASGIApp, service: "DecisionService") -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = _ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        client = scope.get("client")
+        refusal = _Refusal(self.service, send, endpoint, client[0] if client else None)
+        given = _bearer(headers.get("authorization"))
+        if not self.service.authorized(given):
+            await refusal(401, "unauthorized", ErrorOut(
+                message="a bearer token is needed: Authorization: Bearer <the service's token>"
+                if given is None else "the bearer token is not the service's"),
+                token="missing" if given is None else "wrong")
+            return
+        if scope["method"] != "POST":  # the router answers 405, reading nothing
+            await self.app(scope, receive, send)
+            return
+        cap = MAX_BATCH_BODY_BYTES if endpoint == "batch" else MAX_BODY_BYTES
+        depth = REQUEST_NESTING + 2 if endpoint == "batch" else REQUEST_NESTING  # a batch: {"requests": [...]}
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                await refusal(400, "bad_request", ErrorOut(message=f"Content-Length {declared[:40]!r} is not a size"))
+                return
+            if int(declared) > cap:
+                await refusal(413, "too_large", _too_large(int(declared), cap, endpoint), size=int(declared))
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > cap:
+                await refusal(413, "too_large", _too_large(None, cap, endpoint), size=size)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        if body:
+            try:
+                parsed = bounded_json.loads(body, max_bytes=cap, max_depth=depth)
+            except InputError as exc:
+                # (its size was capped while reading) a nesting refusal names the JSON path as
+                # its field; any other is the body's syntax or encoding
+                name, record = _deep_field(exc.field)
+                where = "" if record is None else f"request {record}: "
+                text = (f"the body is not valid JSON: {exc.reason}" if not exc.field
+                        else f"{where}invalid decision request: {name}: nested deeper than {MAX_NESTING} levels"
+                        if name else f"the body is nested deeper than {depth} levels")
+                await refusal(422, "invalid_request", ErrorOut(message=text, field=name, record=record),
+                              read=True, field=name, record=record, size=size, error=text)
+                return
+            scope = {**scope, _PARSED_BODY: parsed}
+        await self.app(scope, _replay(body, receive), send)
+
+
+def _too_large(declared: int | None, cap: int, endpoint: str) -> ErrorOut:
+    what = "a batch" if endpoint == "batch" else "one request"
+    size = f"{declared:,} bytes" if declared is not None else f"more than {cap:,} bytes"
+    hint = "; split the batch" if endpoint == "batch" else " (docs/serving.md, ## Request limits)"
+    return ErrorOut(message=f"the body is {size}: the service reads at most {cap:,} for {what}{hint}")
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app behind the guard: the body read, then the connection's own
+    messages (its disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+class _Refusal:
+    """Answers a request the guard refuses: counted, logged (rate-limited), then the error
+    body sent; the connection closed unless the body was read."""
+
+    def __init__(self, service: "DecisionService", send: Send, endpoint: str, client: str | None):
+        self.service, self.send, self.endpoint, self.client = service, send, endpoint, client
+
+    async def __call__(self, status: int, reason: str, body: ErrorOut, *, read: bool = False, **detail: Any) -> None:
+        _count(self.service, self.endpoint, status, reason)
+        await _log_refusal(self.service, reason, endpoint=self.endpoint, client=self.client, status=status, **detail)
+        payload = json.dumps(body.model_dump(), ensure_ascii=False).encode("utf-8")
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        if not read:
+            headers.append((b"connection", b"close"))
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": payload})
+
+
+async def _log_refusal(service: "DecisionService", reason: str, **detail: Any) -> None:
+    """A ``request_refused`` security event (source ``http``) when the rate limit admits it,
+    written off the event loop (it syncs the log to disk)."""
+    suppressed = service.refusals.admit("http", reason)
+    if suppressed is not None:
+        await run_in_threadpool(service.refusals.write, "http", reason, suppressed, **detail)
+
+
+class _ParsedRequest(Request):
+    """A decide request whose body the guard parsed already: FastAPI reads the parsed value
+    instead of running its own (unbounded) JSON parser."""
+
+    async def json(self) -> Any:
+        if _PARSED_BODY not in self.scope:  # the guard parses every non-empty body of these routes
+            self.scope[_PARSED_BODY] = bounded_json.loads(await self.body(), max_bytes=MAX_BATCH_BODY_BYTES,
+                                                          max_depth=REQUEST_NESTING + 2)
+        return self.scope[_PARSED_BODY]
+
+
+class _ParsedRoute(APIRoute):
+    """The route of the decide endpoints: its handler gets a :class:`_ParsedRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def parsed(request: Request) -> Response:
+            return await handler(_ParsedRequest(request.scope, request.receive))
+
+        return parsed
+
+
+def _count(service: "DecisionService", endpoint: str, status: int, reason: str) -> None:
+    service.requests.labels(endpoint, str(status)).inc()
+    service.errors.labels(endpoint, reason).inc()
 
 
 # =========================================================================== the app
@@ -418,6 +610,8 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
                   description="Decisions of a promoted policy (rules + decision tree, RL-Boost when unsure), "
                               "one audit record each. See docs/http_service.md.")
     app.state.service = service
+    app.router.route_class = _ParsedRoute  # the routes below read the body the guard parsed
+    app.add_middleware(_RequestGuard, service=service)
     bearer = HTTPBearer(auto_error=False, description=f"The token in {ENV_TOKEN} (when the service has one).")
 
     def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -428,19 +622,29 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
                 if given is None else "the bearer token is not the service's"))
 
     error_responses: dict[int | str, dict[str, Any]] = {
-        401: {"model": ErrorOut, "description": "No or wrong bearer token"},
+        401: {"model": ErrorOut, "description": "No or wrong bearer token (checked before the body is read)"},
+        413: {"model": ErrorOut, "description": "The body is larger than the service reads (refused unread)"},
         422: {"model": ErrorOut, "description": "Invalid request (the field is named)"},
         503: {"model": ErrorOut, "description": "The decision could not be audited, so it was not served"}}
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         body, _ = _invalid(exc)
-        return _answer(service, _endpoint(request), 422, body, "invalid_request")
+        endpoint = _endpoint(request)
+        await _log_refusal(service, "invalid_request", endpoint=endpoint, client=_client(request), status=422,
+                           field=body.field, record=body.record, size=_declared_size(request),
+                           error=body.message[:REFUSAL_TEXT_CHARS])
+        return _answer(service, endpoint, 422, body, "invalid_request")
 
     @app.exception_handler(_Refused)
     async def _on_refused(request: Request, exc: _Refused) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _answer(service, _endpoint(request), exc.status, exc.body, exc.reason, headers=headers)
+        endpoint = _endpoint(request)
+        if exc.log:
+            await _log_refusal(service, exc.reason, endpoint=endpoint, client=_client(request), status=exc.status,
+                               field=exc.body.field, record=exc.body.record, size=_declared_size(request),
+                               error=exc.body.message[:REFUSAL_TEXT_CHARS])
+        return _answer(service, endpoint, exc.status, exc.body, exc.reason, headers=headers)
 
     @app.exception_handler(Exception)
     async def _on_failure(request: Request, exc: Exception) -> JSONResponse:
@@ -452,12 +656,12 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
         t0 = time.perf_counter()
         try:
             return service.decide(requests)
-        except InputError as exc:
+        except InputError as exc:  # the engine logged the refusal
             raise _Refused(422, "invalid_request", ErrorOut(message=str(exc), field=exc.field,
-                                                            record=exc.record)) from None
+                                                            record=exc.record), log=False) from None
         except RwbError as exc:  # the audit trail refused the record, or the engine is closed: nothing served
             reason = "audit_unavailable" if isinstance(exc, AuditUnavailable) else "unavailable"
-            raise _Refused(503, reason, ErrorOut(message=str(exc))) from None
+            raise _Refused(503, reason, ErrorOut(message=str(exc)), log=False) from None
         finally:
             service.duration.labels(endpoint).observe(time.perf_counter() - t0)
 
@@ -505,11 +709,12 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
 
 
 class _Refused(Exception):
-    """A request the service answers with an error status (the handler writes the body)."""
+    """A request the service answers with an error status (the handler writes the body, and
+    a security event when ``log``: a refusal the engine made is in its log already)."""
 
-    def __init__(self, status: int, reason: str, body: ErrorOut):
+    def __init__(self, status: int, reason: str, body: ErrorOut, *, log: bool = True):
         super().__init__(body.message)
-        self.status, self.reason, self.body = status, reason, body
+        self.status, self.reason, self.body, self.log = status, reason, body, log
 
 
 _ENDPOINTS = {"/v1/decide": "decide", "/v1/decide/batch": "batch"}
@@ -519,10 +724,18 @@ def _endpoint(request: Request) -> str:
     return _ENDPOINTS.get(request.url.path, "other")
 
 
+def _client(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _declared_size(request: Request) -> int | None:
+    length = request.headers.get("content-length", "")
+    return int(length) if length.isdigit() else None
+
+
 def _answer(service: DecisionService, endpoint: str, status: int, body: ErrorOut, reason: str, *,
             headers: dict[str, str] | None = None) -> JSONResponse:
-    service.requests.labels(endpoint, str(status)).inc()
-    service.errors.labels(endpoint, reason).inc()
+    _count(service, endpoint, status, reason)
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 

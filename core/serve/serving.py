@@ -19,6 +19,7 @@ import collections
 import concurrent.futures
 import gc
 import itertools
+import json
 import math
 import os
 import sys
@@ -29,21 +30,22 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.guard import review
+from core.base import bounded_json
+from core.base.bounded_json import depth_of, max_depth_of
 from core.base.errors import InputError, RwbError
 from core.access.users import Actor
 from core.access.audit import AuditWriter, security_event, token_action
 from core.access.keys import trust_store
 from core.govern.bundle import BundleError, load_bundle
-from core.govern.policy_folder import INDEX, active_version, load_bundle_for
+from core.govern.policy_folder import INDEX, ActivePolicy, load_copy, resolve_active
 from core.govern.policy_folder import policies_root as policies_folder  # the engine's parameter is policies_root
-from core.govern.registry_records import policy_names, promoted_digest
 from core.serve.idle_gc import IdleCollector
 import core.base.embed
 
@@ -170,6 +172,83 @@ class ServingConfig:
 # =========================================================================== the request
 Scalar = str | int | float | bool | None
 
+# Bounds of a request (docs/serving.md, ## Request limits): far above what an agent sends,
+# the same in-process (parse_request) and over HTTP (the service validates with these models).
+MAX_EPISODE_ID_CHARS = 512
+MAX_QUERY_CHARS = 20_000
+#: ``task_type`` and ``domain``.
+MAX_NAME_CHARS = 128
+MAX_STATE_KEYS = 256
+MAX_STATE_KEY_CHARS = 128
+#: A text value of ``state``.
+MAX_STATE_TEXT_CHARS = 1_024
+MAX_MESSAGES = 1_000
+#: One message, and all of them, as compact UTF-8 JSON (what the audit trail keeps).
+MAX_MESSAGE_BYTES = 256 * 1024
+MAX_MESSAGES_BYTES = 1024 * 1024
+MAX_TOOL_CHARS = 256
+MAX_ERROR_CHARS = 32_768
+#: ``last_result.result`` as compact UTF-8 JSON (a string result: its text).
+MAX_RESULT_BYTES = 512 * 1024
+#: Nesting of lists and objects in one message and in ``last_result.result`` (a result
+#: given as JSON text: in the JSON it holds), measured before anything recurses into it.
+MAX_NESTING = 32
+
+
+def _short(text: str, n: int = 40) -> str:
+    """A name from a request, cut for an error message (the message never echoes a payload)."""
+    return repr(text) if len(text) <= n else repr(text[:n]) + f"… ({len(text):,} characters)"
+
+
+#: Above this interpreter recursion limit the C JSON encoder's own guard no longer keeps a
+#: deep value off the C stack, so the depth is counted without recursion first.
+ENCODER_SAFE_RECURSION = 10_000
+
+
+def _json_bytes(value: Any, what: str, limit: int) -> int:
+    """Size of ``value`` as compact UTF-8 JSON, refused (ValueError naming ``what``) when it is
+    nested deeper than :data:`MAX_NESTING`, is not plain JSON or is longer than ``limit``.
+
+    Encoded once (needed for the size): the C encoder stops at the interpreter's recursion
+    limit with a RecursionError, and the depth is then read off the text by the vectorised
+    scan.  A node-by-node ``depth_of`` walk first would cost seconds for a wide value (4
+    million list items); it runs only when the recursion limit was raised past
+    :data:`ENCODER_SAFE_RECURSION`."""
+    too_deep = f"{what} is nested deeper than {MAX_NESTING} levels"
+    if sys.getrecursionlimit() > ENCODER_SAFE_RECURSION and depth_of(value, MAX_NESTING) > MAX_NESTING:
+        raise ValueError(too_deep)
+    try:
+        raw = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not plain JSON ({exc})") from None
+    if len(raw) > limit:
+        raise ValueError(f"{what} is {len(raw):,} bytes as JSON; at most {limit:,} are accepted")
+    if max_depth_of(raw) > MAX_NESTING:
+        raise ValueError(too_deep)
+    return len(raw)
+
+
+def _bounded_messages(v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if v is not None:
+        total = 0
+        for i, message in enumerate(v):
+            total += _json_bytes(message, f"message {i}", MAX_MESSAGE_BYTES)
+            if total > MAX_MESSAGES_BYTES:
+                raise ValueError(f"the messages up to message {i} are {total:,} bytes as JSON; at most "
+                                 f"{MAX_MESSAGES_BYTES:,} are accepted in all")
+    return v
+
+
+def _bounded_result(v: Any) -> Any:
+    # a result given as JSON text is parsed by the feature extraction (core.state.features)
+    text = v.lstrip() if isinstance(v, str) else ""
+    if text[:1] in ("{", "[") and max_depth_of(text.encode("utf-8", "replace")) > MAX_NESTING:
+        raise ValueError(f"the result's JSON text is nested deeper than {MAX_NESTING} levels")
+    _json_bytes(v, "the result", MAX_RESULT_BYTES)
+    return v
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -178,29 +257,41 @@ class _Strict(BaseModel):
 class LastResult(_Strict):
     """The outcome of the action served last in this episode, as the tool returned it."""
 
-    tool: str | None = Field(default=None, min_length=1)
-    result: Any = None
-    error: str | None = None
+    tool: str | None = Field(default=None, min_length=1, max_length=MAX_TOOL_CHARS)
+    result: Annotated[Any, AfterValidator(_bounded_result)] = None
+    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
     latency_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class DecisionRequest(_Strict):
-    """One decision to make (the schema: docs/serving.md, ## The request)."""
+    """One decision to make (the schema and its limits: docs/serving.md, ## The request)."""
 
-    episode_id: str = Field(min_length=1, max_length=512)
-    query: str = Field(min_length=1, max_length=20_000)
-    task_type: str | None = Field(default=None, min_length=1)
+    episode_id: str = Field(min_length=1, max_length=MAX_EPISODE_ID_CHARS)
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+    task_type: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
     state: dict[str, Scalar] = Field(default_factory=dict)
     last_result: LastResult | None = None
-    messages: list[dict[str, Any]] | None = None
-    domain: str | None = None
+    messages: Annotated[list[dict[str, Any]] | None, Field(max_length=MAX_MESSAGES),
+                        AfterValidator(_bounded_messages)] = None
+    domain: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 
-    @field_validator("state")
+    @field_validator("state", mode="before")
     @classmethod
-    def _finite(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
-        for k, x in v.items():
-            if isinstance(x, float) and not math.isfinite(x):
-                raise ValueError(f"state feature {k!r} is {x}; features must be finite")
+    def _bounded_state(cls, v: Any) -> Any:
+        """Key count first (before pydantic copies the mapping), then each key's and text
+        value's length, and finite numbers."""
+        if isinstance(v, Mapping):
+            if len(v) > MAX_STATE_KEYS:
+                raise ValueError(f"{len(v):,} state features; at most {MAX_STATE_KEYS} are accepted")
+            for k, x in v.items():
+                if isinstance(k, str) and not 0 < len(k) <= MAX_STATE_KEY_CHARS:
+                    raise ValueError(f"state feature name {_short(k)} must have 1 to {MAX_STATE_KEY_CHARS} "
+                                     "characters")
+                if isinstance(x, str) and len(x) > MAX_STATE_TEXT_CHARS:
+                    raise ValueError(f"state feature {_short(str(k))} has {len(x):,} characters; at most "
+                                     f"{MAX_STATE_TEXT_CHARS:,} are accepted")
+                if isinstance(x, float) and not math.isfinite(x):
+                    raise ValueError(f"state feature {_short(str(k))} is {x}; features must be finite")
         return v
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -209,9 +300,33 @@ class DecisionRequest(_Strict):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+#: A request's own nesting over the fields' (request, then ``messages`` or ``last_result``).
+REQUEST_NESTING = MAX_NESTING + 2
+
+
+def error_field(loc: Sequence[Any], data: Any, missing: bool = False) -> str | None:
+    """The dotted request field of a validation error's location.  The path is followed
+    into ``data`` as far as it goes: pydantic's trailing union-member tags
+    (``state.hour.str``) are no fields; a missing field is named; a long key is cut (an
+    error never echoes a payload)."""
+    path: list[Any] = []
+    node = data
+    for p in loc:
+        if isinstance(node, Mapping) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        else:
+            if missing:
+                path.append(p)
+            break
+        path.append(p)
+    return ".".join(str(p) if len(str(p)) <= 64 else str(p)[:64] + "…" for p in path) or None
+
+
 def parse_request(request: Mapping[str, Any] | DecisionRequest, *, index: int | None = None) -> DecisionRequest:
-    """Validate one request; :class:`InputError` names the field (and the request's index
-    in a batch)."""
+    """Validate one request within its limits (:data:`MAX_NESTING` and the others above);
+    :class:`InputError` names the field (and the request's index in a batch)."""
     if isinstance(request, DecisionRequest):
         return request
     where = "" if index is None else f"request {index}: "
@@ -220,14 +335,91 @@ def parse_request(request: Mapping[str, Any] | DecisionRequest, *, index: int | 
     try:
         return DecisionRequest.model_validate(request)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
+        err = exc.errors(include_input=False, include_url=False)[0]
+        loc = error_field(err["loc"], request, err["type"] == "missing")
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = (f"unknown field; a request has {', '.join(DecisionRequest.model_fields)} "
                    f"(last_result: {', '.join(LastResult.model_fields)})")
-        raise InputError(f"{where}invalid decision request: {loc}: {msg}", field=loc or None,
+        raise InputError(f"{where}invalid decision request: {loc}: {msg}", field=loc,
                          record=index) from None
+
+
+#: Refusals written to the security log per source and reason: a burst of this many, and
+#: this many again every REFUSAL_LOG_WINDOW_S seconds (RefusalLog).
+REFUSAL_LOG_BURST = 30
+REFUSAL_LOG_WINDOW_S = 60.0
+#: The longest error text a security event keeps of a refusal.
+REFUSAL_TEXT_CHARS = 200
+
+
+class RefusalLog:
+    """``request_refused`` security events of refused requests (the engine's and the HTTP
+    service's), rate-limited so that a flood of bad or unauthenticated requests can neither
+    fill the disk nor cost an fsync each: per (source, reason) a token bucket lets
+    :data:`REFUSAL_LOG_BURST` events through at once and as many every
+    :data:`REFUSAL_LOG_WINDOW_S` seconds.  A refusal past the limit is counted, not written;
+    the next event written for its (source, reason) carries that count as ``suppressed``,
+    and :meth:`close` writes what is left as ``request_refusals_suppressed``.  An event names
+    the reason, field, record, sizes and the client's address: never the request's content
+    (an error text is cut to :data:`REFUSAL_TEXT_CHARS`)."""
+
+    def __init__(self, ws: "Workspace", actor: Actor | None, *, burst: int = REFUSAL_LOG_BURST,
+                 window_s: float = REFUSAL_LOG_WINDOW_S, clock: Callable[[], float] = time.monotonic):
+        self.ws, self.actor, self.burst, self.clock = ws, actor, burst, clock
+        self.refill_per_s = burst / window_s
+        self._lock = threading.Lock()
+        #: (source, reason) -> [tokens left, when last refilled]
+        self._buckets: dict[tuple[str, str], list[float]] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+
+    def admit(self, source: str, reason: str) -> int | None:
+        """Whether a refusal of ``reason`` from ``source`` is written now: None when over the
+        limit (then it is counted), else how many were suppressed since the last one written."""
+        key, now = (source, reason), self.clock()
+        with self._lock:
+            bucket = self._buckets.setdefault(key, [float(self.burst), now])
+            bucket[0] = min(float(self.burst), bucket[0] + (now - bucket[1]) * self.refill_per_s)
+            bucket[1] = now
+            if bucket[0] < 1.0:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return None
+            bucket[0] -= 1.0
+            return self._suppressed.pop(key, 0)
+
+    def write(self, source: str, reason: str, suppressed: int, **detail: Any) -> None:
+        """Write one admitted refusal (``detail``: names and sizes only; None values left out)."""
+        fields = {k: v for k, v in detail.items() if v is not None}
+        if suppressed:
+            fields["suppressed"] = suppressed
+        try:
+            security_event(self.ws, self.actor, "request_refused", source=source, reason=reason, **fields)
+        except OSError as exc:  # the refusal stands; a full or read-only log must not turn it into a crash
+            sys.stderr.write(f"rwb serve: the security log could not record a refused request ({exc})\n")
+
+    def refused(self, source: str, reason: str, **detail: Any) -> bool:
+        """Log one refusal (when the limit allows); whether it was written."""
+        suppressed = self.admit(source, reason)
+        if suppressed is None:
+            return False
+        self.write(source, reason, suppressed, **detail)
+        return True
+
+    def refused_input(self, exc: InputError, *, source: str, **detail: Any) -> bool:
+        """Log a request refused with ``exc`` (its field, record and cut message)."""
+        return self.refused(source, "invalid_request", field=exc.field, record=exc.record,
+                            error=str(exc)[:REFUSAL_TEXT_CHARS], **detail)
+
+    def close(self) -> None:
+        """Write the refusals still counted but not logged, one event per (source, reason)."""
+        with self._lock:
+            left, self._suppressed = self._suppressed, {}
+        for (source, reason), n in left.items():
+            try:
+                security_event(self.ws, self.actor, "request_refusals_suppressed", source=source, reason=reason,
+                               suppressed=n)
+            except OSError as exc:
+                sys.stderr.write(f"rwb serve: the security log could not record {n} refused requests ({exc})\n")
 
 
 # =========================================================================== the decision
@@ -355,7 +547,8 @@ _OBS_KEYS = ("intent_emb", "intent_rules", "context", "trace_action", "trace_rew
 
 def _compile_policy(bundle: "LoadedBundle") -> tuple[Callable[[Mapping[str, Any]], tuple[Any, Any]], bool]:
     """``(forward, compiled)``: ``forward(obs) -> (logits [B, A], values [B, K])`` of the
-    bundle's actor-critic, as a frozen TorchScript trace when possible.
+    bundle's served actor-critic (its served copy when it has one), as a frozen
+    TorchScript trace when possible.
 
     Serving runs the policy on one to a few rows, where the eager module spends most of its
     time in Python dispatch; the trace does the same arithmetic in about half the CPU time.
@@ -366,7 +559,7 @@ def _compile_policy(bundle: "LoadedBundle") -> tuple[Callable[[Mapping[str, Any]
 
     import torch
 
-    agent = bundle.policy
+    agent = bundle.served_policy
 
     def eager(obs: Mapping[str, Any]) -> tuple[Any, Any]:
         return agent.heads(agent.state(obs))
@@ -409,12 +602,13 @@ _FAST: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def _numpy_policy(bundle: "LoadedBundle") -> Any:
-    """The bundle's policy as a :class:`core.serve.fast_policy.NumpyPolicy`, or None when it is
-    not the architecture it knows or does not reproduce the module (then the module
-    serves).  Shared by the engines over the same loaded bundle."""
+    """The bundle's served policy (its served copy when it has one) as a
+    :class:`core.serve.fast_policy.NumpyPolicy`, or None when it is not the architecture it
+    knows or does not reproduce the module (then the module serves).  Shared by the
+    engines over the same loaded bundle."""
     from core.serve.fast_policy import numpy_policy  # deferred: loads torch and scipy
 
-    agent = bundle.policy
+    agent = bundle.served_policy
     try:
         if agent in _FAST:
             return _FAST[agent]
@@ -454,6 +648,8 @@ class PolicyRuntime:
     def __init__(self, bundle: "LoadedBundle"):
         self.bundle = bundle
         self.version = bundle.policy_version
+        #: ``full`` (the trained module serves) or the precision of the bundle's served copy
+        self.serve_precision = bundle.serve_precision
         cat = bundle.catalog
         self.catalog = cat
         self.n_actions = len(cat.tokens)
@@ -475,7 +671,8 @@ class PolicyRuntime:
         #: Mask rows by (task type, the values the rules read, action counts): see mask().
         self._mask_memo: collections.OrderedDict[tuple[Any, ...], np.ndarray] = collections.OrderedDict()
         self._actions: dict[int, "Action"] = {}
-        #: The numpy forward (core.serve.fast_policy) when it reproduces the module; else the module.
+        #: The numpy forward (core.serve.fast_policy) of the served module (the bundle's served
+        #: copy, else its policy) when it reproduces that module; else the module itself.
         self.fast = _numpy_policy(bundle)
         self.forward: Callable[[Mapping[str, Any]], tuple[Any, Any]] | None
         self.forward, self.compiled = _compile_policy(bundle) if self.fast is None else (None, False)
@@ -664,6 +861,21 @@ class _Boost:
     state_value: np.ndarray   # [B] critic value of the current state
 
 
+@dataclass
+class _Outcome:
+    """One request's decision, made but not served yet (DecisionEngine._serve serves a
+    batch's outcomes together, or none of them)."""
+
+    row: _Row
+    #: The :class:`Decision`'s fields but the latency (``review_item`` set once served).
+    fields: dict[str, Any]
+    #: Its audit record and decoded final action.
+    record: dict[str, Any]
+    action: "Action"
+    #: The review item to queue once it is served (None: no review).
+    review: "review.ReviewRequest | None"
+
+
 # =========================================================================== arbitration
 @dataclass(frozen=True)
 class Verdict:
@@ -762,6 +974,7 @@ class DecisionEngine:
         if self.config.switch_interval_ms is not None:
             sys.setswitchinterval(self.config.switch_interval_ms / 1000.0)
         self.actor = actor or Actor.service("decision-engine")
+        self.refusals = RefusalLog(ws, self.actor)
         self.clock = clock
         self.metrics = metrics or ServingMetrics()
         self._policy_name = policy_name
@@ -836,8 +1049,9 @@ class DecisionEngine:
     def from_policy(cls, ws: "Workspace", name: str, *, root: str | Path | None = None,
                     **options: Any) -> "DecisionEngine":
         """An engine serving the promoted policy ``name`` (``core/policies`` or
-        ``$RWB_POLICIES_DIR`` or ``root``); newly promoted versions are picked up at the
-        next episode start."""
+        ``$RWB_POLICIES_DIR`` or ``root``) in the version the registry's records say
+        (:func:`load_promoted`); newly promoted versions are picked up at the next episode
+        start."""
         seen = _index_stat(root)  # taken before loading: a promotion meanwhile is picked up later
         engine = cls(ws, load_promoted(ws, name, root=root, actor=options.get("actor")), policy_name=name,
                      policies_root=root, **options)
@@ -851,11 +1065,12 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ hot reload
     def _pick_up_promotion(self) -> None:
-        """At an episode start: load the active version when the index changed and names
-        another version than the one new episodes start on.  A version that cannot be
-        loaded is not served: the engine keeps the current one, counts the failure
-        (``rwb_policy_reloads{result="failed"}``), keeps the reason in ``reload_error``
-        and tries again when the index changes next."""
+        """At an episode start, when the index changed (the registry rewrites it after each
+        promotion and rollback): resolve the active version again (the registry's records,
+        or the signed index) and load it when it is another copy than the one new episodes
+        start on.  A version that cannot be resolved or loaded is not served: the engine
+        keeps the current one, counts the failure (``rwb_policy_reloads{result="failed"}``),
+        keeps the reason in ``reload_error`` and tries again when the index changes next."""
         if self._policy_name is None:
             return
         stat = _index_stat(self._policies_root)
@@ -864,11 +1079,12 @@ class DecisionEngine:
         self._index_stat = stat
 
         try:
-            version = active_version(self._policy_name, self._policies_root)
-            if f"{self._policy_name}@{version}" == self.runtime.version:
+            active = resolve_active(self.ws, self._policy_name, root=self._policies_root, actor=self.actor)
+            current = self.runtime.bundle.manifest
+            if (active.policy_version, active.manifest_digest) == (self.runtime.version, current.digest):
                 return
             self.runtime = PolicyRuntime(load_promoted(self.ws, self._policy_name, root=self._policies_root,
-                                                       version=version, actor=self.actor))
+                                                       actor=self.actor, active=active))
         except RwbError as exc:
             self.reload_error = str(exc)
             self.metrics.reloads.labels("failed").inc()
@@ -915,14 +1131,28 @@ class DecisionEngine:
 
     def decide_batch(self, requests: Sequence[Mapping[str, Any] | DecisionRequest]) -> list[Decision]:
         """Decide many requests at once (at most one per episode): masks, tree, policy
-        and critic each run once over the batch.  All requests are validated before
-        anything is decided."""
+        and critic each run once over the batch.
+
+        A batch is atomic.  Every request is validated (fields and their limits, one request
+        per episode, its tool result) before anything is decided; then either every decision
+        is served, audited (the batch's records accepted at once, one transaction) and its
+        episode advanced, or none is: an :class:`InputError`, a failure while deciding or the
+        audit trail's refusal leaves every episode as it was and no record written.  A
+        refused request writes a ``request_refused`` security event (:class:`RefusalLog`)."""
         t0 = time.perf_counter()
+        try:
+            return self._decide_all(requests, t0)
+        except InputError as exc:
+            self.refusals.refused_input(exc, source="engine")
+            raise
+
+    def _decide_all(self, requests: Sequence[Mapping[str, Any] | DecisionRequest], t0: float) -> list[Decision]:
+        """:meth:`decide_batch` but the logging of a refusal."""
         parsed = [parse_request(r, index=i if len(requests) > 1 else None) for i, r in enumerate(requests)]
         seen: set[str] = set()
         for i, r in enumerate(parsed):
             if r.episode_id in seen:
-                raise InputError(f"request {i}: episode {r.episode_id!r} appears twice in one batch; its "
+                raise InputError(f"request {i}: episode {_short(r.episode_id)} appears twice in one batch; its "
                                  "steps depend on each other — decide them one after the other",
                                  field="episode_id", record=i)
             seen.add(r.episode_id)
@@ -937,10 +1167,11 @@ class DecisionEngine:
             groups: dict[int, list[_Row]] = {}
             for row in rows:  # episodes may run on different policy versions
                 groups.setdefault(id(row.episode.runtime), []).append(row)
-            made: list[dict[str, Any]] = [{}] * len(rows)
+            outcomes: list[_Outcome] = []
             for group in groups.values():
-                for row, fields in zip(group, self._decide_group(group[0].episode.runtime, group, now, t0)):
-                    made[row.index] = fields
+                outcomes += self._decide_group(group[0].episode.runtime, group, now, t0)
+            self._serve(outcomes, now)
+            made = [o.fields for o in sorted(outcomes, key=lambda o: o.row.index)]
             # After the decisions, so that a request does not share the CPU with its own
             # query's embedding when the baseline answered it alone: the deferred RL-Boosts'
             # queries, and (prefetch_intent) every new episode's.
@@ -984,10 +1215,12 @@ class DecisionEngine:
                     intent_state=None if intent is None else ep.intent_state)
 
     def _decide_group(self, rt: PolicyRuntime, rows: list[_Row], now: float, t0: float
-                      ) -> list[dict[str, Any]]:
-        """Masks, tree, RL-Boost, arbitration, review and audit for rows on one policy
-        version; returns each row's :class:`Decision` fields (but the latency)."""
-        cfg, m, v = self.config, self.metrics, rt.version
+                      ) -> list["_Outcome"]:
+        """Masks, tree, RL-Boost and arbitration for rows on one policy version; returns
+        each row's outcome (its decision's fields but the latency and review item, its audit
+        record and review request), which :meth:`_serve` serves: nothing is audited, queued
+        or changed in an episode here."""
+        cfg, v = self.config, rt.version
         B = len(rows)
         rt.refresh_masks(self.ws)
         states = [r.state for r in rows]
@@ -1060,51 +1293,61 @@ class DecisionEngine:
                         "overridden": verdict.overridden, "timed_out": timed_out and j is not None,
                         "why": verdict.explanation, "components": components})
 
-        # ---------------------------------------------------------------- review queue
-        to_review = [b for b, o in enumerate(out) if rt.risks[o["final"]] in cfg.review_risks
-                     and o["conf"] < cfg.review_confidence]
-        items: dict[int, int] = {}
-        if to_review:
-            reqs = [self._review_request(rt, rows[b], out[b], reasons[b]) for b in to_review]
-            items = dict(zip(to_review, self._queue_reviews(reqs)))
-
-        # ---------------------------------------------------------------- audit, then commit state
-        decisions = []
+        # ---------------------------------------------------------------- the outcomes (_serve serves them)
+        outcomes = []
         for b, (r, o) in enumerate(zip(rows, out)):
-            rde = int(rde_tok[b])
+            rde, final = int(rde_tok[b]), o["final"]
             record = {"input_hash": None, "rde_action": rde if rde >= 0 else None,
-                      "rl_candidates": [c.audit() for c in o["cands"]], "final_action": o["final"],
+                      "rl_candidates": [c.audit() for c in o["cands"]], "final_action": final,
                       "reward_components": list(o["components"]), "policy_version": v,
                       "episode_id": r.request.episode_id, "decision_id": r.decision_id}
-            self.audit.write(record, request=r.request.to_json_dict(), action=rt.action(o["final"]))
-            self._commit(r, o["final"], now)
-            m.decisions.labels(v, o["source"]).inc()
-            for reason in reasons[b]:
-                m.rl_boost.labels(v, reason).inc()
-            if r.ood_notes:
-                m.ood.labels(v).inc()
-            if o["adopted"]:
-                m.adoptions.labels(v).inc()
-            if o["timed_out"]:
-                m.timeouts.labels(v).inc()
-            if r.intent_pending:
-                m.deferred.labels(v).inc()
-            if o["overridden"]:
-                m.overrides.labels(v).inc()
-            if b in items:
-                m.review_pushes.labels(v).inc()
-            decisions.append(dict(
+            to_review = rt.risks[final] in cfg.review_risks and o["conf"] < cfg.review_confidence
+            fields = dict(
                 decision_id=r.decision_id, episode_id=r.request.episode_id, step_t=r.step_t,
-                policy_version=v, final_action=o["final"], final_name=rt.names[o["final"]],
-                final_label=rt.labels[o["final"]], kind=rt.kinds[o["final"]], tool=rt.tools[o["final"]],
-                risk=rt.risks[o["final"]], source=o["source"], confidence=o["conf"],
+                policy_version=v, final_action=final, final_name=rt.names[final],
+                final_label=rt.labels[final], kind=rt.kinds[final], tool=rt.tools[final],
+                risk=rt.risks[final], source=o["source"], confidence=o["conf"],
                 rde_action=rde if rde >= 0 else None, rde_confidence=float(rde_conf[b]),
                 rl_boost=bool(reasons[b]), rl_boost_reasons=tuple(reasons[b]), rl_candidates=tuple(o["cands"]),
                 rde_reward_est=o["rde_est"], adopted=o["adopted"], overridden=o["overridden"],
                 timed_out=o["timed_out"], intent_pending=r.intent_pending, ood=bool(r.ood_notes),
                 ood_notes=tuple(r.ood_notes),
-                review_item=items.get(b), reward_components=o["components"], explanation=o["why"]))
-        return decisions
+                review_item=None, reward_components=o["components"], explanation=o["why"])
+            outcomes.append(_Outcome(row=r, fields=fields, record=record, action=rt.action(final),
+                                     review=self._review_request(rt, r, o, reasons[b]) if to_review else None))
+        return outcomes
+
+    def _serve(self, outcomes: list[_Outcome], now: float) -> None:
+        """Serve a batch's decisions, all or none: the review item ids are reserved and every
+        audit record is accepted at once (one transaction) before anything changes; only then
+        are the episodes advanced, the metrics counted and the review items queued (nothing
+        after the audit refuses).  A refusal before leaves the episodes as they were and gives
+        the reserved ids back."""
+        reviewed = [o for o in outcomes if o.review is not None]
+        ids = self._reserve_review_ids(len(reviewed)) if reviewed else []
+        try:
+            self.audit.write_batch([(o.record, o.row.request.to_json_dict(), o.action) for o in outcomes])
+        except BaseException:
+            if ids:
+                with self._review_lock:
+                    self._review_ids.extendleft(reversed(ids))
+            raise
+        m = self.metrics
+        for o in outcomes:
+            r, f, v = o.row, o.fields, o.fields["policy_version"]
+            self._commit(r, f["final_action"], now)
+            m.decisions.labels(v, f["source"]).inc()
+            for reason in f["rl_boost_reasons"]:
+                m.rl_boost.labels(v, reason).inc()
+            for flag, counter in ((f["ood"], m.ood), (f["adopted"], m.adoptions), (f["timed_out"], m.timeouts),
+                                  (f["intent_pending"], m.deferred), (f["overridden"], m.overrides),
+                                  (o.review is not None, m.review_pushes)):
+                if flag:
+                    counter.labels(v).inc()
+        if reviewed:
+            for o, item in zip(reviewed, ids):
+                o.fields["review_item"] = item
+            self._push_reviews(ids, [o.review for o in reviewed if o.review is not None])
 
     def _commit(self, r: _Row, token: int, now: float) -> None:
         """Record a served (and audited) action in its episode."""
@@ -1146,17 +1389,20 @@ class DecisionEngine:
             meta={"policy_version": rt.version, "explanation": o["why"], "query": r.request.query,
                   "rl_candidates": [c.audit() for c in o["cands"]]})
 
-    def _queue_reviews(self, reqs: list["review.ReviewRequest"]) -> list[int]:
-        """Reserved ids for ``reqs``, whose items the review thread writes right after the
-        request (a new block of ids is reserved here when the engine's are used up)."""
+    def _reserve_review_ids(self, n: int) -> list[int]:
+        """``n`` review item ids for a batch's pushes, taken before its decisions are served
+        (a new block of ids is reserved here when the engine's are used up)."""
         with self._review_lock:
-            if len(self._review_ids) < len(reqs):
-                self._review_ids.extend(review.reserve_item_ids(self.ws, self.actor,
-                                                                max(REVIEW_ID_BLOCK, len(reqs))))
-            ids = [self._review_ids.popleft() for _ in reqs]
+            if len(self._review_ids) < n:
+                self._review_ids.extend(review.reserve_item_ids(self.ws, self.actor, max(REVIEW_ID_BLOCK, n)))
+            return [self._review_ids.popleft() for _ in range(n)]
+
+    def _push_reviews(self, ids: list[int], reqs: list["review.ReviewRequest"]) -> None:
+        """Queue the items of served decisions under their reserved ``ids``: the review
+        thread writes them right after the request."""
+        with self._review_lock:
             self._review_pending.append((ids, reqs, time.time()))
         self._review_pool.submit(self._write_reviews)
-        return ids
 
     def _write_reviews(self) -> int:
         """Write every pending review item, oldest first, each push in its own transaction;
@@ -1463,34 +1709,27 @@ class DecisionEngine:
 
 
 # =========================================================================== entry points
-def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None, version: str | None = None,
-                  actor: Actor | None = None) -> "LoadedBundle":
-    """The promoted policy ``name`` (its active version, or ``version``), verified for ``ws``:
-    every hash, a signature by a key ``ws`` trusts, and — when ``ws``'s registry promoted
-    this policy — the manifest digest the registry recorded at promotion (the index in the
-    policies folder is a plain file; the registry's events are append-only).  A workspace
-    whose registry never saw ``name`` (a production workspace serving the installed
-    package) relies on the signature.  A refusal is written to the security log
-    (:func:`core.access.audit.security_event`, ``promoted_copy_refused``) and raised."""
-    version = version or active_version(name, root)
-    folder = policies_folder(root) / name / version
+def load_promoted(ws: "Workspace", name: str, *, root: str | Path | None = None, actor: Actor | None = None,
+                  active: ActivePolicy | None = None) -> "LoadedBundle":
+    """The promoted policy ``name`` in the version production serves, verified for ``ws``.
+
+    Which version, and the manifest digest its copy must have, come from ``ws``'s registry
+    when it holds ``name`` (its signed, append-only events), else from the folder's index
+    entry only when a registry whose key ``ws`` trusts signed it and it is not older than
+    one ``ws`` served (:func:`core.govern.policy_folder.resolve_active`; ``active`` when
+    already resolved).  The copy is then checked whole: every hash, a signature by a key
+    ``ws`` trusts, and that digest.  Every refusal is written to the security log
+    (``policy_index_refused``, ``policy_index_stale``, ``registry_log_broken``,
+    ``promoted_copy_refused``) and raised."""
+    active = active or resolve_active(ws, name, root=root, actor=actor)
+    base = policies_folder(root)
     try:
-        bundle = load_bundle_for(name, root=root, version=version, trust=trust_store(ws))
-        if name in policy_names(ws):
-            recorded = promoted_digest(ws, name, version)
-            if recorded is None:
-                raise BundleError(f"{name}@{version} in {folder.parent.parent} was never promoted by this workspace's "
-                                  "registry; refusing to serve it", file=str(folder))
-            if bundle.manifest.digest != recorded:
-                raise BundleError(f"{name}@{version} in {folder.parent.parent} is not the copy the registry promoted "
-                                  f"(manifest digest {bundle.manifest.digest[:12]}…, recorded {recorded[:12]}…); "
-                                  "it was swapped or edited — promote or roll back again from the registry",
-                                  file=str(folder))
+        return load_copy(base, name, active.version, active.manifest_digest, trust=trust_store(ws),
+                         authority=active.authority)
     except BundleError as exc:
-        security_event(ws, actor, "promoted_copy_refused", policy=f"{name}@{version}", path=str(folder),
-                       reason=str(exc))
+        security_event(ws, actor, "promoted_copy_refused", policy=active.policy_version,
+                       path=str(base / name / active.version), reason=str(exc), source=active.source)
         raise
-    return bundle
 
 
 def _is_bundle_path(policy: str | Path) -> bool:
@@ -1517,24 +1756,33 @@ def load(policy: str | Path, *, ws: "Workspace | None" = None, root: str | Path 
     return DecisionEngine.from_policy(ws, str(policy), root=root, **options)
 
 
-def read_requests(text: str, *, file: str | None = None) -> list[dict[str, Any]]:
-    """Requests from JSON text: one object, a list of objects, or JSON lines."""
-    import json
+#: The most JSON text ``rwb serve decide`` reads at once (its requests are served in order).
+MAX_REQUESTS_TEXT_BYTES = 64 * 1024 * 1024
 
+
+def read_requests(text: str, *, file: str | None = None) -> list[dict[str, Any]]:
+    """Requests from JSON text: one object, a list of objects, or JSON lines.  At most
+    :data:`MAX_REQUESTS_TEXT_BYTES`, parsed by :func:`core.base.bounded_json.loads` (the
+    nesting a request's fields allow, measured before the parser recurses); each request's
+    fields are checked against their limits when it is served (:func:`parse_request`)."""
     s = text.strip()
     if not s:
         raise InputError("no request given", file=file)
+    raw = s.encode("utf-8", "surrogatepass")
+    cap, depth = MAX_REQUESTS_TEXT_BYTES, REQUEST_NESTING + 1  # + 1: a list of requests
+    if len(raw) > cap or max_depth_of(raw) > depth:
+        bounded_json.loads(raw, max_bytes=cap, max_depth=depth, file=file)  # refuses, naming the size or the path
     try:
-        data = json.loads(s)
+        data = bounded_json.loads(raw, max_bytes=cap, max_depth=depth, file=file)
         items = data if isinstance(data, list) else [data]
-    except ValueError:
+    except InputError:  # not one JSON document: JSON lines
         items = []
         for n, line in enumerate(s.splitlines(), 1):
             if line.strip():
                 try:
-                    items.append(json.loads(line))
-                except ValueError as exc:
-                    raise InputError(f"not JSON: {exc}", file=file, line=n) from None
+                    items.append(bounded_json.loads(line, max_bytes=cap, max_depth=REQUEST_NESTING, file=file))
+                except InputError as exc:
+                    raise InputError(f"not JSON: {exc.reason}", file=file, line=n, field=exc.field) from None
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InputError(f"request {i} is not a JSON object", file=file, record=i)

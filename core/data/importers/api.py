@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import sqlite3
+import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from core.records.episodes import Action, ToolSchema, episode_from_body
 from core.base.errors import InputError
@@ -37,13 +40,13 @@ from core.data.importers.base import (
     next_free_id,
     check_keys_supported,
     dumps_canonical,
+    READ_BYTES,
     gc_paused,
     get_importer,
-    load_document,
+    open_document,
     prepare_episode,
 )
-from core.data.importers import parallel
-from core.data.importers.parallel import Call, Rows, import_workers, read_rwb_rows, rows_of
+from core.data.importers.parallel import Rows, import_workers, read_rwb_rows, rows_in_batches
 from core.data.importers.rwb import header_line
 from core.access.users import Actor, authorize, current_user
 from core.records.catalog import build_catalog
@@ -91,8 +94,8 @@ class ImportResult:
 def detect_format(doc: Document, options: ReadOptions | None = None) -> str:
     """The registered format whose ``sniff`` accepts ``doc`` (``--format auto``)."""
     if doc.first is None:
-        if doc.records and doc.records[0].error is not None:
-            raise doc.records[0].error
+        if doc.head and doc.head[0].error is not None:
+            raise doc.head[0].error
         raise InputError("file holds no records", file=doc.name)
     options = options or ReadOptions()
     matches = [name for name, imp in IMPORTERS.items() if imp.sniff(doc, options)]
@@ -184,7 +187,7 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
     Raises :class:`InputError` (file, line or record, field) on the first bad record,
     unless ``skip_invalid``: then bad records are listed in ``ParsedFile.rejected``.
     Repeated episode ids are renamed ``id~2``, ``id~3``… and listed in ``duplicate_ids``."""
-    doc = load_document(path)
+    doc = open_document(path)
     with gc_paused():  # see gc_paused
         parsed = _read(doc, format, _options(messages_key, reward_key, id_key, skip_invalid, progress))
     for p in parsed.prepared or []:
@@ -193,18 +196,28 @@ def read_file(path: str | Path, *, format: str = "auto", messages_key: str | Non
 
 
 # --------------------------------------------------------------------------- importing
-def _count_invalid(tools: list[ToolSchema], calls: list[Call]) -> tuple[int, int, dict[str, int]]:
+#: Distinct logged tool calls of a file: (tool, raw_arguments, params as stored in the steps
+#: table) -> [params of the first such call, how many calls].
+CallCounts = dict[tuple[str, "str | None", "str | None"], list[Any]]
+
+
+def _count_invalid(tools: list[ToolSchema], calls: CallCounts) -> tuple[int, int, dict[str, int]]:
     """(tool calls, INVALID tool calls, top reasons) under the catalog of ``tools`` (or of the
     logged calls when there are no schemas); presets are learned from the logged calls."""
     import numpy as np  # here: import workers load this module too, and need no numpy
 
-
     if not calls:
         return 0, 0, {}
+    counts = [n for _, n in calls.values()]
     # What core.records.catalog.observed_calls takes from episodes: the params, or the raw
-    # arguments when they are a JSON object.
-    observed = [(tool, params) for tool, params, raw, _ in calls if raw is None]
-    for tool, _, raw, _ in calls:
+    # arguments when they are a JSON object — every call (a repeated call is the same pair
+    # again, not a copy), in the order the calls came but with each distinct call's
+    # repeats together, which keeps the order in which values first appear.
+    observed: list[tuple[str, dict[str, Any]]] = []
+    for (tool, raw, _), (params, n) in calls.items():
+        if raw is None:
+            observed += [(tool, params)] * n
+    for (tool, raw, _), (_, n) in calls.items():
         if raw is None:
             continue
         try:
@@ -212,30 +225,20 @@ def _count_invalid(tools: list[ToolSchema], calls: list[Call]) -> tuple[int, int
         except (ValueError, RecursionError):
             continue
         if isinstance(parsed, dict):
-            observed.append((tool, parsed))
+            observed += [(tool, parsed)] * n
     catalog = build_catalog(tools, calls=observed)
-    # Logs repeat the same calls a lot: normalize each distinct call once (keyed by the
-    # params' JSON text, already made for the steps table), then count with numpy.
-    distinct: dict[tuple[str, str | None, str | None], int] = {}
-    firsts: list[Call] = []
-    index = []
-    for call in calls:
-        key = (call[0], call[2], call[3])
-        k = distinct.get(key)
-        if k is None:
-            k = distinct[key] = len(firsts)
-            firsts.append(call)
-        index.append(k)
+    del observed
+    # Logs repeat the same calls a lot: each distinct call is normalized once, then counted.
     # The calls were validated when read (here or in a worker): no need to validate again.
-    actions = [Action.model_construct(kind="tool_call", tool=t, params=p, raw_arguments=r)
-               for t, p, r, _ in firsts]
+    actions = [Action.model_construct(kind="tool_call", tool=tool, params=params, raw_arguments=raw)
+               for (tool, raw, _), (params, _) in calls.items()]
     batch = catalog.normalize_many(actions)
-    per_call = np.bincount(np.asarray(index, dtype=np.int64), minlength=len(firsts))
+    per_call = np.asarray(counts, dtype=np.int64)
     bad = np.asarray(batch.token_ids) < 0
     reasons: Counter[str] = Counter()
     for k in np.flatnonzero(bad).tolist():  # distinct INVALID calls, in order of first use
         reasons[(batch.reasons[k] or "invalid").split(":")[0]] += int(per_call[k])
-    return len(calls), int(per_call[bad].sum()), dict(reasons.most_common(8))
+    return int(per_call.sum()), int(per_call[bad].sum()), dict(reasons.most_common(8))
 
 
 def _merge_tools(existing: list[ToolSchema], new: list[ToolSchema]) -> list[ToolSchema]:
@@ -296,34 +299,97 @@ def _write_report(ws: Workspace, dataset: str, import_id: int, path: Path, sha: 
     return out
 
 
-def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[ParsedFile, Rows]:
-    """Read a document into rows: big rwb files on every core, the rest in this process."""
+def _read_rows(doc: Document, format: str, options: ReadOptions) -> tuple[ParsedFile, Iterator[Rows]]:
+    """Read a document into rows, a batch at a time: big rwb files on every core, the rest
+    in this process.  The ParsedFile is complete once the rows are read."""
     name = detect_format(doc, options) if format == "auto" else format
+    importer = get_importer(name)
+    check_keys_supported(importer, options)
     workers = import_workers()
-    if name == "rwb" and workers > 1 and len(doc.records) >= parallel.PARALLEL_MIN_RECORDS:
-        check_keys_supported(get_importer(name), options)
-        parsed, rows = read_rwb_rows(doc, options, workers)
-        _check_tools(parsed.tools, doc)
-        return parsed, rows
+    if name == "rwb" and workers > 1 and doc.layout == "jsonl":
+        return read_rwb_rows(doc, options, workers)
     # Stored only: the importers may take the fast path (dicts, no models).  import_file
     # renames repeated ids on the rows (against the file and the dataset).
-    parsed = _read(doc, name, replace(options, for_storage=True), rename=False)
-    assert parsed.prepared is not None
-    rows = rows_of(parsed.prepared)
-    parsed.prepared = None  # the rows hold what is stored: let the episode dicts go
-    return parsed, rows
+    parsed, items = importer.stream(doc, replace(options, for_storage=True))
+    return parsed, rows_in_batches(items)
 
 
-def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]]:
-    """Rename rows whose episode id is taken (by the dataset or an earlier row) to ``id~2``…
+class _RowSpool:
+    """The rows of an import, written to an unnamed temporary file in the workspace folder
+    as the file is read, and read back a batch at a time in the write transaction.
+
+    So memory holds one batch, not the file, and the transaction takes the write lock for
+    as long as before (storing, not reading and validating).  Alongside: the counts, the
+    domains and the distinct tool calls (to count INVALID ones)."""
+
+    def __init__(self, folder: Path):
+        self.file: BinaryIO = tempfile.TemporaryFile(dir=folder, prefix=".import-rows-")
+        self.episodes = 0
+        self.steps = 0
+        self.calls: CallCounts = {}
+        self.domains: set[str] = set()
+
+    def add(self, rows: Rows) -> None:
+        # Column by column (plain str, int, float, None): marshal writes and reads columns
+        # about twice as fast as the same rows as nested tuples.
+        step_rows = [row for steps in rows.steps for row in steps]
+        blob = marshal.dumps((list(zip(*rows.episodes)), list(zip(*step_rows)),
+                              [len(steps) for steps in rows.steps]))
+        self.file.write(len(blob).to_bytes(8, "little"))
+        self.file.write(blob)
+        self.episodes += len(rows.episodes)
+        self.steps += sum(map(len, rows.steps))
+        for tool, params, raw, text in rows.calls:
+            seen = self.calls.get((tool, raw, text))
+            if seen is None:
+                self.calls[tool, raw, text] = [params, 1]
+            else:
+                seen[1] += 1
+        self.domains |= rows.domains
+
+    def batches(self) -> Iterator[tuple[list[tuple[Any, ...]], list[list[tuple[Any, ...]]]]]:
+        """(episode rows, step rows per episode) of each batch, in the order added."""
+        self.file.flush()
+        self.file.seek(0)
+        while head := self.file.read(8):
+            episode_columns, step_columns, counts = marshal.loads(self.file.read(int.from_bytes(head, "little")))
+            step_rows = list(zip(*step_columns))
+            steps, at = [], 0
+            for n in counts:
+                steps.append(step_rows[at:at + n])
+                at += n
+            yield list(zip(*episode_columns)), steps
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _file_sha256(path: Path) -> str:
+    """The sha256 of the file's bytes, read a piece at a time."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while piece := f.read(READ_BYTES):
+                digest.update(piece)
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder; give one file", file=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    return digest.hexdigest()
+
+
+def _unique_rows(episodes: list[tuple[Any, ...]], taken: set[str], duplicates: list[str],
+                 renamed: dict[str, str]) -> None:
+    """Rename rows whose episode id is taken (by the dataset or an earlier row) to ``id~2``…,
+    adding to ``duplicates`` (the repeated original ids) and ``renamed`` (new -> old).
 
     Same rule as :func:`~core.data.importers.base.assign_unique_ids`; a renamed episode gets its
     canonical body and hash again (the id is part of them)."""
     from core.records.store import episode_row  # deferred: loads pandas
 
-    duplicates: list[str] = []
-    renamed: dict[str, str] = {}
-    for i, row in enumerate(rows.episodes):
+    for i, row in enumerate(episodes):
         original = row[0]
         if original not in taken:
             taken.add(original)
@@ -335,8 +401,7 @@ def _unique_rows(rows: Rows, taken: set[str]) -> tuple[list[str], dict[str, str]
         renamed[new] = original
         ep = episode_from_body(row[-1])  # its own canonical body: valid by construction
         ep.episode_id = new
-        rows.episodes[i] = episode_row(ep, *canonical_body(ep))
-    return duplicates, renamed
+        episodes[i] = episode_row(ep, *canonical_body(ep))
 
 
 def import_file(ws: Workspace, path: str | Path, *, format: str = "auto", dataset: str | None = None,
@@ -381,25 +446,39 @@ def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
                  messages_key: str | None, reward_key: str | None, id_key: str | None,
                  skip_invalid: bool, progress: ProgressFn | None) -> ImportResult:
     options = _options(messages_key, reward_key, id_key, skip_invalid, progress)
-    doc = load_document(path)
-    sha = hashlib.sha256(doc.data).hexdigest()
+    sha = _file_sha256(path)
     if dataset is not None:
         _check_dataset_name(dataset, str(path))
         row = _already(ws.conn, sha, dataset)
         if row is not None:
             return _noop_result(row, dataset, path, sha)
-    parsed, rows = _read_rows(doc, format, options)
+    doc = open_document(path)
+    spool = _RowSpool(ws.root)
+    try:
+        parsed, batches = _read_rows(doc, format, options)
+        for rows in batches:
+            spool.add(rows)
+        _check_tools(parsed.tools, doc)
+        return _store(ws, path, sha, dataset, parsed, spool, {
+            "messages_key": messages_key, "reward_key": reward_key, "id_key": id_key,
+            "skip_invalid": skip_invalid, "format_requested": format})
+    finally:
+        spool.close()
+
+
+def _store(ws: Workspace, path: Path, sha: str, dataset: str | None, parsed: ParsedFile, spool: _RowSpool,
+           options: dict[str, Any]) -> ImportResult:
+    """Store what :func:`_import_file` read (the rows in ``spool``) in one transaction."""
     dataset = _check_dataset_name(dataset or parsed.default_dataset or path.stem, str(path))
-    if not rows.episodes:
+    if not spool.episodes:
         first = f"; first problem: {parsed.rejected[0]['message']}" if parsed.rejected else ""
         raise InputError(f"no episode to import{first}", file=str(path))
 
     existing_tools = ws.tools(dataset) if ws.has_dataset(dataset) else []
-    n_calls, n_invalid, reasons = _count_invalid(_merge_tools(existing_tools, parsed.tools), rows.calls)
+    n_calls, n_invalid, reasons = _count_invalid(_merge_tools(existing_tools, parsed.tools), spool.calls)
     result = ImportResult(
-        dataset=dataset, file=str(path), format=parsed.format, episodes=len(rows.episodes),
-        steps=sum(len(s) for s in rows.steps), tool_calls=n_calls,
-        invalid_tokens=n_invalid, rejected=parsed.rejected,
+        dataset=dataset, file=str(path), format=parsed.format, episodes=spool.episodes,
+        steps=spool.steps, tool_calls=n_calls, invalid_tokens=n_invalid, rejected=parsed.rejected,
         invalid_reasons=reasons, warnings=list(parsed.warnings), file_sha256=sha)
 
     report: Path | None = None
@@ -411,23 +490,21 @@ def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
             ws.ensure_dataset(conn, dataset, parsed.domain)
             taken = {r[0] for r in conn.execute("SELECT episode_id FROM episodes WHERE dataset=?",
                                                 (dataset,))}
-            result.duplicate_ids, result.renamed = _unique_rows(rows, taken)
+            cur = conn.execute(
+                "INSERT INTO imports(dataset, file, file_sha256, format, options, n_episodes, n_steps, "
+                "report, at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (dataset, str(path), sha, parsed.format, json.dumps(options), result.episodes, result.steps,
+                 None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+            assert cur.lastrowid is not None  # an INSERT sets it
+            result.import_id = int(cur.lastrowid)
+            for episodes, steps in spool.batches():  # a batch at a time, all in this one transaction
+                _unique_rows(episodes, taken, result.duplicate_ids, result.renamed)
+                ws.insert_rows(conn, dataset, episodes, steps, import_id=result.import_id)
             if result.renamed:
                 result.warnings.append(f"{len(result.renamed)} episode(s) renamed because their id "
                                        f"repeated: " + ", ".join(
                                            f"{old!r} -> {new!r}" for new, old in list(result.renamed.items())[:5])
                                        + (" …" if len(result.renamed) > 5 else ""))
-            cur = conn.execute(
-                "INSERT INTO imports(dataset, file, file_sha256, format, options, n_episodes, n_steps, "
-                "report, at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (dataset, str(path), sha, parsed.format,
-                 json.dumps({"messages_key": messages_key, "reward_key": reward_key, "id_key": id_key,
-                             "skip_invalid": skip_invalid, "format_requested": format}),
-                 result.episodes, result.steps, None,
-                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
-            assert cur.lastrowid is not None  # an INSERT sets it
-            result.import_id = int(cur.lastrowid)
-            ws.insert_rows(conn, dataset, rows.episodes, rows.steps, import_id=result.import_id)
             ws.upsert_tools(conn, dataset, parsed.tools)
             if result.rejected:
                 report = _write_report(ws, dataset, result.import_id, path, sha, result)
@@ -440,8 +517,6 @@ def _import_file(ws: Workspace, path: Path, *, format: str, dataset: str | None,
         if report is not None:  # the import was rolled back: its report must not linger
             report.unlink(missing_ok=True)
         raise
-    if progress is not None:
-        progress(len(doc.records), len(doc.records))
     return result
 
 

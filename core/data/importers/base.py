@@ -4,10 +4,11 @@ An :class:`Importer` turns the records of one file (a :class:`Document`) into va
 :class:`~core.records.episodes.Episode` objects and their :class:`~core.records.episodes.ToolSchema`
 list; it never touches the database (:func:`core.data.importers.import_file` does, in one
 transaction).  A new format subclasses :class:`Importer`, implements ``sniff`` and ``read``,
-and is added with :func:`register`.  This module also holds the bounded JSON reading and
-the canonical episode text every importer shares.
+and is added with :func:`register`.  This module also holds the reading of files a record
+at a time, each bounded before it is parsed (:func:`open_document`), and the canonical
+episode text every importer shares.
 
-Details: docs/importers.md (## The importer contract, ## Record numbering).
+Details: docs/importers.md (## The importer contract, ## Reading files, ## Record numbering).
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
 import itertools
 import json
 import math
-import re
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeGuard
+from typing import Any, BinaryIO, ClassVar, TypeGuard
 
 import numpy as np
 from pydantic import ValidationError
@@ -38,7 +40,8 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 #: Deepest nesting of lists and objects accepted in one record.
 MAX_JSON_DEPTH = 64
 
-#: ``progress(done, total)``: called now and then while a file is read and stored.
+#: ``progress(done, total)``: called now and then while a file is read (bytes read of the
+#: file's size; records of a file read whole).
 ProgressFn = Callable[[int, int], None]
 
 
@@ -299,64 +302,314 @@ class RawRecord:
         return self._error
 
 
-@dataclass
-class Document:
-    """A file read once: its records (a JSON list, a JSON Lines file or one JSON object)."""
+#: Bytes read from a file at a time (a JSON list is scanned piece by piece this size).
+READ_BYTES = 1 << 18
+#: Largest record of a JSON list, and largest file holding one JSON object, in bytes as
+#: written (an indented record takes more room than its stored canonical JSON).
+MAX_DOCUMENT_RECORD_BYTES = 4 * MAX_RECORD_BYTES
+#: What JSON counts as whitespace between values.
+_JSON_SPACE = b" \t\r\n"
+_BOM = b"\xef\xbb\xbf"
 
-    path: Path
-    data: bytes
-    layout: str  # "json-list" | "json-object" | "jsonl"
-    records: list[RawRecord]
+
+def _open_file(path: Path) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder; give one file", file=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+
+
+def _may_nest_deeper(raw: bytes, limit: int) -> bool:
+    """Whether JSON text ``raw`` may nest deeper than ``limit``: the vectorised scan of
+    :func:`core.base.bounded_json.max_depth_of`, skipped when the text has too few brackets."""
+    return raw.count(b"[") + raw.count(b"{") > limit and _max_depth(raw) > limit
+
+
+def _too_deep(text: str, limit: int) -> str | None:
+    """The JSON path of the first list or object of ``text`` nested deeper than ``limit``
+    (None when there is none): the exact walk that confirms :func:`_may_nest_deeper`."""
+    found = _deep_path(text, limit)
+    return None if found is None else _json_path(found)
+
+
+#: Per byte: a bracket, brace, quote, comma or backslash (what the nesting scan looks at).
+_STRUCTURE = np.zeros(256, dtype=bool)
+_STRUCTURE[list(b'[]{}",\\')] = True
+_NESTING_STEP = np.zeros(256, dtype=np.int64)
+_NESTING_STEP[list(b"[{")] = 1
+_NESTING_STEP[list(b"]}")] = -1
+
+
+class _NestingScan:
+    """The brackets and commas outside strings of JSON text read piece by piece, with how
+    deep each one leaves the text, vectorised (no Python loop per byte); the depth,
+    "inside a string" and a pending backslash carry from one piece to the next.
+
+    What the list reader needs to cut a JSON list into records without parsing it
+    whole: the commas at depth 0 (relative to where the scan started) and the bracket
+    that closes the list.  Exact for valid JSON; for invalid JSON each record's parser
+    says what is wrong."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escape_next = False  # the piece before ended on an escaping backslash
+
+    def feed(self, piece: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(offsets, bytes, depth after each) of the piece's brackets and commas outside strings."""
+        a = np.frombuffer(piece, dtype=np.uint8)
+        pos = np.flatnonzero(_STRUCTURE[a])
+        c = a[pos]
+        n = len(c)
+        carried = self.escape_next and n > 0 and pos[0] == 0  # the piece's first byte is escaped
+        self.escape_next = False
+        if n == 0:
+            return pos, c, np.zeros(0, dtype=np.int64)
+        escaped = np.zeros(n, dtype=bool)
+        backslash = c == 92
+        if backslash.any():
+            follows = np.empty(n, dtype=bool)  # right after the element before (element 0: the piece start)
+            follows[0] = pos[0] == 0
+            follows[1:] = np.diff(pos) == 1
+            # In a run of backslashes each escaping one is followed by the one it escapes.
+            run_start = backslash.copy()
+            run_start[1:] &= ~(backslash[:-1] & follows[1:])
+            index = np.arange(n)
+            offset = index - np.maximum.accumulate(np.where(run_start, index, 0))
+            if carried and backslash[0]:  # a run that began in the piece before: its first is escaped
+                offset[np.cumsum(run_start) == 1] += 1
+            escaping = backslash & (offset % 2 == 0)
+            escaped[1:] = escaping[:-1] & follows[1:]
+            self.escape_next = bool(escaping[-1]) and int(pos[-1]) == len(a) - 1
+        escaped[0] |= carried
+        quote = (c == 34) & ~escaped
+        inside = ((np.cumsum(quote) + self.in_string) & 1).astype(bool)
+        depth = self.depth + np.cumsum(np.where(inside, 0, _NESTING_STEP[c]))
+        self.depth = int(depth[-1])
+        self.in_string = bool(inside[-1])
+        keep = ~inside & (c != 34) & (c != 92)
+        return pos[keep], c[keep], depth[keep]
+
+
+def _value_end(data: bytes) -> int | None:
+    """The offset just past the JSON list or object that opens ``data`` (None when it does
+    not end within ``data``)."""
+    scan = _NestingScan()
+    for base in range(0, len(data), READ_BYTES):
+        offsets, _, depth = scan.feed(data[base:base + READ_BYTES])
+        closed = np.flatnonzero(depth <= 0)
+        if len(closed):
+            return base + int(offsets[closed[0]]) + 1
+    return None
+
+
+class RecordStream:
+    """The records of a JSON Lines file or of a JSON list, read from the file one at a time
+    (memory: one record, whatever the file's size).  Each iteration reads the file again
+    from its start; a record nested deeper than ``MAX_JSON_DEPTH``, a line over
+    ``MAX_RECORD_BYTES``, bytes that are not UTF-8 and, in a JSON list, a syntax error
+    end the iteration with an :class:`InputError` naming the line or record.
+
+    ``position``/``size``: bytes read so far in the current pass, and the file's size."""
+
+    def __init__(self, opener: Callable[[], BinaryIO], name: str, layout: str, size: int, *,
+                 start: int = 0, line: int = 1, column: int = 1, skip: int = 0):
+        self._opener, self.name, self.layout, self.size = opener, name, layout, size
+        # where the records begin: after the list's "[" (a JSON list), the file's start (JSON Lines)
+        self._start, self._line, self._column = start, line, column
+        self._skip = skip
+        self.position = 0
+
+    def after_first(self) -> "RecordStream":
+        """The same records but the first (e.g. those after a header line)."""
+        return RecordStream(self._opener, self.name, self.layout, self.size, start=self._start,
+                            line=self._line, column=self._column, skip=self._skip + 1)
+
+    def __iter__(self) -> Iterator[RawRecord]:
+        records = self._jsonl() if self.layout == "jsonl" else self._json_list()
+        return itertools.islice(records, self._skip, None) if self._skip else records
+
+    def _jsonl(self) -> Iterator[RawRecord]:
+        name = self.name
+        self.position = 0
+        with self._opener() as f:
+            record = 0
+            for lineno in itertools.count(1):
+                offset = self.position
+                # at most one byte past the longest line allowed, so a longer one is never held
+                raw = f.readline(MAX_RECORD_BYTES + 1)
+                if not raw:
+                    return
+                self.position += len(raw)
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw, offset = raw[3:], offset + 3
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                elif len(raw) > MAX_RECORD_BYTES:
+                    raise InputError(f"the line is longer than {MAX_RECORD_BYTES} bytes", file=name,
+                                     line=lineno, record=record)
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"not UTF-8 text (byte {offset + exc.start})", file=name,
+                                     line=lineno) from None
+                if not text or text.isspace():
+                    continue
+                if _may_nest_deeper(raw, MAX_JSON_DEPTH):
+                    where = _too_deep(text, MAX_JSON_DEPTH)
+                    if where is not None:
+                        raise InputError(f"nested deeper than {MAX_JSON_DEPTH} levels", file=name,
+                                         line=lineno, record=record, field=where)
+                yield RawRecord(None, record, lineno, text=text, file=name)
+                record += 1
+
+    def _json_list(self) -> Iterator[RawRecord]:
+        """The list's records, cut at the commas at depth 0 by :class:`_NestingScan`, each
+        parsed by itself (Python's strict parser, as a whole list was before)."""
+        self.position = self._start
+        line, column = self._line, self._column  # where the current record's bytes begin
+        with self._opener() as f:
+            f.seek(self._start)
+            scan = _NestingScan()
+            pending = bytearray()  # the current record's bytes read so far
+            deepest = 0  # its nesting so far
+            record = 0
+            record_start = self._start  # its offset in the file
+            while True:
+                piece = f.read(READ_BYTES)
+                if not piece:
+                    raise InputError("invalid JSON: the file ends inside the list (no closing ']')",
+                                     file=self.name, line=line + pending.count(b"\n"))
+                piece_start = self.position
+                self.position += len(piece)
+                offsets, chars, depth = scan.feed(piece)
+                cuts = np.flatnonzero(((chars == 44) & (depth == 0)) | (depth < 0))
+                begin, taken = 0, 0  # element and byte where the current record starts in the piece
+                for k in cuts.tolist():
+                    if k > begin:
+                        deepest = max(deepest, int(depth[begin:k].max()))
+                    end = int(offsets[k])
+                    pending += piece[taken:end]
+                    closing = int(depth[k]) < 0
+                    if not (closing and record == 0 and not pending.strip(_JSON_SPACE)):  # not "[]"
+                        yield self._list_record(bytes(pending), record, deepest, line, column, record_start)
+                        record += 1
+                    if closing:
+                        if chars[k] != ord("]"):
+                            raise InputError("invalid JSON: the list is closed by '}'", file=self.name,
+                                             line=line + pending.count(b"\n"))
+                        self._expect_end(f, piece[end + 1:], line + pending.count(b"\n"))
+                        return
+                    line, column = _advance(line, column, bytes(pending) + b",")
+                    pending = bytearray()
+                    deepest = 0
+                    begin, taken = k + 1, end + 1
+                    record_start = piece_start + taken
+                if len(depth) > begin:
+                    deepest = max(deepest, int(depth[begin:].max()))
+                pending += piece[taken:]
+                if len(pending) > MAX_DOCUMENT_RECORD_BYTES:
+                    raise InputError(f"a record is longer than {MAX_DOCUMENT_RECORD_BYTES} bytes",
+                                     file=self.name, record=record)
+
+    def _list_record(self, raw: bytes, record: int, deepest: int, line: int, column: int,
+                     offset: int) -> RawRecord:
+        """Record ``record`` of the list: its bytes ``raw`` start at byte ``offset`` of the file,
+        on ``line`` and ``column``; ``deepest``: its nesting as the scan measured it."""
+        name = self.name
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {offset + exc.start})", file=name,
+                             line=line + raw[:exc.start].count(b"\n"), record=record) from None
+        if deepest > MAX_JSON_DEPTH:
+            where = _too_deep(text, MAX_JSON_DEPTH)
+            if where is not None:
+                raise InputError(f"nested deeper than {MAX_JSON_DEPTH} levels", file=name, record=record,
+                                 field=where)
+        try:
+            return RawRecord(loads(text), record, file=name)
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, json.JSONDecodeError):  # located in the file, not in the record
+                at_line = line + exc.lineno - 1
+                at_column = exc.colno + (column - 1 if exc.lineno == 1 else 0)
+                raise InputError(f"invalid JSON: {exc.msg} (column {at_column})", file=name,
+                                 line=at_line, record=record) from None
+            raise InputError(_json_error_message(exc), file=name, line=line, record=record) from None
+
+    def _expect_end(self, f: BinaryIO, rest: bytes, line: int) -> None:
+        """Only whitespace may follow the list."""
+        while True:
+            extra = len(rest) - len(rest.lstrip(_JSON_SPACE))
+            if extra < len(rest):
+                raise InputError("invalid JSON: Extra data after the list", file=self.name,
+                                 line=line + rest.count(b"\n", 0, extra))
+            line += rest.count(b"\n")
+            rest = f.read(READ_BYTES)
+            if not rest:
+                return
+
+
+def _advance(line: int, column: int, passed: bytes) -> tuple[int, int]:
+    """(line, column) after the bytes ``passed``, from (line, column)."""
+    newlines = passed.count(b"\n")
+    if not newlines:
+        return line, column + len(passed)
+    return line + newlines, len(passed) - passed.rfind(b"\n")
+
+
+class Document:
+    """A file's records: a JSON list, a JSON Lines file or one JSON object.
+
+    ``records`` is a list (a file read whole, or a chunk of one) or a :class:`RecordStream`
+    that reads them from the file one at a time, again on each pass; either way
+    ``for rec in doc.records`` reads them in order."""
+
+    def __init__(self, path: Path, layout: str, records: list[RawRecord] | RecordStream):
+        self.path = path
+        self.layout = layout  # "json-list" | "json-object" | "jsonl"
+        self.records = records
+        self._head: list[RawRecord] | None = None
+        self._first: tuple[Any] | None = None
 
     @property
     def name(self) -> str:
         return str(self.path)
 
     @property
+    def head(self) -> list[RawRecord]:
+        """The first two records (fewer when the file holds fewer)."""
+        if self._head is None:
+            self._head = list(itertools.islice(self.records, 2))
+        return self._head
+
+    @property
     def first(self) -> Any:
         """The first record that parsed (None when none did) — what ``sniff`` looks at."""
-        for r in self.records:
-            if r.error is None:
-                return r.value
-        return None
+        if self._first is None:
+            self._first = (next((r.value for r in self.records if r.error is None), None),)
+        return self._first[0]
+
+    def after_first(self) -> "Document":
+        """This document without its first record (e.g. a header line)."""
+        rest = self.records.after_first() if isinstance(self.records, RecordStream) else self.records[1:]
+        return Document(self.path, self.layout, rest)
+
+    def progress(self, index: int) -> tuple[int, int]:
+        """``(done, total)`` for a progress bar once ``index`` records were read: records of
+        a list, bytes of a streamed file."""
+        if isinstance(self.records, RecordStream):
+            return self.records.position, self.records.size
+        return index, len(self.records)
 
     def error(self, message: str, rec: RawRecord | None = None, field: str | None = None) -> InputError:
         """An :class:`InputError` located at ``rec`` (and ``field``) of this file."""
         return InputError(message, file=self.name, line=None if rec is None else rec.line,
                           record=None if rec is None else rec.record, field=field)
-
-
-def _check_bounds(doc: Document) -> None:
-    """Refuse a file with a record nested deeper than ``MAX_JSON_DEPTH`` or, in JSON Lines,
-    a line longer than ``MAX_RECORD_BYTES`` — the whole file, before anything is validated
-    or stored, naming the record (line) and the JSON path.  Such records are not skipped
-    with ``skip_invalid``: JSON Lines records travel as text to the parallel readers."""
-    name, data, layout = doc.name, doc.data, doc.layout
-    outer = 1 if layout == "json-list" else 0  # the list around the records
-    too_long = layout == "jsonl" and len(data) > MAX_RECORD_BYTES
-    too_deep = _max_depth(data) > MAX_JSON_DEPTH + outer
-    if not (too_long or too_deep):
-        return
-    text = data.decode("utf-8-sig")
-    if layout == "jsonl":
-        record = 0
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line or line.isspace():
-                continue
-            if too_long and len(line.encode("utf-8", "surrogatepass")) > MAX_RECORD_BYTES:
-                raise InputError(f"the line is longer than {MAX_RECORD_BYTES} bytes", file=name,
-                                 line=lineno, record=record)
-            found = _deep_path(line, MAX_JSON_DEPTH) if too_deep else None
-            if found is not None:
-                raise InputError(f"nested deeper than {MAX_JSON_DEPTH} levels", file=name, line=lineno,
-                                 record=record, field=_json_path(found))
-            record += 1
-        return
-    found = _deep_path(text, MAX_JSON_DEPTH + outer)
-    if found is not None:
-        record = found.pop(0) if outer else 0
-        raise InputError(f"nested deeper than {MAX_JSON_DEPTH} levels", file=name, record=record,
-                         field=_json_path(found))
 
 
 def _json_error_message(exc: json.JSONDecodeError | ValueError | RecursionError) -> str:
@@ -367,110 +620,155 @@ def _json_error_message(exc: json.JSONDecodeError | ValueError | RecursionError)
     return f"invalid JSON: {exc}"
 
 
-def load_document(path: str | Path, data: bytes | None = None) -> Document:
-    """Read ``path`` (or the given bytes) as a JSON list, one JSON object, or JSON Lines.
+def open_document(path: str | Path, data: bytes | None = None) -> Document:
+    """``path`` (or the given bytes) as a JSON list, one JSON object, or JSON Lines, its
+    records read one at a time as they are used (see :class:`RecordStream`): memory holds
+    one record, whatever the file's size.  A file holding one JSON object is read whole
+    (up to ``MAX_DOCUMENT_RECORD_BYTES``).
 
     A syntax error in a JSON document is fatal (raised, located by line); in a JSON
     Lines file it only spoils that line's record (kept with ``error`` set), so that
     ``skip_invalid`` can import the others.  A record nested deeper than
-    ``MAX_JSON_DEPTH``, or a JSON Lines line over ``MAX_RECORD_BYTES``, is fatal too,
-    whatever ``skip_invalid`` says (see :func:`_check_bounds`)."""
-    doc = _read_document(path, data)
-    _check_bounds(doc)
+    ``MAX_JSON_DEPTH``, a JSON Lines line over ``MAX_RECORD_BYTES`` and bytes that are
+    not UTF-8 are fatal too, whatever ``skip_invalid`` says."""
+    path = Path(path)
+    name = str(path)
+    if data is not None:
+        size = len(data)
+
+        def opener() -> BinaryIO:
+            return io.BytesIO(data)
+    else:
+        with _open_file(path) as probe:
+            size = os.fstat(probe.fileno()).st_size
+
+        def opener() -> BinaryIO:
+            return _open_file(path)
+    with opener() as f:
+        layout, start, line, column = _layout(f, name)
+        if layout == "json-object":
+            whole = _one_object(f, name, start, line)
+            if whole is not None:
+                return Document(path, layout, [whole])
+    if layout == "json-list":
+        return Document(path, layout, RecordStream(opener, name, layout, size, start=start, line=line,
+                                                   column=column))
+    return Document(path, "jsonl", RecordStream(opener, name, "jsonl", size))
+
+
+def load_document(path: str | Path, data: bytes | None = None) -> Document:
+    """:func:`open_document` with every record read into a list (for the small files read
+    whole: tau2's side files, BFCL answers, tests)."""
+    doc = open_document(path, data)
+    if isinstance(doc.records, RecordStream):
+        doc.records = list(doc.records)
     return doc
 
 
-def _read_document(path: str | Path, data: bytes | None = None) -> Document:
-    path = Path(path)
-    if data is None:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise InputError("file not found", file=str(path)) from None
-        except IsADirectoryError:
-            raise InputError("is a folder; give one file", file=str(path)) from None
-        except OSError as exc:
-            raise InputError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+def _layout(f: BinaryIO, name: str) -> tuple[str, int, int, int]:
+    """(layout, offset just after a JSON list's "[", its line, its column) of the file ``f``.
+
+    The first JSON value decides: a list or object that ends on its own first line with
+    more after it is the first record of a JSON Lines file; a list is otherwise a JSON
+    list; an object spread over lines is one JSON object unless one of the first two
+    lines is an object by itself (JSON Lines with a bad first line)."""
+    offset, lineno = 0, 0
+    while True:  # the first line that is not blank
+        raw = f.readline(MAX_RECORD_BYTES + 1)
+        if not raw:
+            raise InputError("file is empty", file=name)
+        lineno += 1
+        skipped = 3 if lineno == 1 and raw.startswith(_BOM) else 0
+        content = raw[skipped:].lstrip(_JSON_SPACE)
+        if content and not content.isspace():
+            break
+        offset += len(raw)
+    indent = len(raw) - len(content)
+    first = content[:1]
+    if first not in (b"[", b"{"):
+        return "jsonl", 0, 1, 1
+    end = _value_end(content)
+    if end is not None:
+        more = content[end:].translate(None, _JSON_SPACE) or _more_content(f)
+        if first == b"{" or (more and _is_json(content[:end])):
+            return "jsonl", 0, 1, 1
+        return "json-list", offset + indent + 1, lineno, indent - skipped + 2
+    if first == b"[":
+        return "json-list", offset + indent + 1, lineno, indent - skipped + 2
+    if not raw.endswith(b"\n"):  # one line (or one longer than a record may be): JSON Lines
+        return "jsonl", 0, 1, 1
+    return "json-object", offset + indent, lineno, indent - skipped + 1
+
+
+def _is_json(raw: bytes) -> bool:
+    """Whether ``raw`` is one JSON value (one nested too deep counts: the line reader refuses it, naming it)."""
+    if _may_nest_deeper(raw, MAX_JSON_DEPTH):
+        return True
     try:
-        text = data.decode("utf-8-sig")
+        loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _more_content(f: BinaryIO) -> bool:
+    """Whether anything but whitespace is left to read in ``f``."""
+    while piece := f.read(READ_BYTES):
+        if piece.translate(None, _JSON_SPACE):
+            return True
+    return False
+
+
+def _one_object(f: BinaryIO, name: str, start: int, line: int) -> RawRecord | None:
+    """The one JSON object a file holds (it opens with an object spread over lines), or None
+    when the file is JSON Lines whose first line is bad after all (as before: one of its
+    first two lines is an object by itself and the whole is not one object)."""
+    f.seek(start)
+    data = f.read(MAX_DOCUMENT_RECORD_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_RECORD_BYTES:
+        if _looks_like_jsonl(f):
+            return None
+        raise InputError(f"one JSON object of more than {MAX_DOCUMENT_RECORD_BYTES} bytes is not read; "
+                         "write one record per line (JSON Lines)", file=name)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=str(path), line=line) from None
-    # Look at the text where it starts without copying it (files are often tens of MB).
-    start = _NOT_SPACE.search(text)
-    if start is None:
-        raise InputError("file is empty", file=str(path))
-    first = text[start.start()]
-    if first == "[":
-        try:
-            value = loads(text)
-        except (ValueError, RecursionError) as exc:
-            if isinstance(exc, json.JSONDecodeError) and exc.msg.startswith("Extra data"):
-                return _load_jsonl(path, data, text)  # JSON Lines whose records are lists
-            error_line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
-            raise InputError(_json_error_message(exc), file=str(path), line=error_line) from None
-        return Document(path, data, "json-list",
-                        [RawRecord(v, i) for i, v in enumerate(value)])
-    if first == "{" and text.find("\n", start.start(), _content_end(text)) >= 0:
-        # One pretty-printed object, or JSON Lines?  A whole-document parse decides;
-        # JSON Lines fail it right after their first line ("Extra data").
-        try:
-            return Document(path, data, "json-object", [RawRecord(loads(text), 0)])
-        except (ValueError, RecursionError) as exc:
-            if not _looks_like_jsonl(text):
-                error_line = exc.lineno if isinstance(exc, json.JSONDecodeError) else None
-                raise InputError(_json_error_message(exc), file=str(path), line=error_line) from None
-    return _load_jsonl(path, data, text)
+        raise InputError(f"not UTF-8 text (byte {start + exc.start})", file=name,
+                         line=line + data[:exc.start].count(b"\n")) from None
+    if _may_nest_deeper(data, MAX_JSON_DEPTH):
+        where = _too_deep(text, MAX_JSON_DEPTH)
+        if where is not None:
+            if _looks_like_jsonl(f):
+                return None
+            raise InputError(f"nested deeper than {MAX_JSON_DEPTH} levels", file=name, record=0, field=where)
+    try:
+        return RawRecord(loads(text), 0)
+    except (ValueError, RecursionError) as exc:
+        if _looks_like_jsonl(f):
+            return None
+        error_line = line + exc.lineno - 1 if isinstance(exc, json.JSONDecodeError) else None
+        raise InputError(_json_error_message(exc), file=name, line=error_line) from None
 
 
-def _looks_like_jsonl(text: str) -> bool:
-    """True when one of the first two non-blank lines is a JSON object on its own."""
-    lines = [ln for ln in itertools.islice(_lines(text), 8) if ln.strip()][:2]
-    for ln in lines:
+def _looks_like_jsonl(f: BinaryIO) -> bool:
+    """True when one of the first two non-blank lines of ``f`` is a JSON object on its own."""
+    f.seek(0)
+    lines = []
+    for _ in range(8):
+        raw = f.readline(MAX_RECORD_BYTES + 1)
+        if not raw:
+            break
+        if raw.strip():
+            lines.append(raw.removeprefix(_BOM))
+        if len(lines) == 2:
+            break
+    for raw in lines:
         try:
-            if isinstance(loads(ln), dict):
+            if isinstance(loads(raw.decode("utf-8")), dict):
                 return True
         except (ValueError, RecursionError):
             continue
     return False
-
-
-def _load_jsonl(path: Path, data: bytes, text: str) -> Document:
-    records: list[RawRecord] = []
-    # split on "\n" only: str.splitlines would also cut at U+2028 & co., which JSON
-    # strings may hold unescaped.
-    name = str(path)
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if line and not line.isspace():  # not blank (as line.strip(), without the copy)
-            records.append(RawRecord(None, len(records), lineno, text=line, file=name))
-    return Document(path, data, "jsonl", records)
-
-
-def _lines(text: str) -> Iterator[str]:
-    """The lines of ``text`` (split on "\n"), one at a time."""
-    pos = 0
-    while True:
-        end = text.find("\n", pos)
-        if end < 0:
-            yield text[pos:]
-            return
-        yield text[pos:end]
-        pos = end + 1
-
-
-#: The first character that is not whitespace.
-_NOT_SPACE = re.compile(r"\S")
-
-
-def _content_end(text: str) -> int:
-    """``len(text.rstrip())``, without copying the text."""
-    end = len(text)
-    while end > 0:
-        tail = text[max(0, end - 4096):end].rstrip()
-        if tail:
-            return max(0, end - 4096) + len(tail)
-        end = max(0, end - 4096)
-    return 0
 
 
 # --------------------------------------------------------------------------- options & result
@@ -534,6 +832,19 @@ class Importer(ABC):
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
         """Convert every record of ``doc``; raise :class:`InputError` on the first bad one
         unless ``options.skip_invalid``, in which case collect it in ``rejected``."""
+
+    def stream(self, doc: Document, options: ReadOptions) -> tuple[ParsedFile, Iterator[Prepared]]:
+        """The file's episodes one at a time, as stored (what :func:`import_file` uses, so that
+        memory holds one record, not the file).  The :class:`ParsedFile`'s ``tools``,
+        ``rejected``, ``domain`` and ``warnings`` are complete once the iterator is
+        exhausted; errors are raised as by ``read``.
+
+        This default reads the whole file with ``read``; the formats of big files (``rwb``,
+        ``openai``) stream."""
+        parsed = self.read(doc, options)
+        items = parsed.prepared if parsed.prepared is not None else [prepare_episode(ep) for ep in parsed.episodes]
+        parsed.prepared, parsed.episodes = None, []
+        return parsed, iter(items)
 
 
 IMPORTERS: dict[str, Importer] = {}
@@ -638,35 +949,37 @@ def iter_good_records(doc: Document, options: ReadOptions, rejected: list[dict[s
     """Records that parsed; an unparsable JSON Lines record is raised, or rejected when
     ``options.skip_invalid``.  ``parse=False`` hands the records over unparsed (the
     converter reads ``rec.text`` itself and reports bad JSON)."""
-    total = len(doc.records)
-    step = max(1, total // 100)
+    progress = options.progress
+    every = PROGRESS_EVERY if isinstance(doc.records, RecordStream) else max(1, len(doc.records) // 100)
+    i = 0
     for i, rec in enumerate(doc.records):
-        if options.progress is not None and i % step == 0:
-            options.progress(i, total)
+        if progress is not None and i % every == 0:
+            progress(*doc.progress(i))
         if parse and rec.error is not None:
             if not options.skip_invalid:
                 raise rec.error
             rejected.append(rec.error.to_dict())
             continue
         yield rec
-    if options.progress is not None:
-        options.progress(total, total)
+    if progress is not None:
+        _, total = doc.progress(i)
+        progress(total, total)
+
+
+#: Records read between two calls of ``progress`` on a streamed file.
+PROGRESS_EVERY = 256
 
 
 class _NotStorable(Exception):
     """``prepare_episode`` met a value json cannot write (the TypeError is its argument)."""
 
 
-def convert_records(doc: Document, options: ReadOptions,
-                    convert: Callable[[RawRecord], Episode | Prepared], parse: bool = True
-                    ) -> tuple[list[Prepared], list[dict[str, Any]]]:
+def convert_each(doc: Document, options: ReadOptions, convert: Callable[[RawRecord], Episode | Prepared],
+                 rejected: list[dict[str, Any]], parse: bool = True) -> Iterator[Prepared]:
     """Apply ``convert`` to each record and prepare what is stored (:func:`prepare_episode`,
-    unless ``convert`` already did it on the fast path).
+    unless ``convert`` already did it on the fast path), one record at a time.
 
-    Returns (prepared episodes, rejected).  Errors raise, or are collected in rejected with
-    ``skip_invalid``."""
-    items: list[Prepared] = []
-    rejected: list[dict[str, Any]] = []
+    Errors raise, or are appended to ``rejected`` with ``skip_invalid``."""
     for rec in iter_good_records(doc, options, rejected, parse):
         try:
             try:
@@ -692,7 +1005,15 @@ def convert_records(doc: Document, options: ReadOptions,
                 raise error from None
             rejected.append(error.to_dict())
             continue
-        items.append(out)
+        yield out
+
+
+def convert_records(doc: Document, options: ReadOptions,
+                    convert: Callable[[RawRecord], Episode | Prepared], parse: bool = True
+                    ) -> tuple[list[Prepared], list[dict[str, Any]]]:
+    """:func:`convert_each` into a list: (prepared episodes, rejected)."""
+    rejected: list[dict[str, Any]] = []
+    items = list(convert_each(doc, options, convert, rejected, parse))
     return items, rejected
 
 
@@ -702,6 +1023,14 @@ def models_of(items: list[Prepared], options: ReadOptions) -> list[Episode]:
     if options.for_storage:
         return []
     return [p.episode if p.episode is not None else Episode.model_validate(p.data) for p in items]
+
+
+def read_whole(streamed: tuple[ParsedFile, Iterator[Prepared]], options: ReadOptions) -> ParsedFile:
+    """A streamed file (:meth:`Importer.stream`) read whole: ``prepared`` and the models."""
+    parsed, items = streamed
+    parsed.prepared = list(items)
+    parsed.episodes = models_of(parsed.prepared, options)
+    return parsed
 
 
 def common_domain(episodes: list[Episode] | list[Prepared]) -> str | None:

@@ -10,6 +10,7 @@ Details: docs/importers.md (## OpenAI chat-completions logs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,14 +24,12 @@ from core.data.importers.base import (
     Prepared,
     RawRecord,
     ReadOptions,
-    common_domain,
-    convert_records,
-    dedupe_tools,
+    convert_each,
     get_path,
     is_finite_number,
     loc_to_path,
-    models_of,
     prepare_fast,
+    read_whole,
     register,
 )
 from core.data.importers.chat import Conversation, convert_messages
@@ -233,34 +232,52 @@ class _ChatImporter(Importer):
             body["meta"] = {"trailing_messages": conv.trailing}
         return build_episode(body, conv, doc, rec, key, options.for_storage)
 
-    def read_chat(self, doc: Document, options: ReadOptions) -> ParsedFile:
-        tools: list[ToolSchema] = []
+    def stream(self, doc: Document, options: ReadOptions) -> tuple[ParsedFile, Iterator[Prepared]]:
         if options.reward_key is not None and zero_one_key(doc, options.reward_key):
             options = replace(options, reward_is_flag=True)
-        items, rejected = convert_records(
-            doc, options, lambda rec: self.convert_record(doc, rec, options, tools))
-        warnings = []
-        for flag, key in (("--reward-key", options.reward_key), ("--id-key", options.id_key)):
-            if key is None or not items:
-                continue
-            missing = sum(1 for p in items if not _has_path(p.data["source"]["raw"], key))
-            if missing == len(items):
-                # Almost surely a mistyped key: refuse rather than import without it.
-                raise doc.error(f"{flag} '{key}' is in none of the {missing} records", field=key)
-            if missing:
+        parsed = ParsedFile(format=self.format, episodes=[], tools=[], default_dataset=doc.path.stem)
+
+        def episodes() -> Iterator[Prepared]:
+            tools: dict[str, ToolSchema] = {}  # by name, first definition wins (records often repeat them)
+            found: list[ToolSchema] = []  # what the record being converted lists
+            domains: set[str] = set()
+            keys = [(flag, key) for flag, key in (("--reward-key", options.reward_key),
+                                                  ("--id-key", options.id_key)) if key is not None]
+            missing = dict.fromkeys(keys, 0)
+            n = 0
+            for prepared in convert_each(doc, options, lambda rec: self.convert_record(doc, rec, options, found),
+                                         parsed.rejected):
+                for tool in found:
+                    tools.setdefault(tool.name, tool)
+                found.clear()
+                n += 1
+                domains.add(prepared.domain)
+                for flag, key in keys:
+                    if not _has_path(prepared.data["source"]["raw"], key):
+                        missing[flag, key] += 1
+                yield prepared
+            for tool in found:  # those of records rejected last
+                tools.setdefault(tool.name, tool)
+            parsed.tools = list(tools.values())
+            parsed.domain = domains.pop() if len(domains) == 1 else None
+            for (flag, key), count in missing.items():
+                if not n or not count:
+                    continue
+                if count == n:
+                    # Almost surely a mistyped key: refuse rather than import without it.
+                    raise doc.error(f"{flag} '{key}' is in none of the {count} records", field=key)
                 what = ("their outcome is unknown" if flag == "--reward-key"
                         else "their ids were generated as <file stem>-<record index>")
-                warnings.append(f"{missing} record(s) lack '{key}': {what}")
-        return ParsedFile(format=self.format, episodes=models_of(items, options), prepared=items,
-                          tools=dedupe_tools(tools), rejected=rejected, domain=common_domain(items),
-                          default_dataset=doc.path.stem, warnings=warnings)
+                parsed.warnings.append(f"{count} record(s) lack '{key}': {what}")
+
+        return parsed, episodes()
 
     def convert_record(self, doc: Document, rec: RawRecord, options: ReadOptions,
                        tools: list[ToolSchema]) -> Episode | Prepared:
         return self.convert_chat(doc, rec, options, tools)
 
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
-        return self.read_chat(doc, options)
+        return read_whole(self.stream(doc, options), options)
 
 
 def _messages_of(value: Any, key: str) -> list[Any] | None:
@@ -345,7 +362,7 @@ class OpenAILegacyImporter(_ChatImporter):
         if isinstance(finish_type, str):
             outcome.setdefault("extra", {})["finish_type"] = finish_type
         query = ag.get("query")
-        many = len(doc.records) > 1
+        many = len(doc.head) > 1
         body: dict[str, Any] = {
             "episode_id": record_id(record, options.id_key, doc, rec,
                                     _generated_id(doc, rec) if many else doc.path.stem),

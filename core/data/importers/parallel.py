@@ -1,11 +1,12 @@
 """Rows to store, and reading big ``rwb`` files on the idle cores.
 
-:class:`Rows` is what an import stores (episode rows, step rows, tool calls); small files
-and foreign formats get them in this process (:func:`rows_of`).  A big ``rwb`` file is cut
-into chunks that this process and worker subprocesses (``python -m
-core.data.importers.parallel``, JSON over stdin/stdout, no pickle) validate at the same
-time (:func:`read_rwb_rows`); results are used in file order, so errors read as in one
-process, and a dead worker's chunk is done here.
+:class:`Rows` is what an import stores (episode rows, step rows, tool calls), a batch at a
+time; small files and foreign formats get them in this process (:func:`rows_in_batches`).
+A big ``rwb`` file is cut into chunks as it is read, which this process and worker
+subprocesses (``python -m core.data.importers.parallel``, JSON over stdin/stdout, no
+pickle) validate at the same time (:func:`read_rwb_rows`); results are used in file
+order, so errors read as in one process, and a dead worker's chunk is done here.  Only
+the chunks in flight are in memory, never the file.
 
 Details: docs/importers.md (## Rows to store, ## Reading big files in parallel).
 """
@@ -18,6 +19,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +40,14 @@ from core.data.importers.rwb import RwbImporter, episode_from_line
 
 #: Files with fewer episode lines than this are read in one process (starting workers costs more than they save).
 PARALLEL_MIN_RECORDS = 4000
-#: Episode lines per chunk handed to a worker.
+#: Episode lines per chunk handed to a worker (at most).
 CHUNK_RECORDS = 1000
+#: Bytes of episode lines per chunk (at most): a chunk ends at whichever comes first.
+CHUNK_BYTES = 1024 * 1024
+#: Chunks read ahead of the one stored next, per process: what bounds memory.
+CHUNKS_AHEAD = 2
+#: Bytes of canonical JSON per batch of rows built in this process (the one-process path).
+BATCH_BYTES = 1024 * 1024
 #: Whether this process takes chunks too (False in tests only, to make the workers do them all).
 MAIN_TAKES_CHUNKS = True
 
@@ -126,6 +135,21 @@ def step_rows_of(data: dict[str, Any]) -> list[tuple[Any, ...]]:
              s["latency_ms"]) for s in data["steps"] for a in (s["action"],)]
 
 
+def rows_in_batches(items: Iterator[Prepared]) -> Iterator[Rows]:
+    """The rows of prepared episodes, in batches of about ``BATCH_BYTES`` of JSON: the
+    episode dicts of one batch at most are alive at a time."""
+    batch: list[Prepared] = []
+    size = 0
+    for p in items:
+        batch.append(p)
+        size += len(p.body)
+        if size >= BATCH_BYTES:
+            yield rows_of(batch)
+            batch, size = [], 0
+    if batch:
+        yield rows_of(batch)
+
+
 def rows_of(items: list[Prepared]) -> Rows:
     """The rows of prepared episodes (see :class:`~core.data.importers.base.Prepared`)."""
     rows = Rows()
@@ -145,7 +169,7 @@ def convert_rwb_chunk(file: str, items: list[tuple[int, int | None, str]],
     """Validate some episode lines of an rwb file (runs in a worker or in this process).
 
     Returns plain data: rows, rejected records, or the first error as ``InputError.to_dict()``."""
-    doc = Document(Path(file), b"", "jsonl",
+    doc = Document(Path(file), "jsonl",
                    [RawRecord(None, record, line, text=text, file=file) for record, line, text in items])
     try:
         prepared, rejected = convert_records(
@@ -234,70 +258,175 @@ class _Worker:
             self.proc.wait()
 
 
-def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[ParsedFile, Rows]:
-    """Read an rwb document with ``workers`` processes (this one included).
+def read_rwb_rows(doc: Document, options: ReadOptions, workers: int) -> tuple[ParsedFile, Iterator[Rows]]:
+    """Read an rwb document with up to ``workers`` processes (this one included), a chunk
+    of lines at a time as the file is read.
 
-    Same result as the one-process path: header domain and tools, rows in file order,
-    rejected records (``skip_invalid``) in file order, the first bad record raised."""
+    Same result as the one-process path: the header's domain and tools, rows in file order
+    (one :class:`Rows` per chunk), rejected records (``skip_invalid``) in file order in
+    the ParsedFile, the first bad record raised.  Workers start once the file has shown
+    ``PARALLEL_MIN_RECORDS`` episode lines; the ParsedFile is complete once the rows are."""
     domain, tools, body_doc = RwbImporter().split_header(doc)
-    items = [(r.record, r.line, r.text or "") for r in body_doc.records]
-    size = max(1, min(CHUNK_RECORDS, -(-len(items) // (4 * workers))))  # ≥ 4 chunks per process
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
-    name = doc.name
-    results: list[dict[str, Any] | None] = [None] * len(chunks)
-    lock = threading.Lock()
-    bounds = {"front": 0, "back": len(chunks) - 1}
+    parsed = ParsedFile(format="rwb", episodes=[], tools=tools, domain=domain,
+                        default_dataset=doc.path.stem)
+    return parsed, _Pipeline(body_doc, options, workers, parsed).rows()
 
-    def take(end: str) -> int | None:
-        with lock:
-            if bounds["front"] > bounds["back"]:
-                return None
-            i = bounds[end]
-            bounds[end] += 1 if end == "front" else -1
-            return i
 
-    def drive(worker: _Worker) -> None:
+Chunk = list[tuple[int, "int | None", str]]
+
+
+def _chunks(doc: Document) -> Iterator[Chunk]:
+    """The episode lines of ``doc`` as (record, line, text), ``CHUNK_RECORDS`` lines or
+    ``CHUNK_BYTES`` bytes at a time."""
+    chunk: Chunk = []
+    size = 0
+    for rec in doc.records:
+        text = rec.text or ""
+        chunk.append((rec.record, rec.line, text))
+        size += len(text)
+        if len(chunk) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class _Pipeline:
+    """Chunks read in order, validated by whichever process is free, stored in order.
+
+    Worker threads (one per worker process) take chunks from ``waiting``; this process reads
+    the file, and validates a chunk itself while it waits for the next one to store
+    (``MAIN_TAKES_CHUNKS``, or when no worker is left).  At most ``CHUNKS_AHEAD`` chunks
+    per process are read ahead of the one stored next."""
+
+    def __init__(self, doc: Document, options: ReadOptions, workers: int, parsed: ParsedFile):
+        self.doc, self.options, self.workers, self.parsed = doc, options, workers, parsed
+        self.cond = threading.Condition()
+        self.waiting: deque[int] = deque()  # chunks no process has taken yet
+        self.chunks: dict[int, Chunk] = {}  # chunks read and not stored yet
+        self.results: dict[int, dict[str, Any] | None] = {}  # None: its worker broke
+        self.threads: list[threading.Thread] = []
+        self.live = 0  # worker threads still taking chunks
+        self.closed = False
+
+    def _start_workers(self) -> None:
+        for _ in range(self.workers - 1):
+            try:
+                worker = _Worker()
+            except OSError:  # cannot start a process here: the chunks are all done in this one
+                break
+            self.threads.append(threading.Thread(target=self._drive, args=(worker,), daemon=True))
+            self.live += 1
+            self.threads[-1].start()
+
+    def _drive(self, worker: _Worker) -> None:
         try:
-            while (i := take("back")) is not None:
+            while True:
+                with self.cond:
+                    while not self.waiting and not self.closed:
+                        self.cond.wait()
+                    if self.closed:
+                        return
+                    i = self.waiting.popleft()
+                    chunk = self.chunks[i]
                 try:
-                    results[i] = worker.convert(name, chunks[i], options.skip_invalid)
+                    result: dict[str, Any] | None = worker.convert(self.doc.name, chunk, self.options.skip_invalid)
                 except (OSError, ValueError, KeyError):
-                    return  # the worker broke: this chunk stays None and is done below
+                    result = None  # the worker broke: this chunk is done in this process
+                with self.cond:
+                    self.results[i] = result
+                    self.cond.notify_all()
+                if result is None:
+                    return
         finally:
             worker.close()
+            with self.cond:
+                self.live -= 1
+                self.cond.notify_all()
 
-    threads = []
-    for _ in range(max(0, workers - 1)):
-        try:
-            worker = _Worker()
-        except OSError:  # cannot start a process here: the chunks are all done in this one
-            break
-        threads.append(threading.Thread(target=drive, args=(worker,), daemon=True))
-        threads[-1].start()
-    while MAIN_TAKES_CHUNKS and (i := take("front")) is not None:
-        results[i] = convert_rwb_chunk(name, chunks[i], options.skip_invalid)
-        if options.progress is not None:
-            options.progress(sum(r is not None for r in results) * size, len(items))
-    for t in threads:
-        t.join()
+    def _here(self, i: int) -> dict[str, Any]:
+        return convert_rwb_chunk(self.doc.name, self.chunks[i], self.options.skip_invalid)
 
-    rows, rejected = Rows(), []
-    for i, result in enumerate(results):
-        if result is None:  # its worker failed (or none could start)
-            result = convert_rwb_chunk(name, chunks[i], options.skip_invalid)
+    def _result(self, i: int) -> dict[str, Any]:
+        """Chunk ``i``'s result, validating chunks here while it is not there yet."""
+        while True:
+            with self.cond:
+                if i in self.results:
+                    result = self.results.pop(i)
+                    break
+                if not (self.waiting and (MAIN_TAKES_CHUNKS or self.live == 0)):
+                    self.cond.wait()
+                    continue
+                j = self.waiting.popleft()
+            done = self._here(j)
+            with self.cond:
+                self.results[j] = done
+        if result is None:  # its worker failed
+            result = self._here(i)
+        del self.chunks[i]
+        return result
+
+    def _ready(self, i: int) -> bool:
+        with self.cond:
+            return i in self.results
+
+    def _store(self, i: int, domains: set[str]) -> Rows:
+        result = self._result(i)
         if "error" in result:
             raise _error(result["error"])
-        rows.extend(Rows([tuple(r) for r in result["episodes"]],
-                         [[tuple(s) for s in steps] for steps in result["steps"]],
-                         [tuple(c) for c in result["calls"]], set(result["domains"])))
-        rejected += result["rejected"]
-    if options.progress is not None:
-        options.progress(len(items), len(items))
-    common = next(iter(rows.domains)) if len(rows.domains) == 1 else None
-    parsed = ParsedFile(format="rwb", episodes=[], tools=tools, rejected=rejected,
-                        domain=domain if domain is not None else common,
-                        default_dataset=doc.path.stem)
-    return parsed, rows
+        self.parsed.rejected += result["rejected"]
+        domains.update(result["domains"])
+        return Rows([tuple(r) for r in result["episodes"]], [[tuple(s) for s in steps] for steps in result["steps"]],
+                    [tuple(c) for c in result["calls"]], set(result["domains"]))
+
+    def rows(self) -> Iterator[Rows]:
+        progress = self.options.progress
+        domains: set[str] = set()
+        chunks = _chunks(self.doc)
+        read = stored = lines = 0
+        read_error: InputError | None = None
+        try:
+            while True:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    break
+                except InputError as exc:  # a line the reader refuses: the chunks before it first
+                    read_error = exc
+                    break
+                with self.cond:
+                    self.chunks[read] = chunk
+                    if self.threads:
+                        self.waiting.append(read)
+                        self.cond.notify()
+                if not self.threads:
+                    self.results[read] = self._here(read)
+                read += 1
+                lines += len(chunk)
+                if not self.threads and self.workers > 1 and lines >= PARALLEL_MIN_RECORDS:
+                    self._start_workers()
+                ahead = CHUNKS_AHEAD * max(1, len(self.threads) + 1)
+                while stored < read and (read - stored >= ahead or self._ready(stored)):
+                    yield self._store(stored, domains)
+                    stored += 1
+                    if progress is not None:
+                        progress(*self.doc.progress(lines))
+            while stored < read:
+                yield self._store(stored, domains)
+                stored += 1
+            if read_error is not None:
+                raise read_error
+        finally:
+            with self.cond:
+                self.closed = True
+                self.cond.notify_all()
+            for t in self.threads:
+                t.join()
+        if progress is not None:
+            _, total = self.doc.progress(lines)
+            progress(total, total)
+        if self.parsed.domain is None and len(domains) == 1:
+            self.parsed.domain = domains.pop()
 
 
 def _serve() -> None:

@@ -12,6 +12,7 @@ export gives the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,11 +25,10 @@ from core.data.importers.base import (
     Prepared,
     RawRecord,
     ReadOptions,
-    common_domain,
-    convert_records,
+    convert_each,
     dedupe_tools,
-    models_of,
     prepare_fast,
+    read_whole,
     register,
     validation_to_input_error,
 )
@@ -79,22 +79,32 @@ class RwbImporter(Importer):
             HEADER_KEY in first or ("episode_id" in first and "steps" in first))
 
     def read(self, doc: Document, options: ReadOptions) -> ParsedFile:
+        return read_whole(self.stream(doc, options), options)
+
+    def stream(self, doc: Document, options: ReadOptions) -> tuple[ParsedFile, Iterator[Prepared]]:
         domain, tools, body_doc = self.split_header(doc)
-        items, rejected = convert_records(
-            body_doc, options, lambda rec: episode_from_line(body_doc, rec, options.for_storage),
-            parse=False)
-        return ParsedFile(format=self.format, episodes=models_of(items, options), prepared=items,
-                          tools=tools, rejected=rejected,
-                          domain=domain if domain is not None else common_domain(items),
-                          default_dataset=doc.path.stem)
+        parsed = ParsedFile(format=self.format, episodes=[], tools=tools, domain=domain,
+                            default_dataset=doc.path.stem)
+
+        def episodes() -> Iterator[Prepared]:
+            domains: set[str] = set()
+            for prepared in convert_each(body_doc, options,
+                                         lambda rec: episode_from_line(body_doc, rec, options.for_storage),
+                                         parsed.rejected, parse=False):
+                domains.add(prepared.domain)
+                yield prepared
+            if domain is None and len(domains) == 1:  # the header's, or the one all episodes share
+                parsed.domain = domains.pop()
+
+        return parsed, episodes()
 
     def split_header(self, doc: Document) -> tuple[str | None, list[ToolSchema], Document]:
         """(domain, tools) from the header line when there is one, and the episode lines."""
-        records = doc.records
-        if records and records[0].error is None and isinstance(records[0].value, dict) \
-                and HEADER_KEY in records[0].value:
-            domain, tools = self._header(doc, records[0])
-            return domain, tools, Document(doc.path, doc.data, doc.layout, records[1:])
+        head = doc.head
+        if head and head[0].error is None and isinstance(head[0].value, dict) \
+                and HEADER_KEY in head[0].value:
+            domain, tools = self._header(doc, head[0])
+            return domain, tools, doc.after_first()
         return None, [], doc
 
     @staticmethod

@@ -205,7 +205,7 @@ def _load_side_file(path: Path) -> Any:
     doc = load_document(path)
     if doc.layout == "jsonl":
         raise InputError("expected one JSON object", file=str(path))
-    return doc.records[0].value
+    return doc.head[0].value
 
 
 def _tools_data(folder: Path, domain: str) -> dict[str, dict[str, Any]]:
