@@ -435,7 +435,7 @@ def stage_breakdown(engine: DecisionEngine, clock: ReplayClock, embedder: TimedE
     targets = [(engine, "_prepare", "episode state"), (rt, "refresh_masks", "masks"), (rt, "mask", "masks"),
                (rt.bundle.rde, "featurize", "RDE tree"), (rt.bundle.rde, "predict", "RDE tree"),
                (engine, "_propose", "RL-Boost"), (embedder, "encode", "embedding"),
-               (engine.audit, "write", "audit write")]
+               (engine.audit, "write_batch", "audit write")]
     with st.patched(targets):
         for i, steps in enumerate(episodes):
             for step in steps:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from core.records.episodes import Action, ToolSchema, episode_from_body
 from core.base.errors import InputError
 from core.data.importers.base import (
+    open_input_file,
     IMPORTERS,
     Document,
     ParsedFile,
@@ -367,16 +368,9 @@ class _RowSpool:
 def _file_sha256(path: Path) -> str:
     """The sha256 of the file's bytes, read a piece at a time."""
     digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while piece := f.read(READ_BYTES):
-                digest.update(piece)
-    except FileNotFoundError:
-        raise InputError("file not found", file=str(path)) from None
-    except IsADirectoryError:
-        raise InputError("is a folder; give one file", file=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    with open_input_file(path) as f:
+        while piece := f.read(READ_BYTES):
+            digest.update(piece)
     return digest.hexdigest()
 
 

@@ -312,7 +312,9 @@ _JSON_SPACE = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
 
 
-def _open_file(path: Path) -> BinaryIO:
+def open_input_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading bytes; a missing file, a folder or an unreadable file is an
+    :class:`InputError` naming it."""
     try:
         return open(path, "rb")
     except FileNotFoundError:
@@ -639,11 +641,11 @@ def open_document(path: str | Path, data: bytes | None = None) -> Document:
         def opener() -> BinaryIO:
             return io.BytesIO(data)
     else:
-        with _open_file(path) as probe:
+        with open_input_file(path) as probe:
             size = os.fstat(probe.fileno()).st_size
 
         def opener() -> BinaryIO:
-            return _open_file(path)
+            return open_input_file(path)
     with opener() as f:
         layout, start, line, column = _layout(f, name)
         if layout == "json-object":
