@@ -108,7 +108,7 @@ def gib_member(n_gib: int = 1) -> tuple[bytes, int, int]:
     return data, crc, n_gib * GIB
 
 
-def refused_quickly(path: Path, *words: str) -> B.VerifyReport:
+def assert_refused_quickly(path: Path, *words: str) -> B.VerifyReport:
     """``verify_bundle(path)`` refuses with ``words`` in its reason, in under a second, with
     Python's peak allocations during the refusal under 10 MB (a 1 GiB member is never read)."""
     tracemalloc.start()
@@ -135,14 +135,14 @@ def test_extra_gigabyte_members_are_refused_by_name_unread(run, tmp_path, n_bomb
         entries[f"extra-{i}.json"] = gib_member()
     path = raw_zip(tmp_path / "bomb.zip", entries)
     assert path.stat().st_size < 8 * MIB * n_bombs
-    report = refused_quickly(path, *(f"extra file 'extra-{i}.json'" for i in range(n_bombs)), "not read")
+    report = assert_refused_quickly(path, *(f"extra file 'extra-{i}.json'" for i in range(n_bombs)), "not read")
     assert [c.check for c in report.checks] == ["paths"]
 
 
 def test_a_listed_member_declaring_a_gigabyte_is_refused_unread(run, tmp_path):
     entries = {**bundle_entries(run), "policy.safetensors": gib_member()}
     path = raw_zip(tmp_path / "bomb.zip", entries)
-    refused_quickly(path, "'policy.safetensors' unpacks to 1,073,741,824 bytes, more than the "
+    assert_refused_quickly(path, "'policy.safetensors' unpacks to 1,073,741,824 bytes, more than the "
                           f"{B.MAX_WEIGHTS_BYTES:,}")
 
 
@@ -156,14 +156,14 @@ def test_a_member_inflating_past_its_declared_size_is_read_no_further(run, tmp_p
     entries[name] = (data, crc, real_size)
     path = raw_zip(tmp_path / "liar.zip", entries)
     # zipfile inflates no further than the declared size; the CRC-32 then gives the lie away
-    report = refused_quickly(path, f"{name!r} cannot be read from the zip: Bad CRC-32")
+    report = assert_refused_quickly(path, f"{name!r} cannot be read from the zip: Bad CRC-32")
     assert [c.check for c in report.checks] == ["paths", "archive"]
 
 
 def test_a_member_at_another_size_than_the_manifest_lists_is_not_read(run, tmp_path):
     files = members(run.bundle)
     files["smoke.json"] = files["smoke.json"] + b" " * 100
-    refused_quickly(write_zip(tmp_path / "grown.zip", files),
+    assert_refused_quickly(write_zip(tmp_path / "grown.zip", files),
                     f"smoke.json has {len(files['smoke.json']):,} bytes, the manifest says")
 
 
@@ -174,7 +174,7 @@ def test_a_zip_of_60000_entries_is_refused_before_its_directory_is_parsed(tmp_pa
     empty = deflated(b"")
     path = raw_zip(tmp_path / "many.zip", {f"f{i}.json": empty for i in range(60_000)}, end_count=end_count)
     words = ("60,000 entries",) if end_count is None else ("central directory takes",)
-    refused_quickly(path, *words)
+    assert_refused_quickly(path, *words)
 
 
 def test_a_promoted_folder_with_gigabyte_files_is_refused_unread(run, tmp_path):
@@ -185,14 +185,14 @@ def test_a_promoted_folder_with_gigabyte_files_is_refused_unread(run, tmp_path):
     assert verify_bundle(folder).ok
     with open(folder / "extra.json", "wb") as f:  # sparse: 1 GiB that takes no disk
         f.truncate(GIB)
-    refused_quickly(folder, "extra file 'extra.json'", "not read")
+    assert_refused_quickly(folder, "extra file 'extra.json'", "not read")
     (folder / "extra.json").unlink()
     os.truncate(folder / "smoke.json", GIB)
-    refused_quickly(folder, "'smoke.json' unpacks to 1,073,741,824 bytes")
+    assert_refused_quickly(folder, "'smoke.json' unpacks to 1,073,741,824 bytes")
     (folder / "smoke.json").write_bytes(members(run.bundle)["smoke.json"])
     for i in range(B.MAX_MEMBERS):
         (folder / f"f{i}.json").write_bytes(b"{}")
-    refused_quickly(folder, f"holds more than {B.MAX_MEMBERS} entries")
+    assert_refused_quickly(folder, f"holds more than {B.MAX_MEMBERS} entries")
 
 
 _PEAK_SCRIPT = """
