@@ -30,6 +30,7 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("episodes.py", "Episodes", "episodes", ":material/list_alt:"),
     ("state_explorer.py", "State Explorer", "states", ":material/scatter_plot:"),
     ("reward_pyramid.py", "Reward Pyramid", "rewards", ":material/change_history:"),
+    ("reward_export.py", "Export reward", "reward-export", ":material/output:"),
     ("training.py", "Training", "training", ":material/model_training:"),
     ("tuning.py", "Tuning", "tuning", ":material/tune:"),
     ("diagnostics.py", "Diagnostics", "diagnostics", ":material/troubleshoot:"),

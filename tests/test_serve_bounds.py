@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +31,8 @@ import pytest
 
 from _bundle_fixtures import module_hash_embedder, trained_copy  # noqa: F401
 from _state_fixtures import HashEmbedder
-from test_serve_http import AUTH, DETERMINISTIC, RWB, TOKEN, _free_port, _request, _trusting_workspace
+from _http_server import free_port, started
+from test_serve_http import AUTH, DETERMINISTIC, RWB, TOKEN, _request, _trusting_workspace
 from core.access import audit
 from core.access.audit import AuditUnavailable, AuditWriter
 from core.base.errors import InputError
@@ -41,7 +41,6 @@ from core.records.store import Workspace
 from core.serve import serve_http, serving
 from core.serve.serving import DecisionEngine, RefusalLog, ServingConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
 
 
@@ -279,30 +278,14 @@ class Server:
 def server(run, tmp_path_factory):
     work = tmp_path_factory.mktemp("bounds-http")
     prod = _trusting_workspace(work / "prod", run)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RWB_WORKSPACE": str(prod), "RWB_SERVE_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1"}
     env.pop("RWB_POLICIES_DIR", None)
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", RWB, "serve", "http", "--policy", str(run.bundle),
-                             "--port", str(port), *DETERMINISTIC, "--json"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    assert proc.stdout.readline(), (work / "server.log").read_text()[-3000:]
-    srv = Server(proc, port, prod)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if srv.client.get("/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, (work / "server.log").read_text()[-3000:]
-        time.sleep(0.1)
-    yield srv
-    srv.client.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    log.close()
+    with started([sys.executable, "-c", RWB, "serve", "http", "--policy", str(run.bundle), "--port", str(port),
+                  *DETERMINISTIC, "--json"], port=port, env=env, log=work / "server.log") as running:
+        srv = Server(running.proc, port, prod)
+        yield srv
+        srv.client.close()
 
 
 def _big_body(size: int) -> tuple[bytes, bytes, int]:

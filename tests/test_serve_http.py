@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from _bundle_fixtures import module_hash_embedder, promote_svc, trained_copy  # noqa: F401
+from _http_server import free_port, started
 from _state_fixtures import HashEmbedder
 from core.access import audit
 from core.govern import registry
@@ -35,7 +35,6 @@ from core.serve.serving import Decision, DecisionEngine, ServingConfig
 from core.records.store import DB_NAME, Workspace
 from core.access.users import LOCAL_ADMIN
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 #: `rwb ...` with the hash embedder in place of the sentence model (what the policy was trained with).
@@ -79,12 +78,6 @@ def _trusting_workspace(path: Path, run) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of a Prometheus text exposition by (name, sorted labels)."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -122,32 +115,14 @@ class Server:
 def server(run, promoted, tmp_path_factory):
     work = tmp_path_factory.mktemp("http-prod")
     prod = _trusting_workspace(work / "prod", run)  # the deployment trusts the promoting workspace's key
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RWB_POLICIES_DIR": str(promoted), "RWB_WORKSPACE": str(prod),
            "RWB_SERVE_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1"}
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", RWB, "serve", "http", "--policy", "svc", "--port", str(port),
-                             *DETERMINISTIC, "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
-                            text=True)
-    first = proc.stdout.readline()
-    assert first, f"the service did not start: {(work / 'server.log').read_text()[-3000:]}"
-    info = json.loads(first)
-    srv = Server(proc, f"http://127.0.0.1:{port}", prod, info)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if srv.client.get("/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, (work / "server.log").read_text()[-3000:]
-        time.sleep(0.1)
-    yield srv
-    srv.client.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    log.close()
+    with started([sys.executable, "-c", RWB, "serve", "http", "--policy", "svc", "--port", str(port),
+                  *DETERMINISTIC, "--json"], port=port, env=env, log=work / "server.log") as running:
+        srv = Server(running.proc, running.url, prod, running.info)
+        yield srv
+        srv.client.close()
 
 
 def _ready(client, timeout: float = 20.0):

@@ -4,7 +4,8 @@
 and names the key and line of any problem; ``score`` prints per-component
 statistics and episode returns (``--out`` writes the per-step table as CSV or
 Parquet); ``check`` prints each expectation as PASS/FAIL with the numbers and
-exits 1 when one fails; ``calibrate`` measures the template against the recorded
+exits 1 when one fails; ``export`` and ``serve`` hand the reward to RL frameworks (docs/export.md);
+``calibrate`` measures the template against the recorded
 outcomes and people's labels (components' power over all pairs and within tasks, ROC,
 calibration, the learning curve; grouped by task); ``learn`` fits the
 ``learned_outcome`` term on labelled episodes and saves it with the template.
@@ -20,6 +21,8 @@ import typer
 from core.base.results import to_jsonable
 from core.cli import open_workspace, print_json, progress_printer
 from core.cli.acting import acting_user, as_option
+from core.cli.reward_export import export
+from core.cli.reward_serve import serve
 
 if TYPE_CHECKING:
     from core.rewards import ScoreResult
@@ -103,13 +106,16 @@ def score(
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Workspace dataset name."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the per-step table (.csv or .parquet)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary + episode returns)."),
+    each: bool = typer.Option(False, "--each", help="Score every episode on its own (its own catalog and "
+                              "history), as the exported reward and `rwb reward serve` score a trajectory."),
 ) -> None:
     """Score episodes: per-step component values, gated level totals, rewards, episode returns."""
     from core import rewards  # deferred: loads pandas and scipy
 
     update, bar = _scoring_progress()
     with bar:
-        result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes, progress=update)
+        result = rewards.score(open_workspace(), template, dataset=dataset, episodes=episodes, progress=update,
+                               each=each)
     written = result.write(out) if out is not None else None
     if as_json:
         body = _summary_json(result)
@@ -280,3 +286,8 @@ def learn(
     typer.echo(f"  hand-built pyramid: held-out AUC {_fmt(pyramid.heldout_auc)} "
                f"(its return's AUC {_fmt(pyramid.return_power.value)})")
     typer.echo(f"  saved as {body['saved']}" if save else "  not saved (add --save to keep it as a new version)")
+
+
+# The reward outside the workbench (docs/export.md): each command in its own module.
+app.command("export")(export)
+app.command("serve")(serve)

@@ -319,6 +319,26 @@ def _normalise(fmt: str, rec: Any, where: _Where) -> tuple[str, dict[str, Any]]:
     return tid, out
 
 
+class _FieldWhere(_Where):
+    """Where a value of a record given in memory sits: a field under ``prefix``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def error(self, message: str, field: str) -> InputError:
+        return InputError(message, field=f"{self.prefix}.{field}")
+
+
+def normalise_task(record: Any, field: str = "task") -> dict[str, Any]:
+    """The normalised criteria of one task record given in memory: the workbench's record
+    (``task_id`` optional) or a tau2 task (``evaluation_criteria``); errors name ``field.<key>``."""
+    if not isinstance(record, dict):
+        raise InputError(f"task criteria are an object, not {type(record).__name__}", field=field)
+    fmt = "tau2" if "evaluation_criteria" in record else "rwb"
+    rec = {"id" if fmt == "tau2" else "task_id": "task", **record}
+    return _normalise(fmt, rec, _FieldWhere(field))[1]
+
+
 def parse_criteria(path: str | Path, data: bytes | None = None, *, format: str | None = None
                    ) -> tuple[str, dict[str, tuple[dict[str, Any], int | None]]]:
     """Read a criteria file: ``(format, {task id: (criteria, line or record index)})``.

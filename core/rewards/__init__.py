@@ -11,7 +11,10 @@
 * :mod:`~core.rewards.agent_signals` — domain-free success signals of tool-using agents;
 * :mod:`~core.rewards.criteria` — components that use a task's own success criteria;
 * :mod:`~core.rewards.api` — :func:`validate`, :func:`score`, :func:`reweight`,
-  :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page.
+  :func:`check`: the functions behind ``rwb reward`` and the Reward Pyramid page;
+* :mod:`~core.rewards.trajectory`, :mod:`~core.rewards.markup`, :mod:`~core.rewards.export` — the
+  reward outside the workbench: chat trajectories scored by a pinned template, tool-call markup
+  in decoded text, adapters for TRL, verifiers, verl and OpenRLHF (docs/export.md).
 
 Details: docs/rewards.md.  May import: :mod:`core.data`, :mod:`core.access`, :mod:`core.records`, :mod:`core.base`.
 """
@@ -28,6 +31,8 @@ from core.rewards.criteria import (CallBudget, CommunicatedInfo, EpisodeCriteria
                                    criteria_features)
 from core.rewards.learned import LearnedOutcome
 from core.rewards.pyramid import ComponentMatrix, Pyramid, ScoreResult, ScoreSummary, StepContribution
+from core.rewards.trajectory import (Trajectory, TrajectoryScore, TrajectoryScorer, episode_messages,
+                                     score_trajectories, score_trajectory)
 from core.rewards.template import (ComponentSpec, ExpectationSpec, LevelSpec, Template, TemplateError,
                                    list_templates, load_template, parse_template, templates_dir)
 
@@ -36,7 +41,8 @@ __all__ = [
     "UnexpectedWrites", "criteria_features", "LEVELS", "LEVEL_TITLES", "CheckReport", "Component", "ComponentCache",
     "ComponentDescription", "ComponentMatrix", "ComponentSpec", "ExpectationResult", "ExpectationSpec",
     "LearnedOutcome", "LevelDescription", "LevelSpec", "Pyramid", "ScoreResult", "ScoreSummary", "ScoringContext",
-    "StepContribution", "ValidationReport", "StepsFrame", "Template", "TemplateError", "UnrecoveredErrors", "WriteActions",
+    "StepContribution", "ValidationReport", "StepsFrame", "Template", "TemplateError", "Trajectory", "TrajectoryScore",
+    "TrajectoryScorer", "UnrecoveredErrors", "WriteActions", "episode_messages", "score_trajectories", "score_trajectory",
     "as_template", "available_components", "build_frame", "check", "evaluate_expectations",
     "frame_from_episodes", "frame_from_file", "list_templates", "load_frame", "load_template",
     "parse_template", "register", "reweight", "score", "templates_dir", "validate",

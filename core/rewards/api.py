@@ -30,11 +30,12 @@ from core.records.catalog import build_catalog, catalog_for_dataset
 from core.records.episodes import Episode, ToolSchema
 from core.rewards.cache import ComponentCache
 from core.rewards.components import ScoringContext
-from core.rewards.criteria import frame_criteria, stamp_task_ids
+from core.rewards.criteria import episodes_criteria, frame_criteria, stamp_task_ids
 from core.rewards.expectations import CheckReport, evaluate_expectations
 from core.rewards.frame import StepsFrame, build_frame
 from core.rewards.pyramid import Pyramid, ReturnFormula, ScoreResult
 from core.rewards.template import Template, load_template
+from core.rewards.trajectory import each_episode_frame
 from core.rewards.versions import resolve_template
 
 TemplateLike = Template | str | Path
@@ -147,17 +148,47 @@ def validate(template: TemplateLike, ws=None) -> ValidationReport:
     )
 
 
+def each_frame(ws, dataset: str | None, episodes: str | Path | None) -> tuple[StepsFrame, Any]:
+    """(frame, criteria) for scoring each episode on its own: every episode's calls normalised
+    by its own catalog (the dataset's or file's tools, presets from its own calls), as the
+    exported reward scores a trajectory (:mod:`core.rewards.trajectory`)."""
+    if (dataset is None) == (episodes is None):
+        raise InputError("give exactly one of a dataset (--dataset NAME) or an episodes file "
+                         "(--episodes FILE)")
+    if episodes is not None:
+        parsed = read_file(episodes)
+        return each_episode_frame(parsed.episodes, [parsed.tools] * len(parsed.episodes)), None
+    if ws is None:
+        raise InputError("scoring a dataset needs a workspace")
+    assert dataset is not None, "exactly one source is given"
+    catalog_for_dataset(ws, dataset)   # refuses an unknown dataset, naming the known ones
+    loaded = ws.load_episodes(dataset)
+    tools = ws.tools(dataset)
+    return each_episode_frame(loaded, [tools] * len(loaded)), episodes_criteria(ws, dataset, loaded)
+
+
 def score(ws, template: TemplateLike, *, dataset: str | None = None,
           episodes: str | Path | None = None, frame: StepsFrame | None = None,
-          use_cache: bool = True, progress: Callable[[dict[str, Any]], None] | None = None) -> ScoreResult:
+          use_cache: bool = True, progress: Callable[[dict[str, Any]], None] | None = None,
+          each: bool = False) -> ScoreResult:
     """Score a dataset, an episodes file or a frame with a template.
 
     With a workspace, component columns are cached under ``artifacts/reward_matrix`` and
     text embeddings under ``artifacts/embeddings``: scoring the same data again with other
     weights, or with one component's parameters changed, recomputes only what changed.
     ``progress`` receives ``{"stage": "components" | "embedding", "done", "total", "what"}``
-    as the work goes (see :meth:`ScoringContext.report`)."""
+    as the work goes (see :meth:`ScoringContext.report`).
+
+    ``each``: score every episode on its own — its own catalog and history, never the other
+    episodes' — which is what the exported reward gives a trajectory (docs/export.md)."""
     t = as_template(template, ws)
+    if each:
+        if frame is not None:
+            raise InputError("scoring each episode on its own reads a dataset or an episodes file")
+        data, criteria = each_frame(ws, dataset, episodes)
+        embedder = text_embedding.workspace_embedder(ws) if ws is not None else None
+        return Pyramid(t).score(data, ctx=ScoringContext(embedder=embedder, progress=progress, criteria=criteria,
+                                                         each_episode=True))
     data = _frame(ws, dataset, episodes, frame)
     if ws is not None:
         ctx = ScoringContext(embedder=text_embedding.workspace_embedder(ws), progress=progress,

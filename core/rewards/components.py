@@ -64,6 +64,9 @@ class ScoringContext:
     #: The task criteria of the frame's episodes (:class:`core.rewards.criteria.EpisodeCriteria`);
     #: None: no criteria, and the criteria components give their neutral values.
     criteria: Any = None
+    #: Score every episode on its own: components that compare with earlier calls
+    #: (``episode_local = False``) see only the episode's own history (core.rewards.trajectory).
+    each_episode: bool = False
 
     def get_embedder(self):
         """The embedder to use; an in-memory one when the caller gave none."""

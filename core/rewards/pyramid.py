@@ -60,6 +60,12 @@ class ComponentMatrix:
         return self._discount[gamma]
 
 
+def each_episode_values(comp: Component, frame: StepsFrame, ctx: ScoringContext, scope: str) -> np.ndarray:
+    """A component's values with every episode scored on its own frame (its own history)."""
+    parts = [np.asarray(comp(frame.take_episodes([e]), ctx), dtype=np.float64) for e in range(frame.n_episodes)]
+    return np.concatenate(parts) if parts else np.zeros(frame.n_steps if scope == "step" else 0)
+
+
 class Pyramid:
     """A template made executable: its component instances, ready to score frames."""
 
@@ -85,10 +91,13 @@ class Pyramid:
                 ctx.report("components", done, total, spec.name)
                 done += 1
                 comp = self.components[spec.name]
-                values = cache.get(frame, comp) if cache is not None else None
+                # a history-reading component scored episode by episode is not the cached column
+                per_episode = ctx.each_episode and not comp.episode_local and frame.n_episodes > 1
+                values = cache.get(frame, comp) if (cache is not None and not per_episode) else None
                 if values is None:
                     t0 = time.perf_counter()
-                    values = np.asarray(comp(frame, ctx), dtype=np.float64)
+                    values = (each_episode_values(comp, frame, ctx, comp.scope) if per_episode
+                              else np.asarray(comp(frame, ctx), dtype=np.float64))
                     matrix.seconds[spec.name] = time.perf_counter() - t0
                     if values.shape != (size,):
                         raise RuntimeError(f"component {spec.component} returned shape "
@@ -96,7 +105,7 @@ class Pyramid:
                     if not np.isfinite(values).all():
                         raise RuntimeError(f"component {spec.component} returned NaN/inf values")
                     matrix.computed.append(spec.name)
-                    if cache is not None:
+                    if cache is not None and not per_episode:
                         cache.put(frame, comp, values)
                 else:
                     matrix.cached.append(spec.name)

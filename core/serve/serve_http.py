@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hmac
 import json
 import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,17 +30,15 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.access.audit import AuditUnavailable
-from core.base import bounded_json
 from core.base.errors import InputError, RwbError
+from core.serve.http_guard import (BearerToken, ErrorOut, GuardedRoute, ParsedRoute, Refused, RequestGuard,
+                                   answer, client_of, declared_size, log_refusal, missing_or_wrong_token)
 from core.serve.serving import (MAX_NESTING, REQUEST_NESTING, DecisionEngine, DecisionRequest, LastResult,
                                 REFUSAL_TEXT_CHARS, RefusalLog, ServingConfig, _is_bundle_path, error_field, load,
                                 load_promoted)
@@ -212,15 +209,6 @@ class BatchOut(BaseModel):
     decisions: list[DecisionOut]
 
 
-class ErrorOut(BaseModel):
-    """A refused request: what was wrong and where."""
-
-    message: str
-    field: str | None = None
-    record: int | None = None
-    detail: list[dict[str, Any]] = Field(default_factory=list)
-
-
 class Health(BaseModel):
     status: str
 
@@ -264,7 +252,7 @@ class DecisionService:
     def __init__(self, engine: DecisionEngine, settings: ServiceSettings):
         self.engine = engine
         self.settings = settings
-        self._token = settings.token.encode("utf-8") if settings.token else None
+        self._token = BearerToken(settings.token)
         self._warm = False
         self._counts_lock = threading.Lock()
         self._boost: dict[str, list[int]] = {}
@@ -284,13 +272,11 @@ class DecisionService:
 
     @property
     def token_required(self) -> bool:
-        return self._token is not None
+        return self._token.required
 
     def authorized(self, given: str | None) -> bool:
         """Whether ``given`` is the token (always, when none is set); constant-time."""
-        if self._token is None:
-            return True
-        return given is not None and hmac.compare_digest(given.encode("utf-8"), self._token)
+        return self._token.authorized(given)
 
     def decide(self, requests: list[DecisionRequest]) -> list[dict[str, Any]]:
         """Decisions as JSON-ready dicts (the engine validates episodes and audits)."""
@@ -408,94 +394,6 @@ def _invalid(exc: RequestValidationError) -> tuple[ErrorOut, str | None]:
 
 
 # =========================================================================== the guard in front
-#: Where the guard hands the parsed body on (the ASGI scope of the request).
-_PARSED_BODY = "rwb.parsed_body"
-
-
-def _bearer(value: str | None) -> str | None:
-    """The credentials of an ``Authorization: Bearer <token>`` header (as HTTPBearer reads it)."""
-    scheme, _, credentials = (value or "").partition(" ")
-    return (credentials.strip() or None) if scheme.lower() == "bearer" else None
-
-
-class _RequestGuard:
-    """A pure ASGI middleware in front of FastAPI, on the decide endpoints.
-
-    From the headers alone, before a byte of the body is read: the bearer token (401), then
-    the declared ``Content-Length`` against :data:`MAX_BODY_BYTES` /
-    :data:`MAX_BATCH_BODY_BYTES` (413).  A body without a length is counted while it is
-    received and cut when it passes the cap (413).  The body read is parsed with
-    :func:`core.base.bounded_json.loads` (size, then nesting measured before the parser
-    recurses: 422 naming the field) and handed on parsed, for FastAPI to validate with the
-    pydantic models (:class:`_ParsedRoute`).  A refusal before the body was read closes the
-    connection, so that the rest of it is never received; each refusal is counted in the
-    metrics and written to the security log (:class:`core.serve.serving.RefusalLog`)."""
-
-    def __init__(self, app: ASGIApp, service: "DecisionService") -> None:
-        self.app, self.service = app, service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = _ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        client = scope.get("client")
-        refusal = _Refusal(self.service, send, endpoint, client[0] if client else None)
-        given = _bearer(headers.get("authorization"))
-        if not self.service.authorized(given):
-            await refusal(401, "unauthorized", ErrorOut(
-                message="a bearer token is needed: Authorization: Bearer <the service's token>"
-                if given is None else "the bearer token is not the service's"),
-                token="missing" if given is None else "wrong")
-            return
-        if scope["method"] != "POST":  # the router answers 405, reading nothing
-            await self.app(scope, receive, send)
-            return
-        cap = MAX_BATCH_BODY_BYTES if endpoint == "batch" else MAX_BODY_BYTES
-        depth = REQUEST_NESTING + 2 if endpoint == "batch" else REQUEST_NESTING  # a batch: {"requests": [...]}
-        declared = headers.get("content-length")
-        if declared is not None:
-            if not declared.strip().isdigit():
-                await refusal(400, "bad_request", ErrorOut(message=f"Content-Length {declared[:40]!r} is not a size"))
-                return
-            if int(declared) > cap:
-                await refusal(413, "too_large", _too_large(int(declared), cap, endpoint), size=int(declared))
-                return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > cap:
-                await refusal(413, "too_large", _too_large(None, cap, endpoint), size=size)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
-        if body:
-            try:
-                parsed = bounded_json.loads(body, max_bytes=cap, max_depth=depth)
-            except InputError as exc:
-                # (its size was capped while reading) a nesting refusal names the JSON path as
-                # its field; any other is the body's syntax or encoding
-                name, record = _deep_field(exc.field)
-                where = "" if record is None else f"request {record}: "
-                text = (f"the body is not valid JSON: {exc.reason}" if not exc.field
-                        else f"{where}invalid decision request: {name}: nested deeper than {MAX_NESTING} levels"
-                        if name else f"the body is nested deeper than {depth} levels")
-                await refusal(422, "invalid_request", ErrorOut(message=text, field=name, record=record),
-                              read=True, field=name, record=record, size=size, error=text)
-                return
-            scope = {**scope, _PARSED_BODY: parsed}
-        await self.app(scope, _replay(body, receive), send)
-
-
 def _too_large(declared: int | None, cap: int, endpoint: str) -> ErrorOut:
     what = "a batch" if endpoint == "batch" else "one request"
     size = f"{declared:,} bytes" if declared is not None else f"more than {cap:,} bytes"
@@ -503,75 +401,23 @@ def _too_large(declared: int | None, cap: int, endpoint: str) -> ErrorOut:
     return ErrorOut(message=f"the body is {size}: the service reads at most {cap:,} for {what}{hint}")
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` for the app behind the guard: the body read, then the connection's own
-    messages (its disconnect)."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
+def _unreadable(exc: InputError, depth: int) -> ErrorOut:
+    """The 422 body of a decide body :func:`core.base.bounded_json.loads` refused: a nesting
+    refusal names the request's field (its JSON path); any other is the body's syntax or encoding."""
+    name, record = _deep_field(exc.field)
+    where = "" if record is None else f"request {record}: "
+    text = (f"the body is not valid JSON: {exc.reason}" if not exc.field
+            else f"{where}invalid decision request: {name}: nested deeper than {MAX_NESTING} levels"
+            if name else f"the body is nested deeper than {depth} levels")
+    return ErrorOut(message=text, field=name, record=record)
 
 
-class _Refusal:
-    """Answers a request the guard refuses: counted, logged (rate-limited), then the error
-    body sent; the connection closed unless the body was read."""
-
-    def __init__(self, service: "DecisionService", send: Send, endpoint: str, client: str | None):
-        self.service, self.send, self.endpoint, self.client = service, send, endpoint, client
-
-    async def __call__(self, status: int, reason: str, body: ErrorOut, *, read: bool = False, **detail: Any) -> None:
-        _count(self.service, self.endpoint, status, reason)
-        await _log_refusal(self.service, reason, endpoint=self.endpoint, client=self.client, status=status, **detail)
-        payload = json.dumps(body.model_dump(), ensure_ascii=False).encode("utf-8")
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        if status == 401:
-            headers.append((b"www-authenticate", b"Bearer"))
-        if not read:
-            headers.append((b"connection", b"close"))
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": payload})
-
-
-async def _log_refusal(service: "DecisionService", reason: str, **detail: Any) -> None:
-    """A ``request_refused`` security event (source ``http``) when the rate limit admits it,
-    written off the event loop (it syncs the log to disk)."""
-    suppressed = service.refusals.admit("http", reason)
-    if suppressed is not None:
-        await run_in_threadpool(service.refusals.write, "http", reason, suppressed, **detail)
-
-
-class _ParsedRequest(Request):
-    """A decide request whose body the guard parsed already: FastAPI reads the parsed value
-    instead of running its own (unbounded) JSON parser."""
-
-    async def json(self) -> Any:
-        if _PARSED_BODY not in self.scope:  # the guard parses every non-empty body of these routes
-            self.scope[_PARSED_BODY] = bounded_json.loads(await self.body(), max_bytes=MAX_BATCH_BODY_BYTES,
-                                                          max_depth=REQUEST_NESTING + 2)
-        return self.scope[_PARSED_BODY]
-
-
-class _ParsedRoute(APIRoute):
-    """The route of the decide endpoints: its handler gets a :class:`_ParsedRequest`."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def parsed(request: Request) -> Response:
-            return await handler(_ParsedRequest(request.scope, request.receive))
-
-        return parsed
-
-
-def _count(service: "DecisionService", endpoint: str, status: int, reason: str) -> None:
-    service.requests.labels(endpoint, str(status)).inc()
-    service.errors.labels(endpoint, reason).inc()
+def _guarded_routes() -> dict[str, GuardedRoute]:
+    """The decide endpoints the guard reads: one request, or a batch (``{"requests": [...]}``)."""
+    return {"/v1/decide": GuardedRoute("decide", MAX_BODY_BYTES, REQUEST_NESTING,
+                                       lambda declared, cap: _too_large(declared, cap, "decide"), _unreadable),
+            "/v1/decide/batch": GuardedRoute("batch", MAX_BATCH_BODY_BYTES, REQUEST_NESTING + 2,
+                                             lambda declared, cap: _too_large(declared, cap, "batch"), _unreadable)}
 
 
 # =========================================================================== the app
@@ -610,16 +456,14 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
                   description="Decisions of a promoted policy (rules + decision tree, RL-Boost when unsure), "
                               "one audit record each. See docs/http_service.md.")
     app.state.service = service
-    app.router.route_class = _ParsedRoute  # the routes below read the body the guard parsed
-    app.add_middleware(_RequestGuard, service=service)
+    app.router.route_class = ParsedRoute  # the routes below read the body the guard parsed
+    app.add_middleware(RequestGuard, service=service, routes=_guarded_routes())
     bearer = HTTPBearer(auto_error=False, description=f"The token in {ENV_TOKEN} (when the service has one).")
 
     def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         given = credentials.credentials if credentials is not None else None
         if not service.authorized(given):
-            raise _Refused(401, "unauthorized", ErrorOut(
-                message="a bearer token is needed: Authorization: Bearer <the service's token>"
-                if given is None else "the bearer token is not the service's"))
+            raise Refused(401, "unauthorized", missing_or_wrong_token(given))
 
     error_responses: dict[int | str, dict[str, Any]] = {
         401: {"model": ErrorOut, "description": "No or wrong bearer token (checked before the body is read)"},
@@ -631,25 +475,25 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
     async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         body, _ = _invalid(exc)
         endpoint = _endpoint(request)
-        await _log_refusal(service, "invalid_request", endpoint=endpoint, client=_client(request), status=422,
-                           field=body.field, record=body.record, size=_declared_size(request),
+        await log_refusal(service, "invalid_request", endpoint=endpoint, client=client_of(request), status=422,
+                           field=body.field, record=body.record, size=declared_size(request),
                            error=body.message[:REFUSAL_TEXT_CHARS])
-        return _answer(service, endpoint, 422, body, "invalid_request")
+        return answer(service, endpoint, 422, body, "invalid_request")
 
-    @app.exception_handler(_Refused)
-    async def _on_refused(request: Request, exc: _Refused) -> JSONResponse:
+    @app.exception_handler(Refused)
+    async def _on_refused(request: Request, exc: Refused) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         endpoint = _endpoint(request)
         if exc.log:
-            await _log_refusal(service, exc.reason, endpoint=endpoint, client=_client(request), status=exc.status,
-                               field=exc.body.field, record=exc.body.record, size=_declared_size(request),
+            await log_refusal(service, exc.reason, endpoint=endpoint, client=client_of(request), status=exc.status,
+                               field=exc.body.field, record=exc.body.record, size=declared_size(request),
                                error=exc.body.message[:REFUSAL_TEXT_CHARS])
-        return _answer(service, endpoint, exc.status, exc.body, exc.reason, headers=headers)
+        return answer(service, endpoint, exc.status, exc.body, exc.reason, headers=headers)
 
     @app.exception_handler(Exception)
     async def _on_failure(request: Request, exc: Exception) -> JSONResponse:
         # Starlette logs the traceback; the caller gets no internals
-        return _answer(service, _endpoint(request), 500, ErrorOut(message=f"internal error ({type(exc).__name__})"),
+        return answer(service, _endpoint(request), 500, ErrorOut(message=f"internal error ({type(exc).__name__})"),
                        "internal")
 
     def decided(endpoint: str, requests: list[DecisionRequest]) -> list[dict[str, Any]]:
@@ -657,11 +501,11 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
         try:
             return service.decide(requests)
         except InputError as exc:  # the engine logged the refusal
-            raise _Refused(422, "invalid_request", ErrorOut(message=str(exc), field=exc.field,
+            raise Refused(422, "invalid_request", ErrorOut(message=str(exc), field=exc.field,
                                                             record=exc.record), log=False) from None
         except RwbError as exc:  # the audit trail refused the record, or the engine is closed: nothing served
             reason = "audit_unavailable" if isinstance(exc, AuditUnavailable) else "unavailable"
-            raise _Refused(503, reason, ErrorOut(message=str(exc)), log=False) from None
+            raise Refused(503, reason, ErrorOut(message=str(exc)), log=False) from None
         finally:
             service.duration.labels(endpoint).observe(time.perf_counter() - t0)
 
@@ -680,7 +524,7 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
         """Decisions for requests of different episodes (masks, tree and policy run once over
         the batch); all are validated before any is decided."""
         if len(batch.requests) > service.settings.max_batch:
-            raise _Refused(422, "invalid_request", ErrorOut(
+            raise Refused(422, "invalid_request", ErrorOut(
                 message=f"a batch carries at most {service.settings.max_batch} requests, got "
                         f"{len(batch.requests)}; split it", field="requests"))
         out = decided("batch", batch.requests)
@@ -708,35 +552,11 @@ def build_app(settings: ServiceSettings, *, engine: DecisionEngine | None = None
     return app
 
 
-class _Refused(Exception):
-    """A request the service answers with an error status (the handler writes the body, and
-    a security event when ``log``: a refusal the engine made is in its log already)."""
-
-    def __init__(self, status: int, reason: str, body: ErrorOut, *, log: bool = True):
-        super().__init__(body.message)
-        self.status, self.reason, self.body, self.log = status, reason, body, log
-
-
 _ENDPOINTS = {"/v1/decide": "decide", "/v1/decide/batch": "batch"}
 
 
 def _endpoint(request: Request) -> str:
     return _ENDPOINTS.get(request.url.path, "other")
-
-
-def _client(request: Request) -> str | None:
-    return request.client.host if request.client else None
-
-
-def _declared_size(request: Request) -> int | None:
-    length = request.headers.get("content-length", "")
-    return int(length) if length.isdigit() else None
-
-
-def _answer(service: DecisionService, endpoint: str, status: int, body: ErrorOut, reason: str, *,
-            headers: dict[str, str] | None = None) -> JSONResponse:
-    _count(service, endpoint, status, reason)
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _version() -> str:

@@ -10,6 +10,7 @@ Details: docs/importers.md (## Chat messages to steps).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 from core.data.importers.base import Document, RawRecord, dumps_canonical, loads
 
 RESULT_ROLES = frozenset({"tool", "function"})
+#: What an assistant message without calls may say its step is (``rwb_kind``): the workbench's
+#: own kinds, which chat logs have no words for (core.rewards.trajectory.episode_messages writes them).
+STEP_KINDS = ("reply", "final_answer", "terminate", "escalate")
 _ERROR_TEXT = re.compile(r"^\s*(error|exception|traceback)\b", re.IGNORECASE)
 
 
@@ -72,7 +76,10 @@ def decode_result(text: str | None) -> Any:
 
 
 def result_error(message: dict[str, Any], text: str | None, decoded: Any) -> str | None:
-    """Error text of a failed call, when the result message says it failed."""
+    """Error text of a failed call, when the result message says it failed (``is_error:
+    false`` says it did not, whatever the text)."""
+    if message.get("is_error") is False:
+        return None
     if message.get("is_error") is True or message.get("status") == "error":
         return text or "error"
     err = message.get("error")
@@ -216,6 +223,7 @@ def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord
     conv = Conversation()
     pending: list[dict[str, Any]] = []
     t = 0
+    explicit_kind = False   # the last step's kind was given (rwb_kind), not inferred
     for j, m in enumerate(messages):
         role = roles[j]
         text = content_text(m.get("content"))
@@ -233,10 +241,18 @@ def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord
         stamp = m.get("timestamp", m.get("created_at"))
         stamp = stamp if isinstance(stamp, str) else None
         calls = _calls_of(m, f"{where}[{j}]", doc, rec)
+        latency = _latency(m, f"{where}[{j}]", doc, rec)
         if not calls:
+            kind = m.get("rwb_kind")
+            if kind is not None and kind not in STEP_KINDS:
+                raise doc.error(f"rwb_kind is one of {', '.join(STEP_KINDS)}, not {kind!r}", rec,
+                                f"{where}[{j}].rwb_kind")
             conv.steps.append({"t": t, "observation": {"messages": pending} if pending else None,
-                               "action": {"kind": "reply"}, "output_text": text,
+                               "action": {"kind": kind or "reply"}, "output_text": text,
                                "timestamp": stamp})
+            if latency is not None:
+                conv.steps[-1]["latency_ms"] = latency
+            explicit_kind = kind is not None
             conv.step_fields.append(f"{where}[{j}]")
             t += 1
             pending = []
@@ -245,6 +261,8 @@ def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord
             step: dict[str, Any] = {
                 "t": t, "observation": {"messages": pending} if (pending and n == 0) else None,
                 "output_text": text if n == 0 else None, "timestamp": stamp}
+            if latency is not None and n == 0:
+                step["latency_ms"] = latency
             if finish_tool is not None and name == finish_tool:
                 step["action"] = _finish_action(params)
                 answer = params.get("final_answer")
@@ -265,11 +283,22 @@ def convert_messages(messages: Any, *, where: str, doc: Document, rec: RawRecord
             conv.steps.append(step)
             conv.step_fields.append(f)
             t += 1
+        explicit_kind = False
         pending = []
-    if conv.steps and not pending and conv.steps[-1]["action"]["kind"] == "reply":
+    if conv.steps and not pending and not explicit_kind and conv.steps[-1]["action"]["kind"] == "reply":
         conv.steps[-1]["action"]["kind"] = "final_answer"
     conv.trailing = pending
     return conv
+
+
+def _latency(m: dict[str, Any], where: str, doc: Document, rec: RawRecord) -> float | None:
+    """``latency_ms`` of an assistant message: a finite number ≥ 0, or absent."""
+    value = m.get("latency_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise doc.error("latency_ms must be a finite number ≥ 0", rec, f"{where}.latency_ms")
+    return float(value)
 
 
 def _finish_action(params: dict[str, Any]) -> dict[str, Any]:
