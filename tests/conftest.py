@@ -2,8 +2,9 @@
 trained run and its bundle (built once per test process), background launches replaced by
 ``sleep`` children, the fuzz tests' case counts in the terminal summary, and one shared
 embedding store for the whole run (``RWB_EMBEDDING_CACHE``, a temporary folder every
-worker and every process a test starts inherits): each distinct text is run through the
-sentence model once per test run, however many workspaces embed it."""
+worker and every process a test starts inherits, seeded from ``tests/embeddings``): each
+distinct text is run through the sentence model once per test run, however many workspaces
+embed it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 
 #: The shared embedding store this process created (removed when the run ends).
 _EMBEDDING_STORE: list[str] = []
+#: Packs of the shared store's layout (``<model digest>/<pack>.npy`` + ``.keys``) every run starts with.
+SEED_PACKS = Path(__file__).resolve().parent / "embeddings"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     elif not os.environ.get("RWB_EMBEDDING_CACHE"):
         folder = tempfile.mkdtemp(prefix="rwb-test-embeddings-")
         _EMBEDDING_STORE.append(folder)
+        # seeded with the packs tests/embeddings/ ships (see its README): texts of the fixtures'
+        # generated logs, which every run would otherwise embed again
+        shutil.copytree(SEED_PACKS, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md"))
         os.environ["RWB_EMBEDDING_CACHE"] = folder
 
 

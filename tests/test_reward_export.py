@@ -265,25 +265,38 @@ _CHECKS = {
 }
 
 
-def _run_module(folder: Path, module: str, framework: str) -> dict:
-    code = (f"import importlib, json, sys\nsys.path.insert(0, {str(folder)!r})\n"
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory) -> tuple[dict, dict]:
+    """Every framework's export written to its own folder, then imported and called in ONE fresh
+    Python process (each module loaded from its file): (write_export results, what each gave)."""
+    root = tmp_path_factory.mktemp("exports")
+    results = {fw: write_export("tool_agent", fw, root / fw) for fw in FRAMEWORKS}
+    code = ("import importlib.util, json, sys\n"
             f"TOOLS = json.loads({json.dumps(json.dumps(TOOLS))})\nSOLUTION = {SOLUTION!r}\nQUERY = {QUERY!r}\n"
-            f"mod = importlib.import_module({module!r})\n" + _CHECKS[framework]
-            + "print(json.dumps(out))\n")
+            "outs = {}\n")
+    for fw in FRAMEWORKS:
+        path = root / fw / f"{MODULE}.py"
+        code += (f"spec = importlib.util.spec_from_file_location('rwb_export_{fw}', {str(path)!r})\n"
+                 "mod = importlib.util.module_from_spec(spec)\nsys.modules[spec.name] = mod\n"
+                 "spec.loader.exec_module(mod)\n" + _CHECKS[fw] + f"outs[{fw!r}] = out\n")
+    code += "print(json.dumps(outs))\n"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return results, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+MODULE = "rwb_reward_tool_agent_0"
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_written_module_imports_in_a_fresh_process(tmp_path, framework, scorer):
-    result = write_export("tool_agent", framework, tmp_path)
-    module = "rwb_reward_tool_agent_0"
-    assert [f.name for f in result.files] == [f"{module}.py", "tool_agent@0.yaml", "README.md"]
-    assert result.entry_point.startswith(module + ":") and result.template == "tool_agent@0"
+def test_written_module_imports_in_a_fresh_process(fresh_process, framework, scorer):
+    results, outs = fresh_process
+    result, out = results[framework], outs[framework]
+    folder = result.files[0].parent
+    assert [f.name for f in result.files] == [f"{MODULE}.py", "tool_agent@0.yaml", "README.md"]
+    assert result.entry_point.startswith(MODULE + ":") and result.template == "tool_agent@0"
     assert result.sha256 == scorer.sha256
-    assert result.snippet in (tmp_path / "README.md").read_text(encoding="utf-8")
-    out = _run_module(tmp_path, module, framework)
+    assert result.snippet in (folder / "README.md").read_text(encoding="utf-8")
     if framework == "trl":
         want = scorer.score(PROMPT + [{"role": "assistant", "content": "It shipped."}], tools=TOOLS)
         assert out == {"names": scorer.component_names, "weights": [scorer.weights_at()[n] for n in out["names"]],

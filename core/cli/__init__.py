@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -77,6 +77,19 @@ def open_workspace(*, create: bool = True):
     from core.records.store import Workspace  # deferred: loads pandas
 
     return Workspace.open(_STATE["workspace"], create=create)
+
+
+def workspace_for_template(template: str):
+    """The workspace, so that saved template versions (``finance_risk@3``) resolve; None for a
+    template file, or when there is no workspace (none is created): shipped names still resolve."""
+    from core.records.store import WorkspaceError  # deferred: loads pandas
+
+    if Path(template).is_file():
+        return None
+    try:
+        return open_workspace(create=False)
+    except WorkspaceError:
+        return None
 
 
 def print_json(obj: Any) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import typer
 
 from core.base.results import to_jsonable
-from core.cli import open_workspace, print_json, progress_printer
+from core.cli import open_workspace, print_json, progress_printer, workspace_for_template
 from core.cli.acting import acting_user, as_option
 from core.cli.reward_export import export
 from core.cli.reward_serve import serve
@@ -51,19 +51,6 @@ def _scoring_progress():
     return update, bar
 
 
-def _workspace_for(template: str):
-    """The workspace, so that saved versions (``finance_risk@3``) resolve; none is needed (or
-    created) to validate a file."""
-    from core.records.store import WorkspaceError  # deferred: loads pandas
-
-    if Path(template).is_file():
-        return None
-    try:
-        return open_workspace(create=False)
-    except WorkspaceError:
-        return None
-
-
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
@@ -76,7 +63,7 @@ def validate(
     """Validate a template; errors name the key and the line."""
     from core import rewards  # deferred: loads pandas and scipy
 
-    info = rewards.validate(template, ws=_workspace_for(template))
+    info = rewards.validate(template, ws=workspace_for_template(template))
     if as_json:
         print_json(info)
         return

@@ -11,23 +11,10 @@ from pathlib import Path
 
 import typer
 
-from core.cli import open_workspace, print_json
+from core.cli import print_json, workspace_for_template
 
 TEMPLATE_HELP = ("Template file, a template name (its latest version saved in the workspace, else the "
                  "shipped file), or NAME@VERSION (tool_agent@3; @0 = shipped).")
-
-
-def _workspace_for(template: str):
-    """The workspace, so that saved versions resolve; none is needed (or created) for a file
-    or a shipped template."""
-    from core.records.store import WorkspaceError  # deferred: loads pandas
-
-    if Path(template).is_file():
-        return None
-    try:
-        return open_workspace(create=False)
-    except WorkspaceError:
-        return None
 
 
 def export(
@@ -39,7 +26,7 @@ def export(
     """Write the template as a reward module for an RL framework (pinned by its sha256)."""
     from core.rewards.export import write_export  # deferred: loads pandas, scipy and the scorer
 
-    result = write_export(template, to, out, ws=_workspace_for(template))
+    result = write_export(template, to, out, ws=workspace_for_template(template))
     if as_json:
         print_json(result.to_dict())
         return
