@@ -347,15 +347,22 @@ def test_settings_travel_through_the_environment_to_a_worker(monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv(reward_service.ENV_WORKSPACE, raising=False)
     monkeypatch.setattr("core.base.embed.Embedder.reader", lambda self, **kw: HashEmbedder())
-    with TestClient(reward_service.app_from_env()) as client:
-        assert client.post("/v1/score", json={"trajectories": [{"messages": [{"role": "user", "content": "hi"}]}]}
-                           ).status_code == 401
-        r = client.post("/v1/score", json={"trajectories": [{"messages": [{"role": "user", "content": "hi"}]}] * 8},
-                        headers={"Authorization": "Bearer tkn"})
-        assert r.status_code == 422 and r.json()["field"] == "trajectories"
-        r = client.post("/v1/score", content=b"[" + b" " * 5000 + b"]",
-                        headers={"Authorization": "Bearer tkn", "Content-Type": "application/json"})
-        assert r.status_code == 413
+    import gc
+
+    try:
+        with TestClient(reward_service.app_from_env()) as client:
+            assert client.post("/v1/score", json={"trajectories": [{"messages": [{"role": "user", "content": "hi"}]}]}
+                               ).status_code == 401
+            r = client.post("/v1/score", json={"trajectories": [{"messages": [{"role": "user", "content": "hi"}]}] * 8},
+                            headers={"Authorization": "Bearer tkn"})
+            assert r.status_code == 422 and r.json()["field"] == "trajectories"
+            r = client.post("/v1/score", content=b"[" + b" " * 5000 + b"]",
+                            headers={"Authorization": "Bearer tkn", "Content-Type": "application/json"})
+            assert r.status_code == 413
+            assert _ready(client).status_code == 200
+            assert gc.get_freeze_count() > 0      # a worker's app moves what is alive after its warm-up out of reach
+    finally:
+        gc.unfreeze()   # the collector is process-wide: leave this test process's as it was
 
 
 def test_cli_hands_several_workers_a_factory_and_the_pinned_settings(tmp_path, monkeypatch):
