@@ -78,3 +78,13 @@ def started(argv: Sequence[str], *, port: int, env: Mapping[str, str], log: Path
                 proc.kill()
                 proc.wait()
         out.close()
+
+
+def ready(client: Any, timeout: float = 30.0) -> Any:
+    """The readiness probe's answer once it is 200 (or the last one after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.get("/readyz")
+        if r.status_code == 200 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.1)

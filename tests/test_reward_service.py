@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -25,7 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from _http_server import free_port, started
+from _http_server import free_port, ready, started
 from core.base.embed import HashEmbedder
 from core.rewards.markup import transcript_messages
 from core.rewards.trajectory import TrajectoryScorer, episode_messages
@@ -99,15 +98,6 @@ def server(tmp_path_factory):
             yield srv
 
 
-def _ready(client, timeout: float = 30.0) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.get("/readyz")
-        if r.status_code == 200 or time.monotonic() > deadline:
-            return r
-        time.sleep(0.1)
-
-
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
@@ -118,9 +108,9 @@ def test_start_health_readiness_and_openapi(server, scorer):
     assert server.info == {"url": server.url, "template": "tool_agent@0", "sha256": scorer.sha256, "workers": 1,
                            "token_required": True, "max_batch": MAX_BATCH}
     assert server.client.get("/healthz").json() == {"status": "ok"}
-    ready = _ready(server.client)
-    assert ready.status_code == 200, ready.text
-    assert ready.json() == {"ready": True, "template": "tool_agent@0", "sha256": scorer.sha256,
+    probe = ready(server.client)
+    assert probe.status_code == 200, probe.text
+    assert probe.json() == {"ready": True, "template": "tool_agent@0", "sha256": scorer.sha256,
                             "checks": {"scorer_warm": True}, "problems": []}
     spec = server.client.get("/openapi.json").json()
     assert {"/get_reward", "/verify", "/v1/score", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
@@ -359,7 +349,7 @@ def test_settings_travel_through_the_environment_to_a_worker(monkeypatch):
             r = client.post("/v1/score", content=b"[" + b" " * 5000 + b"]",
                             headers={"Authorization": "Bearer tkn", "Content-Type": "application/json"})
             assert r.status_code == 413
-            assert _ready(client).status_code == 200
+            assert ready(client).status_code == 200
             assert gc.get_freeze_count() > 0      # a worker's app moves what is alive after its warm-up out of reach
     finally:
         gc.unfreeze()   # the collector is process-wide: leave this test process's as it was
@@ -398,7 +388,7 @@ def test_the_real_sentence_model_serves_what_it_scores_in_process(tmp_path, epis
     with started([sys.executable, "-m", "core.cli", "reward", "serve", "--template", "tool_agent", "--port",
                   str(port), "--json"], port=port, env=env, log=tmp_path / "server.log") as srv:
         with httpx.Client(base_url=srv.url, timeout=120.0) as client:
-            assert _ready(client, timeout=120.0).status_code == 200
+            assert ready(client, timeout=120.0).status_code == 200
             got = client.post("/v1/score", json={"trajectories": batch}).json()["scores"]
             reward = client.post("/get_reward", json={"query": [hermes(GOOD_CALL)], "prompts": [""],
                                                       "labels": [CRITERIA]}).json()

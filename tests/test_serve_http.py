@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from _bundle_fixtures import module_hash_embedder, promote_svc, trained_copy  # noqa: F401
-from _http_server import free_port, started
+from _http_server import free_port, ready, started
 from _state_fixtures import HashEmbedder
 from core.access import audit
 from core.govern import registry
@@ -125,16 +125,6 @@ def server(run, promoted, tmp_path_factory):
         srv.client.close()
 
 
-def _ready(client, timeout: float = 20.0):
-    """The readiness probe's answer once it is 200 (or the last one after ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.get("/readyz")
-        if r.status_code == 200 or time.monotonic() > deadline:
-            return r
-        time.sleep(0.1)
-
-
 def _audit_records(path: Path, decision_ids: set[str]) -> list[audit.AuditRecord]:
     """The audit records of the workspace at ``path`` once those of ``decision_ids`` are
     committed (the service commits in batches every 0.5 s)."""
@@ -152,10 +142,10 @@ def _audit_records(path: Path, decision_ids: set[str]) -> list[audit.AuditRecord
 def test_decide_batch_health_and_readiness(server):
     assert server.info["policy_version"] == "svc@0.1.0" and server.info["token_required"] is True
     assert server.client.get("/healthz").json() == {"status": "ok"}
-    ready = _ready(server.client)
-    assert ready.status_code == 200, ready.text
-    assert ready.json()["ready"] is True and ready.json()["policy_version"] == "svc@0.1.0"
-    assert ready.json()["checks"] == {"policy_loaded": True, "embedder_warm": True, "audit_writable": True}
+    probe = ready(server.client, timeout=20.0)
+    assert probe.status_code == 200, probe.text
+    assert probe.json()["ready"] is True and probe.json()["policy_version"] == "svc@0.1.0"
+    assert probe.json()["checks"] == {"policy_loaded": True, "embedder_warm": True, "audit_writable": True}
 
     r = server.decide(_request("e2e-1"))
     assert r.status_code == 200, r.text
@@ -322,7 +312,7 @@ def test_in_process_app_without_token_and_the_batch_limit(run, app_ws):
 def test_readiness_fails_while_the_audit_trail_cannot_be_written(run, app_ws, monkeypatch):
     monkeypatch.setattr(serve_http, "AUDIT_PROBE_TIMEOUT_S", 0.05)
     with TestClient(_app(run, app_ws)) as client:
-        assert _ready(client).status_code == 200
+        assert ready(client).status_code == 200
         blocker = sqlite3.connect(app_ws / DB_NAME, isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")
         try:
@@ -332,7 +322,7 @@ def test_readiness_fails_while_the_audit_trail_cannot_be_written(run, app_ws, mo
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
-        assert _ready(client).status_code == 200
+        assert ready(client).status_code == 200
 
 
 def test_settings_travel_through_the_environment_to_a_worker(run, app_ws, monkeypatch):
