@@ -240,3 +240,18 @@ def test_schedules_reweight_at_a_training_step(tmp_path):
     assert late.components["step_cost"] == pytest.approx(early.components["step_cost"])
     _assert_decomposes(early)
     _assert_decomposes(late)
+
+
+@pytest.mark.parametrize("step", [-1, 2.5, "10", True])
+def test_a_bad_training_step_is_refused_by_name(step):
+    with pytest.raises(InputError) as err:
+        TrajectoryScorer().score([{"role": "user", "content": "hi"}], step=step)
+    assert err.value.field == "step"
+
+
+def test_each_refuses_an_unknown_dataset_by_name(ws):
+    from core.rewards import score
+
+    with pytest.raises(InputError, match="no dataset named 'nope'") as err:
+        score(ws, "tool_agent", dataset="nope", each=True)
+    assert err.value.field == "dataset"

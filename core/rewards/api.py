@@ -161,7 +161,9 @@ def each_frame(ws, dataset: str | None, episodes: str | Path | None) -> tuple[St
     if ws is None:
         raise InputError("scoring a dataset needs a workspace")
     assert dataset is not None, "exactly one source is given"
-    catalog_for_dataset(ws, dataset)   # refuses an unknown dataset, naming the known ones
+    if not ws.has_dataset(dataset):
+        known = ", ".join(d.name for d in ws.datasets()) or "none yet"
+        raise InputError(f"no dataset named {dataset!r} in the workspace; known: {known}", field="dataset")
     loaded = ws.load_episodes(dataset)
     tools = ws.tools(dataset)
     return each_episode_frame(loaded, [tools] * len(loaded)), episodes_criteria(ws, dataset, loaded)

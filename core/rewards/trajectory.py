@@ -35,7 +35,7 @@ from core.data.importers.chat import convert_messages
 from core.data.task_criteria import criteria_digest, normalise_task
 from core.records.catalog import NormalizedBatch, build_catalog
 from core.records.episodes import Action, Episode, Outcome, ToolSchema
-from core.rewards.components import ScoringContext
+from core.rewards.components import COMPONENTS, ScoringContext
 from core.rewards.criteria import EpisodeCriteria
 from core.rewards.frame import KINDS, StepsFrame, build_frame
 from core.rewards.markup import INVALID_TOOL_CALL
@@ -352,14 +352,19 @@ def _decompose(result: ScoreResult, applies: np.ndarray) -> tuple[np.ndarray, np
 
 def _applies(template: Template, criteria: list[dict[str, Any] | None]) -> np.ndarray:
     """[E, C]: does each component apply to each episode (criteria components need criteria)."""
-    from core.rewards.components import COMPONENTS  # the registry, filled by the component modules
-
     has = np.array([c is not None for c in criteria], dtype=bool)
     cols = []
     for spec in template.all_components:
         uses = bool(getattr(COMPONENTS.get(spec.component), "uses_criteria", False))
         cols.append(has if uses else np.ones(len(criteria), dtype=bool))
     return np.stack(cols, axis=1) if cols else np.zeros((len(criteria), 0), dtype=bool)
+
+
+def _training_step(step: Any) -> int:
+    """A training step: a whole number ≥ 0."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise InputError(f"a training step is a whole number ≥ 0, not {step!r}", field="step")
+    return int(step)
 
 
 def _finite(x: float) -> float:
@@ -395,7 +400,7 @@ class TrajectoryScorer:
 
     def weights_at(self, step: int | None = None) -> dict[str, float]:
         """The template's weights; at a training ``step``, with its weight schedules applied."""
-        return self.template.weights() if step is None else self.template.weights_at(int(step))
+        return self.template.weights() if step is None else self.template.weights_at(_training_step(step))
 
     def score(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
               task: Mapping[str, Any] | None = None, step: int | None = None,
@@ -421,6 +426,8 @@ class TrajectoryScorer:
                        ids: Sequence[str | None] | None = None) -> list[TrajectoryScore]:
         """Score episodes each on its own (``tools[i]``: the schemas of episode i's catalog;
         ``criteria[i]``: its task's normalised criteria or None)."""
+        if step is not None:
+            step = _training_step(step)
         if not episodes:
             return []
         crit = list(criteria) if criteria is not None else [None] * len(episodes)
@@ -430,7 +437,7 @@ class TrajectoryScorer:
             by_episode=by_episode, digest=criteria_digest(dict(sorted(by_episode.items())))) if by_episode else None)
         result = self.pyramid.score(frame, ctx=ctx)
         if step is not None and self.template.schedules:
-            result = result.reweight(self.template.weights_at(int(step)))
+            result = result.reweight(self.template.weights_at(step))
         return self._scores(result, crit, ids)
 
     def _scores(self, result: ScoreResult, criteria: Sequence[dict[str, Any] | None],
