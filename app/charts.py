@@ -11,14 +11,16 @@ from core.rewards.calibration import CalibrationReport
 MARKERS_BELOW = 20
 
 
-def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300) -> go.Figure:
+def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300,
+                 references: dict[str, float] | None = None, y_title: str | None = None) -> go.Figure:
     """One line per column of a wide frame indexed by env steps (a value of
     :func:`core.rl.runs.run_curves`): each run, or each key of a grouped metric.
 
     Every column gets a trace, even one with a single recorded update (its own missing
     values are dropped, so runs recorded at different steps each keep their points); a
     series shorter than :data:`MARKERS_BELOW` points gets markers; the step axis shows
-    whole numbers (``2,048``, never ``2,048.000000``)."""
+    whole numbers (``2,048``, never ``2,048.000000``).  ``references``: dashed horizontal
+    lines, by label (what good looks like: the best logged behaviour's reward, a floor)."""
     fig = go.Figure()
     steps: set[int] = set()
     for column in curves.columns:
@@ -29,7 +31,12 @@ def curve_figure(curves: pd.DataFrame, title: str = "", *, height: int = 300) ->
     xaxis: dict = {"title": "env steps", "tickformat": ",d"}
     if len(steps) == 1:  # one step: a tick exactly there, not fractional ticks around it
         xaxis.update(tickmode="array", tickvals=sorted(steps))
-    fig.update_layout(title=title or None, xaxis=xaxis, height=height, hovermode="x unified",
+    for label, value in (references or {}).items():
+        if value is not None and value == value:  # a missing reference (None, NaN) draws no line
+            fig.add_hline(y=float(value), line_dash="dash", line_color="grey", annotation_text=label,
+                          annotation_position="top left")
+    fig.update_layout(title=title or None, xaxis=xaxis, yaxis={"title": y_title} if y_title else {},
+                      height=height, hovermode="x unified",
                       margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 10},
                       showlegend=len(curves.columns) > 1)
     return fig

@@ -25,8 +25,10 @@ from core.records.store import WorkspaceError  # noqa: E402
 # would switch Streamlit to its older multipage mode).
 PAGES_DIR = resource_dir("rwb_app", "page_scripts")
 
-# (file in pages/, title, url path, icon) — one line per page, in menu order.
+# (file in pages/, title, url path, icon) — one line per page, in menu order.  Home comes
+# first: it is where the root address opens for whoever may act.
 PAGES: list[tuple[str, str, str, str]] = [
+    ("home.py", "Home", "home", ":material/home:"),
     ("episodes.py", "Episodes", "episodes", ":material/list_alt:"),
     ("state_explorer.py", "State Explorer", "states", ":material/scatter_plot:"),
     ("reward_pyramid.py", "Reward Pyramid", "rewards", ":material/change_history:"),
@@ -37,6 +39,7 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("policies.py", "Policies", "policies", ":material/verified:"),
     ("review_queue.py", "Review Queue", "review", ":material/rule:"),
     ("audit.py", "Audit", "audit", ":material/receipt_long:"),
+    ("glossary.py", "Glossary", "glossary", ":material/menu_book:"),
 ]
 
 # The sign-in page: it signs a user in (multi-user workspaces) through
@@ -103,12 +106,14 @@ def main() -> None:
     sign_in = st.Page(PAGES_DIR / sign_in_file, title=sign_in_title, url_path=sign_in_url,
                       icon=sign_in_icon)
     # Every page keeps its own address (Streamlit serves its default page at the root only),
-    # so the default is a hidden page that sends the root address on to where to start.
+    # so the default is a hidden page that sends the root address on to where to start: Home,
+    # or the sign-in page while a workspace with users has nobody signed in.
     start = sign_in if needs_sign_in else pages[0]
-    home = st.Page(lambda: st.switch_page(start), title="Reward Workbench", url_path="start",
+    entry = st.Page(lambda: st.switch_page(start), title="Reward Workbench", url_path="start",
                    default=True, visibility="hidden")
-    nav = st.navigation([home, *pages, sign_in])
-    if nav is not home:  # the root address goes on at once: say why a session ended there
+    # expanded: every page stays in the menu (Streamlit folds a long menu after ten entries)
+    nav = st.navigation([entry, *pages, sign_in], expanded=True)
+    if nav is not entry:  # the root address goes on at once: say why a session ended there
         resources.show_flash(resources.SESSION_FLASH)
     nav.run()
 

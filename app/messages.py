@@ -53,7 +53,7 @@ def user_message(exc: BaseException, labels: Mapping[str, str] | None = None) ->
     where = [str(exc.file)] if exc.file else []
     if exc.line is not None:
         where.append(f"line {exc.line}")
-    if exc.record is not None:
+    if exc.record is not None and exc.line is None:  # "line 2", never "line 2, record 1"
         where.append(f"record {exc.record}")
     if exc.allowed and exc.field:
         text = (f"{app_words(exc.reason, labels)}. **{field_label(exc.field, labels)}**: "

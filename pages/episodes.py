@@ -5,8 +5,17 @@ from __future__ import annotations
 import streamlit as st
 
 from rwb_app import resources
+from rwb_app.choices import dataset_select
+from rwb_app.fmt import number
 from rwb_app.messages import cli_equivalent, user_message
 from core.guard import review
+from core.data.datasets import (
+    DATASET_PERMISSION,
+    archive_dataset,
+    delete_dataset,
+    deletion_preview,
+    restore_dataset,
+)
 from core.data.task_criteria import FORMATS as CRITERIA_FORMATS, criteria_coverage, import_criteria
 from core.data.episode_views import (
     EpisodeFilter,
@@ -29,6 +38,20 @@ IMPORT_LABELS = {"format": "Format", "dataset": "Dataset name", "messages_key": 
 #: Field -> label of the task-criteria form's inputs.
 CRITERIA_LABELS = {"format": "Criteria format", "group_key": "Task id key", "dataset": "Dataset"}
 CRITERIA_OUTCOME = "episodes_criteria_outcome"
+DATASET_FLASH = "episodes_dataset_flash"
+#: The filter widgets: they start empty again whenever another dataset is shown.
+FILTER_KEYS = ("episodes_task_types", "episodes_behaviours", "episodes_resolved", "episodes_search",
+               "episodes_open")
+#: The dataset the filters were set on.
+FILTERS_FOR = "episodes_filters_for"
+#: Resolved filter value -> what the picker says.
+RESOLVED_WORDS = {"any": "any", "resolved": "yes", "failed": "no", "unknown": "not recorded"}
+
+
+def clear_filters() -> None:
+    """Empty every filter (a button's callback, so it runs before the widgets are drawn)."""
+    for key in FILTER_KEYS:
+        st.session_state.pop(key, None)
 
 st.title("Episodes")
 st.caption("Recorded agent runs: import a log file, browse its episodes, and read one step by step — "
@@ -61,7 +84,8 @@ with import_tab:
                                          help="Key of the message list in each record.")
             reward_key = st.text_input("Reward key", key="episodes_reward_key",
                                        placeholder="reward / success",
-                                       help="Key of the episode outcome.")
+                                       help="Key of the episode outcome. A key holding 0/1 or true/false "
+                                            "(such as success) also says whether each task was done.")
             id_key = st.text_input("Id key", key="episodes_id_key", placeholder="generated",
                                    help="Key of the episode id; repeated ids are renamed "
                                         "and reported, never merged.")
@@ -101,7 +125,7 @@ with import_tab:
         summary = outcome[1]
         (st.info if summary.already_imported else st.success)(summary.headline)
         for column, (label, value) in zip(st.columns(len(summary.figures)), summary.figures):
-            column.metric(label, f"{value:,}")
+            column.metric(label, number(value))
         for warning in summary.warnings:
             st.warning(warning)
         if summary.invalid_reasons:
@@ -119,17 +143,82 @@ with import_tab:
 
 # --------------------------------------------------------------------------- browse
 with browse_tab:
-    datasets = {d.name: d for d in ws.datasets()}
+    c_pick, c_archived = st.columns([4, 1], vertical_alignment="bottom")
+    show_archived = c_archived.toggle(
+        "Show archived", key="episodes_show_archived",
+        help="Archived datasets are hidden from every picker and keep their data; show them here to "
+             "read or restore one.")
+    datasets = {d.name: d for d in ws.datasets(include_archived=show_archived)}
     if not datasets:
-        st.info("No episodes yet. Import a log file in the **Import a file** tab.")
+        st.info("No episodes yet. Import a log file in the **Import a file** tab."
+                if not ws.datasets(include_archived=True) else
+                "Every dataset is archived: turn on **Show archived** to read or restore one.")
         cli_equivalent("rwb workspace init", "imports the sample datasets")
         st.stop()
 
     goto = st.session_state.pop("episodes_goto_dataset", None)
     if goto in datasets:
         st.session_state["episodes_dataset"] = goto
-    dataset = st.selectbox("Dataset", list(datasets), key="episodes_dataset",
-                           format_func=lambda name: dataset_label(datasets[name]))
+    dataset = dataset_select("Dataset", list(datasets), key="episodes_dataset", page="episodes",
+                             container=c_pick, format_func=lambda name: dataset_label(datasets[name]) + (
+                                 " (archived)" if datasets[name].archived else ""))
+    if dataset is None:
+        st.stop()
+    if st.session_state.get(FILTERS_FOR) != dataset:
+        clear_filters()  # filters of the dataset shown before mean nothing here
+        st.session_state[FILTERS_FOR] = dataset
+
+    # ----------------------------------------------------------------- archive, restore, delete
+    info = datasets[dataset]
+    if info.archived:
+        st.info(f"Dataset '{dataset}' is archived: no picker offers it, and its data is kept. "
+                "Restore it below to use it again.")
+    outcome_kept = DATASET_FLASH in st.session_state  # what the last click did: shown next to its button
+    with st.expander("Archive or delete this dataset", expanded=info.archived or outcome_kept):
+        resources.show_flash(DATASET_FLASH)
+        can_manage = actor is not None and actor.can(DATASET_PERMISSION)
+        why_not = None if can_manage else "Archiving and deleting datasets needs the analyst or admin role."
+        if why_not:
+            st.caption(why_not)
+        if info.archived:
+            put_away = st.button("Restore", key="episodes_restore", disabled=not can_manage,
+                                 help=why_not or "Bring this dataset back into every picker.")
+        else:
+            put_away = st.button("Archive", key="episodes_archive", disabled=not can_manage,
+                                 help=why_not or "Hide this dataset from every picker and keep its data; "
+                                                 "restore it any time. Refused while a run or a tuning "
+                                                 "study is running on it.")
+        cli_equivalent(f"rwb datasets {'restore' if info.archived else 'archive'} {dataset}")
+        preview = deletion_preview(ws, dataset)
+        st.markdown(f"**Delete** removes {preview.removes}. It cannot be undone.")
+        if preview.runs_kept:
+            st.caption(f"{len(preview.runs_kept):,} training run(s) used it: their records stay, "
+                       "but they can no longer be resumed.")
+        if preview.blockers:
+            st.warning("Deleting it is refused while: " + "; ".join(b.text for b in preview.blockers) + ".")
+        typed = st.text_input("Type the dataset's name to delete it", key="episodes_delete_confirm",
+                              disabled=not can_manage, placeholder=dataset,
+                              help=why_not or "Deleting asks for the name, so that a click alone never "
+                                              "deletes data.")
+        delete = st.button("Delete…", key="episodes_delete", disabled=not can_manage or typed != dataset,
+                           help=why_not or "Type the dataset's name above first.")
+        cli_equivalent(f"rwb datasets delete {dataset} --yes")
+    if put_away or delete:
+        verb = "Restored" if info.archived and put_away else "Archived" if put_away else "Deleted"
+        try:
+            if delete:
+                delete_dataset(ws, actor, dataset, confirm=typed)
+            elif info.archived:
+                restore_dataset(ws, actor, dataset)
+            else:
+                archive_dataset(ws, actor, dataset)
+        except USER_ERRORS as exc:
+            resources.flash(DATASET_FLASH, "error", user_message(exc))
+        else:
+            resources.flash(DATASET_FLASH, "success", f"{verb} dataset '{dataset}'." + (
+                "" if verb == "Restored" else " Another dataset is shown now."))
+            st.session_state.pop("episodes_delete_confirm", None)
+        st.rerun()
 
     # ----------------------------------------------------------------- task criteria
     try:
@@ -184,17 +273,24 @@ with browse_tab:
     choices = episode_filter_choices(ws, dataset)
     c_task, c_behaviour, c_resolved, c_search = st.columns([3, 3, 2, 3])
     task_types = c_task.multiselect("Task type", choices.task_types, key="episodes_task_types",
-                                    placeholder="all")
-    behaviours = c_behaviour.multiselect("Behaviour", choices.behaviours, key="episodes_behaviours",
-                                         placeholder="all")
-    resolved = c_resolved.selectbox("Resolved", ["any", "resolved", "failed", "unknown"],
-                                    key="episodes_resolved")
+                                    placeholder="all",
+                                    help="What each task was about, as the log says (task_type); a log "
+                                         "without one gives its task id.")
+    behaviours = c_behaviour.multiselect("Who acted", choices.behaviours, key="episodes_behaviours",
+                                         placeholder="all",
+                                         help="The agent or behaviour the log names for each episode "
+                                              "(behaviour): expert, noisy…")
+    resolved = c_resolved.selectbox("Task done", list(RESOLVED_WORDS), key="episodes_resolved",
+                                    format_func=RESOLVED_WORDS.get,
+                                    help="Whether the log says the task was resolved (resolved); a 0/1 "
+                                         "success key sets it at import.")
     search = c_search.text_input("Search id or request", key="episodes_search")
 
     table = list_episodes(ws, dataset, EpisodeFilter(task_types=task_types, behaviours=behaviours,
                                                       resolved=resolved, search=search))
     if not table.rows:
-        st.info("No episode matches these filters; clear some of them.")
+        st.info("No episode of this dataset matches these filters.")
+        st.button("Clear the filters", key="episodes_clear_filters", on_click=clear_filters)
         st.stop()
     shown = (f"{table.matched:,} of {table.total:,} episodes" if table.matched == len(table.rows)
              else f"first {len(table.rows):,} of {table.matched:,} matching episodes — narrow the filters")
@@ -203,11 +299,14 @@ with browse_tab:
         table.rows, hide_index=True,
         column_config={
             "episode_id": st.column_config.TextColumn("episode"),
-            "task_type": st.column_config.TextColumn("task type"),
-            "behaviour": st.column_config.TextColumn("behaviour"),
+            "task_type": st.column_config.TextColumn("task type", help="task_type"),
+            "behaviour": st.column_config.TextColumn("who acted", help="behaviour"),
             "steps": st.column_config.NumberColumn("steps"),
-            "resolved": st.column_config.CheckboxColumn("resolved"),
-            "final_reward": st.column_config.NumberColumn("final reward", format="%.3f"),
+            "resolved": st.column_config.CheckboxColumn("task done", help="resolved: empty when the log "
+                                                                          "does not say"),
+            "final_reward": st.column_config.NumberColumn("logged reward", format="%.3g",
+                                                          help="final_reward: the log's own reward for the "
+                                                               "episode, higher is better"),
             "query": st.column_config.TextColumn("request", width="large"),
         })
 
@@ -222,14 +321,14 @@ with browse_tab:
         catalog = None
         st.error(f"No action catalog for dataset '{dataset}', so steps are shown without "
                  f"tokens: {exc}")
-    detail = show_episode(ws, dataset, episode_id, catalog)
+    detail = show_episode(ws, dataset, episode_id, catalog, reading=True)
 
     st.subheader(f"Episode {detail.episode_id}")
     st.caption(detail.summary_line)
     if detail.query:
         st.text(detail.query)
-    for column, (label, value) in zip(st.columns(len(detail.outcome_figures)), detail.outcome_figures):
-        column.metric(label, value)
+    for column, figure in zip(st.columns(len(detail.outcome_rows)), detail.outcome_rows):
+        column.metric(figure.label, number(figure.value), help=figure.meaning)
     if detail.outcome_extra:
         st.caption("Other outcome fields")
         st.json(detail.outcome_extra, expanded=1)
@@ -241,7 +340,9 @@ with browse_tab:
         st.info("This episode has no steps.")
         st.stop()
     st.dataframe(detail.step_rows, hide_index=True,
-                 column_config={"latency_ms": st.column_config.NumberColumn("latency (ms)")})
+                 column_config={"token": st.column_config.TextColumn("catalog action", help="The action "
+                                                                     "token the catalog maps the call to"),
+                                "latency_ms": st.column_config.NumberColumn("latency (ms)", format="%.0f")})
 
     # ----------------------------------------------------------------- send a step to review
     resources.show_flash(SEND_FLASH)
@@ -304,7 +405,7 @@ with browse_tab:
                 if step.token == "INVALID":
                     st.warning(f"INVALID: {step.invalid_reason}")
                 elif step.token:
-                    st.caption(f"token {step.token} — {step.token_label} · risk {step.risk}")
+                    st.caption(f"catalog action {step.token} — {step.token_label} · risk {step.risk}")
                 st.markdown("**Tool result**")
                 if step.tool_error:
                     st.warning(f"Tool error: {step.tool_error}")

@@ -7,11 +7,13 @@ from typing import Any
 import streamlit as st
 
 from rwb_app import resources
+from rwb_app.fmt import number
 from rwb_app.messages import cli_equivalent, user_message
 from core.base.results import to_jsonable
 from core.govern import registry
 from core.govern.bundle import SERVE_PRECISIONS, describe_served, export_bundle, exported_bundle_bytes, list_bundles
-from core.policies import policies_root, read_index
+from core.govern.policy_folder import promotion_target
+from core.policies import read_index
 from core.rl.runs import list_runs
 
 USER_ERRORS = resources.USER_ERRORS
@@ -70,19 +72,33 @@ with registry_tab:
         name = st.selectbox("Policy", names, key="policies_name")
         aliases = registry.aliases(ws, name)
         installed = read_index().policies.get(name)
+        target = promotion_target()
         c1, c2, c3 = st.columns(3)
-        c1.metric("Production", aliases["production"] or "—")
-        c2.metric("Approved", aliases["approved"] or "—")
-        c3.metric("Candidate", aliases["candidate"] or "—")
+        c1.metric("Production", aliases["production"] or "—", help="The version production serves now.")
+        c2.metric("Approved", aliases["approved"] or "—", help="The newest version approved and not yet promoted.")
+        c3.metric("Candidate", aliases["candidate"] or "—", help="The newest version waiting for an approval.")
         active, previous = (installed.active, installed.previous) if installed is not None else (None, [])
-        st.caption(f"Installed in `{policies_root()}`: active {active or '—'}, "
+        st.caption(f"Promote copies the approved bundle into `{target.path}` and makes it the version production "
+                   f"loads; roll back writes there too. There now: active {active or '—'}, "
                    f"previous {', '.join(previous) or '—'}.")
+        if not target.writable:
+            st.warning(f"Promote and roll back are not possible from here: {target.reason}. Promote from a "
+                       "checkout this user may write, or start the app with RWB_POLICIES_DIR set to a folder it "
+                       "may write.")
         versions = registry.list_versions(ws, name)
-        st.dataframe([{"version": v.version, "stage": v.stage, "return_mean": v.return_mean,
-                       "best_logged": v.best_logged, "heldout_episodes": v.heldout_episodes, "run_id": v.run_id,
-                       "created_by": v.created_by, "trained_by": v.trained_by, "registered_at": v.registered_at,
-                       "approved by": ", ".join(a.by for a in v.approvals)} for v in versions],
-                     hide_index=True)
+        st.dataframe([{"version": v.version, "stage": v.stage, "held-out return": number(v.return_mean),
+                       "best logged behaviour": v.best_logged or "—", "held-out episodes": number(v.heldout_episodes),
+                       "run": v.run_id, "exported by": v.created_by, "trained by": v.trained_by,
+                       "registered": v.registered_at, "approved by": ", ".join(a.by for a in v.approvals) or "—"}
+                      for v in versions], hide_index=True,
+                     column_config={
+                         "held-out return": st.column_config.TextColumn(
+                             help="Mean template return of the policy on held-out episodes (never trained on), by "
+                                  "the registry's own evaluation: higher is better; to be approved it must beat "
+                                  "production, or the best logged behaviour when nothing is in production."),
+                         "best logged behaviour": st.column_config.TextColumn(
+                             help="The logged behaviour that earned the most on the same held-out episodes, and "
+                                  "its mean return: the bar a first version must clear.")})
         version = st.selectbox("Version", [v.version for v in reversed(versions)], key="policies_version")
         chosen = next(v for v in versions if v.version == version)
         st.write(f"**{name} {version}** is *{chosen.stage}* — trained by {chosen.trained_by}, "
@@ -97,13 +113,18 @@ with registry_tab:
             st.button("Approve", type="primary", key="policies_approve", on_click=lambda: _run_action(
                 REGISTRY_FLASH, f"approve {name} {version}", f"Approved {name} {version}: it may now be promoted.",
                 registry.approve, ws, actor, name, version, st.session_state.get("policies_comment", "")))
+        blocked = None if target.writable else f"Not possible from here: {target.reason}."
         if _can("promote") and chosen.stage == "approved":
-            st.button("Promote", type="primary", key="policies_promote", on_click=lambda: _run_action(
-                REGISTRY_FLASH, f"promote {name} {version}", f"Promoted {name} {version}: it is production now.",
-                registry.promote, ws, actor, name, version))
+            st.button("Promote", type="primary", key="policies_promote", disabled=blocked is not None,
+                      help=blocked or f"Copies {name} {version} into {target.path} and makes it production.",
+                      on_click=lambda: _run_action(
+                          REGISTRY_FLASH, f"promote {name} {version}",
+                          f"Promoted {name} {version} into {target.path}: it is production now.",
+                          registry.promote, ws, actor, name, version))
         restore = registry.previous_version(ws, name)
         if _can("rollback") and restore is not None:
-            st.button("Roll back", key="policies_rollback", help=f"Make {restore} active again",
+            st.button("Roll back", key="policies_rollback", disabled=blocked is not None,
+                      help=blocked or f"Make {restore} active again",
                       on_click=lambda: _run_action(REGISTRY_FLASH, f"roll {name} back",
                                                    f"Rolled {name} back: {restore} is production again.",
                                                    registry.rollback, ws, actor, name))
@@ -128,8 +149,8 @@ with runs_tab:
         cli_equivalent("rwb train")
     else:
         st.dataframe([{"run": r.id, "status": r.display_status, "dataset": r.dataset,
-                       "template": f"{r.template_name} v{r.template_version}", "env steps": r.env_steps,
-                       "return (last update)": r.last.return_mean, "trained by": r.created_by,
+                       "template": f"{r.template_name} v{r.template_version}", "env steps": number(r.env_steps),
+                       "return (last update)": number(r.last.return_mean), "trained by": r.created_by,
                        "created": r.created_at} for r in runs], hide_index=True)
     done = [r.id for r in runs if r.status in ("finished", "stopped")]
     if _can("export_bundle") and done:
@@ -162,10 +183,10 @@ with runs_tab:
     if not bundles:
         st.caption("None in this workspace yet.")
     else:
-        st.dataframe([{"file": b.file, "name": b.name, "version": b.version, "run_id": b.run_id,
-                       "created_by": b.created_by, "return_mean": b.return_mean, "expert_return": b.expert_return,
-                       "problem": b.problem} for b in bundles],
-                     hide_index=True)
+        st.dataframe([{"file": b.file, "name": b.name, "version": b.version, "run": b.run_id,
+                       "exported by": b.created_by, "held-out return": number(b.return_mean),
+                       "expert's return (logs)": number(b.expert_return), "problem": b.problem or "—"}
+                      for b in bundles], hide_index=True)
         file = st.selectbox("Bundle", [b.file for b in bundles], key="policies_bundle_file")
         picked = next(b for b in bundles if b.file == file)
         if _can("export_bundle"):
@@ -185,8 +206,8 @@ with compare_tab:
         picked_versions = st.multiselect("Versions", every, default=every[-2:], key="policies_compare",
                                          format_func=lambda nv: f"{nv[0]} {nv[1]}")
         if picked_versions:
-            st.dataframe([c.row() for c in registry.compare_versions(ws, list(picked_versions))],
-                         hide_index=True)
+            st.dataframe([{k: number(v) if isinstance(v, float) else v for k, v in c.row().items()}
+                          for c in registry.compare_versions(ws, list(picked_versions))], hide_index=True)
             st.caption("Returns are mean template returns on each bundle's held-out episodes; compare bundles "
                        "evaluated on the same held-out set (same 'held-out set' fingerprint).")
 

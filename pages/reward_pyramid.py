@@ -5,12 +5,14 @@ from __future__ import annotations
 import streamlit as st
 
 from rwb_app import charts, resources
+from rwb_app.choices import dataset_select, template_select
+from rwb_app.fmt import number
 from rwb_app.messages import cli_equivalent, user_message
 from rwb_app.plots import calibration as calibration_plots
 from rwb_app.plots import rewards as reward_plots
-from core.base.results import to_jsonable
 from core.rewards import Template, views
-from core.rewards.versions import TemplateConflict, diff_versions, save_template
+from core.rewards.template_text import edited_text
+from core.rewards.versions import TemplateConflict, diff_versions, save_template, template_text
 
 USER_ERRORS = resources.USER_ERRORS
 
@@ -49,12 +51,10 @@ if "rp_select" in st.session_state:
 # long, so it goes in a caption that wraps instead of being cut off in the box.
 described = {o.spec: o for o in options}
 pick_dataset, pick_template = st.columns(2)
-dataset = pick_dataset.selectbox("Dataset", datasets, key="rp_dataset")
-spec = pick_template.selectbox("Template version", list(described),
-                               format_func=lambda s: s + (" · latest" if described[s].latest else ""),
-                               key="rp_template",
-                               help="@0 is the template shipped with the workbench; every save in "
-                                    "this workspace is a new version.")
+dataset = dataset_select("Dataset", datasets, key="rp_dataset", page="reward_pyramid", container=pick_dataset)
+spec = template_select("Template version", list(described), key="rp_template", dataset=dataset,
+                       container=pick_template,
+                       format_func=lambda s: s + (" · latest" if described[s].latest else ""))
 pick_template.caption(described[spec].label)
 
 work = st.session_state.get("rp_work")
@@ -118,11 +118,14 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
                                          placeholder="no gate", key=f"rp_gate{gen}_{lv.key}",
                                          help="The level passes when its weighted mean reaches this.")
                  for lv in editor.levels}
-        with st.expander("Episode return  a·Σγᵗr + b·R_final"):
-            a = st.number_input("a", value=editor.a, step=0.05, format="%g", key=f"rp_a{gen}")
-            b = st.number_input("b", value=editor.b, step=0.05, format="%g", key=f"rp_b{gen}")
-            gamma = st.number_input("γ", value=editor.gamma, min_value=0.01, max_value=1.0, step=0.01,
-                                    format="%g", key=f"rp_gamma{gen}")
+        with st.expander("Episode return: step rewards and end-of-episode terms"):
+            a = st.number_input("Weight of the step rewards", value=editor.a, step=0.05, format="%g",
+                                key=f"rp_a{gen}", help="a in return = a·Σγᵗr + b·R_final.")
+            b = st.number_input("Weight of the end-of-episode terms", value=editor.b, step=0.05, format="%g",
+                                key=f"rp_b{gen}", help="b in return = a·Σγᵗr + b·R_final.")
+            gamma = st.number_input("Discount per step", value=editor.gamma, min_value=0.01, max_value=1.0,
+                                    step=0.01, format="%g", key=f"rp_gamma{gen}",
+                                    help="γ: a reward t steps in counts γᵗ times; 1 counts every step alike.")
 
     try:
         edited = views.apply_edits(template, views.PyramidEdits(weights, gating, gates, a, b, gamma))
@@ -137,7 +140,8 @@ def pyramid_workbench(work: dict, dataset: str, options: list[views.TemplateOpti
         # As wide as each label: a row too narrow wraps to the next line instead of cutting one.
         with st.container(horizontal=True):
             for m in report.metrics:
-                st.metric(m.label, m.value, help=m.help, width="content")
+                shown = m.value if isinstance(m.value, str) else number(m.value, m.unit)
+                st.metric(m.label, shown, help=m.help, width="content")
         st.plotly_chart(reward_plots.pyramid_figure(report), width="stretch", key="rp_pyramid")
         st.caption(report.pyramid_note)
         st.caption(f"Components computed for this dataset and parameters: "
@@ -182,7 +186,8 @@ def distributions_section(report: views.PyramidReport) -> None:
 
 def episodes_section(report: views.PyramidReport) -> None:
     """Every episode's return, and one episode explained step by step."""
-    st.dataframe(report.episodes, hide_index=True, width="stretch", key="rp_episodes")
+    st.dataframe(report.episodes, hide_index=True, width="stretch", key="rp_episodes",
+                 column_config={k: st.column_config.NumberColumn(k, help=v) for k, v in views.RETURN_PARTS.items()})
     episode = st.selectbox("Explain one episode", report.episode_ids, key="rp_episode")
     if episode:
         explanation = views.explain_episode(report.result, episode)
@@ -190,9 +195,12 @@ def episodes_section(report: views.PyramidReport) -> None:
         st.dataframe(explanation.steps, hide_index=True, width="stretch", key="rp_episode_steps")
         steps = list(range(len(explanation.reward_components)))
         if steps:
-            step = st.selectbox("reward_components of step", steps, index=len(steps) - 1,
-                                key=f"rp_step_{episode}")
-            st.json(to_jsonable(explanation.reward_components[step]), expanded=True)
+            step = st.selectbox("What each component added at step", steps, index=len(steps) - 1,
+                                key=f"rp_step_{episode}",
+                                help="The step's reward_components as the audit records them: each component's "
+                                     "weighted, gated contribution (the end-of-episode terms on the last step).")
+            st.dataframe(views.contributions_table(explanation.reward_components[step]), hide_index=True,
+                         key=f"rp_step_components_{episode}")
 
 
 def expectations_section(report: views.PyramidReport) -> None:
@@ -234,9 +242,10 @@ def parameters_section(work: dict, editor: views.PyramidEditor) -> None:
 def yaml_section(work: dict, edited: Template) -> None:
     """The whole template as YAML, to edit as text."""
     gen = work["gen"]
-    st.caption("The whole template, expectations included. Errors name the key and the line.")
+    st.caption("The whole template, expectations included, with the comments of the version you opened. "
+               "Errors name the key and the line.")
     with st.form(f"rp_yaml{gen}"):
-        text = st.text_area("Template YAML", value=edited.to_yaml(), height=480)
+        text = st.text_area("Template YAML", value=edited_yaml(work, edited), height=480)
         use_yaml = st.form_submit_button("Use this YAML")
     if use_yaml:
         try:
@@ -244,8 +253,17 @@ def yaml_section(work: dict, edited: Template) -> None:
         except USER_ERRORS as exc:
             st.error(user_message(exc))
         else:
+            work["yaml"] = text   # its comments stay through later edits and into the save
             work["gen"] += 1
             st.rerun()
+
+
+def edited_yaml(work: dict, edited: Template) -> str:
+    """The edit as YAML written onto the text it came from: the YAML typed in the YAML tab, else
+    the opened version's (comments and key order kept, only changed values rewritten)."""
+    if work.get("yaml"):
+        return edited_text(work["yaml"], edited)
+    return template_text(ws, work["name"], work["base_version"], edited)
 
 
 def versions_section(work: dict, edited: Template, options: list[views.TemplateOption]) -> None:
@@ -266,8 +284,9 @@ def versions_section(work: dict, edited: Template, options: list[views.TemplateO
             save = st.form_submit_button("Save as new version", type="primary")
     if save:
         try:
-            saved = save_template(ws, actor, name, edited,
-                                  base if name == work["name"] else None, message)
+            same = name == work["name"]
+            saved = save_template(ws, actor, name, edited_yaml(work, edited) if same else edited,
+                                  base if same else None, message)
         except TemplateConflict as exc:
             st.session_state["rp_conflict"] = {
                 "message": user_message(exc), "name": exc.name, "base": exc.base_version,
@@ -323,22 +342,25 @@ def calibration_section(dataset: str, template: Template) -> None:
                 "reward key on the Episodes page's import form) to see what the labels teach.")
         return
     first, within, second, third = st.columns(4)
-    first.metric(f"Return {cal.metric.upper()}" + (" (all pairs)" if cal.binary else ""),
-                 f"{cal.return_power.value:.3f}",
-                 help=f"90% interval {cal.return_power.ci90[0]:.3f} – {cal.return_power.ci90[1]:.3f}")
+    first.metric("Return ranks successes first" if cal.binary else "Return follows the outcome",
+                 number(cal.return_power.value),
+                 help=f"{cal.metric.upper()}{' over all pairs' if cal.binary else ''}: 0.5 is chance, 1 is perfect. "
+                      f"90% interval {number(cal.return_power.ci90[0])} – {number(cal.return_power.ci90[1])}.")
     w = cal.return_power.within_task
     if w is not None:
-        within.metric("Return within-task AUC", f"{w.value:.3f}" if w.n_tasks else "—",
-                      help=(f"90% interval {w.ci90[0]:.3f} – {w.ci90[1]:.3f} over the {w.n_tasks} tasks with "
-                            f"both outcomes ({w.n_pairs} pairs of a success and a failure of the same task)"
+        within.metric("Return ranks each task's successes first", number(w.value) if w.n_tasks else "—",
+                      help=(f"Within-task AUC: 0.5 is chance, 1 is perfect. 90% interval {number(w.ci90[0])} – "
+                            f"{number(w.ci90[1])} over the {w.n_tasks} tasks with both outcomes ({w.n_pairs} pairs "
+                            "of a success and a failure of the same task)."
                             if w.n_tasks else "No task has both a success and a failure: label runs of "
                             "tasks that have only one outcome (Review Queue page, Label outcomes)."))
-    second.metric("Labelled episodes", f"{cal.n_labelled} of {cal.n_episodes}",
-                  help=f"{cal.n_tasks} tasks ({cal.tasks_with_both or 0} have both outcomes); success rate "
-                       f"{cal.success_rate:.2f}")
+    second.metric("Episodes with a known outcome", f"{number(cal.n_labelled)} of {number(cal.n_episodes)}",
+                  help=f"{number(cal.n_tasks)} tasks ({number(cal.tasks_with_both or 0)} have both outcomes); "
+                       f"success rate {number(cal.success_rate, 'share')}")
     if cal.heldout_auc is not None:
-        third.metric("Held-out AUC (grouped by task)", f"{cal.heldout_auc:.3f}",
-                     help=f"Brier score {cal.heldout_brier:.3f} over {cal.folds} folds")
+        third.metric("Outcome model on unseen tasks", number(cal.heldout_auc),
+                     help=f"Held-out AUC, folds grouped by task: 0.5 is chance, 1 is perfect. Brier score "
+                          f"{number(cal.heldout_brier)} over {cal.folds} folds (lower is better).")
     st.dataframe(charts.calibration_table(cal), hide_index=True, width="stretch", key="rp_calibration")
     if cal.roc:
         roc, bins = st.columns(2)

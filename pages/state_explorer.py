@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rwb_app import resources
+from rwb_app import fmt, resources
 from rwb_app.messages import cli_equivalent, user_message
 from rwb_app.plots import states as state_plots
 
@@ -69,36 +69,43 @@ except USER_ERRORS as exc:
 # --------------------------------------------------------------------------- fidelity
 fid = report.fidelity
 show = {True: st.success, None: st.warning, False: st.error}[fid.separates]
-show(f"Fidelity: {fid.verdict}")
+show(f"**Does the map tell task types apart?** {fid.summary}")
+st.caption("How it is judged: hover the sign.", help=f"State-encoder fidelity: {fid.verdict}.")
 m1, m2, m3, m4 = st.columns(4)
-m1.metric("Silhouette by task type", "—" if fid.silhouette is None else f"{fid.silhouette:.3f}",
-          help="In the original state space, on a sample of the steps.")
-m2.metric("Silhouette, shuffled labels", "—" if fid.silhouette_shuffled is None
-          else f"{fid.silhouette_shuffled:.3f}")
-m3.metric("Silhouette, intent encoder off", "—" if fid.silhouette_intent_off is None
-          else f"{fid.silhouette_intent_off:.3f}")
-m4.metric(f"kNN agreement (k={fid.k})", "—" if fid.knn_agreement is None else f"{fid.knn_agreement:.2f}",
-          help="Share of each step's nearest neighbours from other episodes with the same task type"
-               + ("" if fid.knn_chance is None else f"; chance: {fid.knn_chance:.2f}"))
+m1.metric("Task types apart (−1 to 1)", fmt.number(fid.silhouette),
+          help="Silhouette score by task type, in the original state space on a sample of the steps: "
+               "above the shuffled baseline by 0.03 or more is good.")
+m2.metric("Same with task types shuffled", fmt.number(fid.silhouette_shuffled),
+          help="Silhouette with the task types shuffled: the figure a map without structure gets.")
+m3.metric("Without the request", fmt.number(fid.silhouette_intent_off),
+          help="Silhouette with the intent encoder off: the request should add to the first figure.")
+m4.metric("Nearest steps of the same task type", fmt.number(fid.knn_agreement, "share"),
+          help=f"kNN agreement (k={fid.k}): share of each step's nearest neighbours from other episodes "
+               "with the same task type; higher than chance is good"
+               + ("" if fid.knn_chance is None else f" (chance: {fmt.number(fid.knn_chance, 'share')})."))
 
 # --------------------------------------------------------------------------- the map
 fields = report.color_fields()
 color = st.selectbox("Colour by", fields, key="states_color",
                      format_func=lambda f: f.replace("_", " "))
 st.plotly_chart(state_plots.map_figure(report, color), width="stretch", key="states_map_chart")
-st.caption(f"{len(report.index)} of {report.n_steps} steps · hover a point for its episode, step, "
+st.caption(f"{fmt.number(len(report.index))} of {fmt.number(report.n_steps)} steps · hover a point for its episode, step, "
            "action and rewards.")
 
 # --------------------------------------------------------------------------- entropy
-st.subheader("Action entropy")
+st.subheader("Variety of actions")
 ent = report.entropy
-(st.warning if ent.overall < 1.0 else st.info)(ent.verdict)
+(st.warning if ent.overall < 1.0 else st.info)(ent.summary)
+st.caption("How it is judged: hover the sign.", help=f"Action entropy: {ent.verdict}.")
 e1, e2, e3 = st.columns(3)
-e1.metric("Overall (nats)", f"{ent.overall:.3f}", help=f"Uniform over all tokens: {ent.max_overall:.3f}")
-e2.metric("Within state clusters (nats)", "—" if ent.conditional is None else f"{ent.conditional:.3f}",
-          help="H(action | cluster): how varied the actions are in similar states.")
-e3.metric("Invalid actions left out", f"{ent.n_invalid}")
-tool_tab, cluster_tab = st.tabs(["Per tool", "Per state cluster"])
+e1.metric("Variety overall (healthy: 1 or more)", fmt.number(ent.overall),
+          help=f"Action entropy in nats: 0 when one action is always taken; every action equally often "
+               f"would give {fmt.number(ent.max_overall)}. Below 1 exploration is narrow.")
+e2.metric("Variety in similar states", fmt.number(ent.conditional),
+          help="Conditional entropy H(action | state cluster), in nats: how varied the actions are among "
+               "steps whose states lie close together.")
+e3.metric("Invalid actions left out", fmt.number(ent.n_invalid))
+tool_tab, cluster_tab = st.tabs(["Per tool", "Per group of similar states"])
 with tool_tab:
     st.plotly_chart(state_plots.entropy_figure(ent, "tool"), width="stretch", key="states_entropy_tool")
 with cluster_tab:

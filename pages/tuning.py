@@ -5,7 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from rwb_app import charts, resources
-from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.choices import dataset_select, template_select
+from rwb_app.fmt import number, signed
+from rwb_app.messages import app_words, cli_equivalent, user_message
 from rwb_app.plots import tuning as study_plots
 from core import tuning
 from core.base.errors import ConflictError
@@ -17,6 +19,19 @@ REFRESH_S = 2.0
 #: Session key of the last start's outcome, shown under the Start button until the next start.
 START_NOTICE = "tune_start_notice"
 SHOW = {"success": st.success, "warning": st.warning, "error": st.error}
+#: Plain names of the objectives (the setting's value goes in the tooltip).
+OBJECTIVE_NAMES = {"outcome": "Recorded outcomes", "preferences": "Your preference labels",
+                   "policy": "A short training run per trial (slow)"}
+#: Plain column names of the weights table and of the trials table.
+WEIGHT_COLUMNS = {"best": "tuned", "low": "lowest tried", "high": "highest tried"}
+TRIAL_COLUMNS = {"value": "objective (training)", "held_out": "objective (held out)", "held_out_auc": "held-out AUC",
+                 "cv_auc": "cross-validated AUC", "held_out_within": "held-out within-task AUC",
+                 "feasible": "meets every expectation"}
+#: Short names of the two held-out ranking figures (metric labels must fit their column).
+SHORT = {"within_task": "Within tasks", "all_pairs": "Across all runs"}
+#: How each study status reads in the Studies list.
+STATUS_NAMES = {"running": "running", "new": "not started", "finished": "finished", "stopped": "stopped",
+                "failed": "failed", "interrupted": "stopped unexpectedly"}
 
 
 def show_notice(key: str) -> None:
@@ -46,20 +61,26 @@ with start_tab:
         st.info("Starting a study needs the analyst or admin role: sign in as one. Studies can still be watched.")
     else:
         c1, c2, c3 = st.columns(3)
-        template = c1.selectbox("Reward template", resources.template_specs(), key="tune_template",
-                                help="name@N is version N saved in this workspace; @0 is the shipped file.")
-        dataset = c2.selectbox("Dataset", datasets, key="tune_dataset")
-        objective = c3.selectbox("Objective", tuning.OBJECTIVES, key="tune_objective",
-                                 help="outcome: returns rank successful episodes first; preferences: returns "
-                                      "agree with your pair labels; policy: a short PPO run per trial (slow).")
+        # tuning needs two episodes at the least: a one-episode dataset is never the default
+        dataset = dataset_select("Dataset", datasets, key="tune_dataset", page="tuning", min_episodes=2,
+                                 container=c1)
+        template = template_select("Reward template", resources.template_specs(), key="tune_template",
+                                   dataset=dataset, container=c2)
+        objective = c3.selectbox("Tune towards", tuning.OBJECTIVES, key="tune_objective",
+                                 format_func=OBJECTIVE_NAMES.get,
+                                 help="Objective. Recorded outcomes: returns rank successful episodes first; "
+                                      "your preference labels: returns agree with your pair labels; a short "
+                                      "training run per trial: a short PPO run scores each set of weights (slow).")
         c4, c5, c6, c7 = st.columns(4)
         split_by = c4.selectbox("Split by", tuning.SPLIT_FIELDS, key="tune_split",
                                 help="Episodes sharing this value stay on one side of the train/held-out split.")
         trials = c5.number_input("Trials", min_value=1, max_value=1_000_000, value=500, step=100, key="tune_trials")
-        metric = c6.selectbox("Metric", tuning.METRICS, key="tune_metric", disabled=objective != "outcome",
-                              help="within_task ranks each task's successful runs above its failed ones (what a "
-                                   "trainer with a per-task baseline needs; all pairs when under 5 tasks have both "
-                                   "outcomes); all_pairs ranks every success above every failure.")
+        metric = c6.selectbox("Compare runs", tuning.METRICS, key="tune_metric", disabled=objective != "outcome",
+                              format_func=tuning.METRIC_CHOICES.get,
+                              help="Metric. Within each task (within_task): each task's successful runs should "
+                                   "score above its failed ones (what a trainer with a per-task baseline needs; "
+                                   "all pairs when under 5 tasks have both outcomes). Across all runs "
+                                   "(all_pairs, soft_auc): every success above every failure.")
         seed = c7.number_input("Seed", min_value=0, value=0, key="tune_seed")
         withhold = objective != "policy"
         st.caption("Bounds of each weight (untick **tune** to keep a weight as it is; components that read the "
@@ -75,11 +96,14 @@ with start_tab:
                                    "data and settings (running again adds trials to it)")
         n_tuned = sum(1 for r in edited if r["tune"])
         shown_name = study_name.strip() or "named from these settings"
-        scored_by = f" ({metric})" if objective == "outcome" else ""
-        st.markdown(f"Start runs **{int(trials):,}** trials of the **{objective}** objective{scored_by} on "
-                    f"**{dataset}**, tuning {n_tuned} of **{template}**'s weights (seed {int(seed)}), as study "
-                    f"**{shown_name}**, in a background worker.")
-        if st.button("Start", type="primary", key="tune_start", disabled=not rows):
+        scored_by = f" ({tuning.METRIC_CHOICES[metric].lower()})" if objective == "outcome" else ""
+        st.markdown(f"Start runs **{int(trials):,}** trials towards **{OBJECTIVE_NAMES[objective].lower()}**"
+                    f"{scored_by} on **{dataset}**, tuning {n_tuned} of **{template}**'s weights (seed {int(seed)}), "
+                    f"as study **{shown_name}**, in a background worker.")
+        refusal = tuning.tuning_refusal(ws, dataset, objective) if dataset else "pick a dataset"
+        if refusal is not None:
+            st.warning(f"Cannot start: {refusal}.")
+        if st.button("Start", type="primary", key="tune_start", disabled=not rows or refusal is not None):
             bounds = {r["component"]: (float(r["low"]), float(r["high"])) for r in edited if r["tune"]}
             fixed = [r["component"] for r in edited if not r["tune"] and not r["reads_outcome"]]
             config = tuning.TuneConfig(objective=objective, split_by=split_by, metric=metric, seed=int(seed))
@@ -103,7 +127,7 @@ with prefs_tab:
     if not datasets:
         st.info("No dataset yet: import episodes on the Episodes page first.")
     else:
-        pdataset = st.selectbox("Dataset", datasets, key="tune_pref_dataset")
+        pdataset = dataset_select("Dataset", datasets, key="tune_pref_dataset", page="tuning", min_episodes=2)
         if actor is not None and actor.can("edit_template"):
             ids = [e.episode_id for e in ws.episode_summaries(pdataset)]
             with st.form("tune_pref_form", clear_on_submit=True):
@@ -139,7 +163,16 @@ with studies_tab:
         st.session_state["tune_name"] = wanted
     #: Each study's status as this page run drew it (in the picker): when one changes, the page reruns.
     drawn = {s.name: s.status for s in studies}
-    name = st.selectbox("Study", names, key="tune_name", format_func=lambda n: f"{n} ({drawn[n]})")
+    records = {s.name: s for s in studies}
+    st.dataframe([{"study": s.name, "status": STATUS_NAMES.get(s.status, s.status),
+                   "why": "" if not s.cause else app_words(s.cause),
+                   "trials": "—" if s.latest_run is None else
+                   f"{number(s.latest_run.trials_done)} of {number(s.latest_run.trials_requested)}",
+                   "template": s.template_name + ("" if s.template_version is None else f"@{s.template_version}"),
+                   "data": s.dataset or s.episodes_file, "started by": s.created_by}
+                  for s in studies], hide_index=True, width="stretch", key="tune_studies")
+    name = st.selectbox("Study", names, key="tune_name",
+                        format_func=lambda n: f"{n} ({STATUS_NAMES.get(drawn[n], drawn[n])})")
     running = drawn[name] == "running"
 
     @st.fragment(run_every=REFRESH_S if running else None)
@@ -153,15 +186,23 @@ with studies_tab:
             st.error(str(exc))
             return
         counts = report.counts
+        record = records[name]
+        if record.cause and record.status in ("failed", "interrupted"):
+            # the cause first, where the person looks: a study that ended without results says why
+            st.error(f"This study {STATUS_NAMES[record.status]}: {app_words(record.cause)}")
+        elif record.cause:
+            st.info(f"This study was {STATUS_NAMES.get(record.status, record.status)}: {app_words(record.cause)}")
         left, right = st.columns([4, 1])
-        scored_by = f" ({report.metric})" if report.metric else ""   # none yet while the worker starts
-        left.markdown(f"**{report.name}** · {drawn[name]} · objective **{report.objective or '—'}**"
+        figure_label, figure_help = tuning.figure_name(report.metric)
+        scored_by = f" (scored by: {figure_label.lower()})" if report.metric else ""   # none until the worker starts
+        left.markdown(f"**{report.name}** · {STATUS_NAMES.get(drawn[name], drawn[name])} · tuned towards "
+                      f"**{OBJECTIVE_NAMES.get(report.objective, report.objective or '—').lower()}**"
                       f"{scored_by} · template {report.template.get('name')}"
                       f"{'@' + str(report.template['version']) if report.template.get('version') is not None else ''}"
-                      f" · {counts.get('complete', 0)} complete, {counts.get('feasible', 0)} feasible, "
-                      f"{counts.get('pruned', 0)} pruned · storage `{report.storage}`")
-        # an interrupted study (its worker gone) can still be stopped: that records it as ended
-        if drawn[name] in ("running", "interrupted") and actor is not None and actor.can("train"):
+                      f" · {number(counts.get('complete', 0))} trials complete, {number(counts.get('feasible', 0))} "
+                      f"meet every expectation, {number(counts.get('pruned', 0))} cut short")
+        # only a study that runs can be stopped; one that ended says why above
+        if running and actor is not None and actor.can("train"):
             if right.button("Stop", key=f"tune_stop_{name}", help="Workers stop after their current trial."):
                 try:
                     stopped = tuning.stop_tuning(ws, actor, name)
@@ -179,29 +220,41 @@ with studies_tab:
             st.info(f"Stop requested for {name}: its workers stop after their current trial.")
         for note in report.notes:
             st.caption(note)
+        if not report.weights:   # the worker never created the study: nothing more to show than why
+            log_section(name, record)
+            return
         if report.best is not None:
+            st.caption(f"Scored by how well the return {figure_label.lower()} (0.5 is chance, 1 is perfect; "
+                       "hover a figure for its exact name). The tuned weights are the best trial's.")
             b1, b2, b3 = st.columns(3)
-            b1.metric(f"Best {report.metric} (training split)", f"{report.best['value']:.4f}",
-                      delta=_delta(report.best["value"], report.baseline, "train", report.metric))
+            b1.metric("Tuned weights, training episodes", number(report.best["value"]),
+                      delta=_delta(report.best["value"], report.baseline, "train", report.metric),
+                      help=f"{figure_help} Measured on the episodes the study tuned on (the best trial, "
+                           f"chosen by this figure).")
             held = report.best.get("held_out")
-            b2.metric("Same weights on the held-out split", "–" if held is None else f"{held:.4f}",
-                      delta=_delta(held, report.baseline, "held_out", report.metric))
+            b2.metric("Tuned weights, held-out episodes", number(held),
+                      delta=_delta(held, report.baseline, "held_out", report.metric),
+                      help=f"{figure_help} Measured on episodes the study never tuned on: the honest figure. "
+                           "Higher than the template's is better.")
             held_auc = report.best.get("held_out_auc")
             if held_auc is not None:
-                b3.metric("Held-out AUC (tasks never tuned on)", f"{held_auc:.4f}",
+                auc_label, auc_help = tuning.figure_name("auc")
+                b3.metric("Exact, on held-out tasks", number(held_auc),
                           delta=_delta(held_auc, report.baseline, "held_out", "auc"),
-                          help="The best trial is chosen by the task-grouped cross-validation of the other "
-                               "tasks; its AUC on the held-out tasks is read off, never chosen by.")
+                          help=f"{auc_label}. {auc_help} The best trial is chosen by the task-grouped cross-validation of the "
+                               "other tasks; this figure on the held-out tasks is read off, never chosen by.")
         elif counts.get("complete"):
             st.warning("No feasible trial yet: every completed trial breaks an expectation.")
         for warning in report.warnings:
             st.warning(warning)
+        if report.best is not None:
+            apply_section(name)
         if report.held_out:
             held_out_figures(report.held_out)
-        st.subheader("Best vs template weights")
-        st.dataframe(report.weights, hide_index=True, width="stretch")
+        st.subheader("Tuned vs template weights")
+        st.dataframe(_readable(report.weights, WEIGHT_COLUMNS), hide_index=True, width="stretch")
         if report.params:
-            st.dataframe(report.params, hide_index=True, width="stretch")
+            st.dataframe(_readable(report.params, {"best": "tuned"}), hide_index=True, width="stretch")
         if any(v is not None for v in report.held_out_series.get("held-out AUC", [])):
             st.caption("Objective and held-out AUC per trial (a gap that widens is over-fitting)")
             st.plotly_chart(charts.trial_series_figure(report.held_out_series), width="stretch",
@@ -214,68 +267,115 @@ with studies_tab:
             st.dataframe(report.constraints, hide_index=True, width="stretch")
         else:
             st.caption("The template has no expectation that the weights can change.")
-        with st.expander("Recent trials (constraint values ≤ 0 are satisfied)"):
-            st.dataframe(report.trials, hide_index=True, width="stretch")
-        if report.best is not None and actor is not None and actor.can("edit_template"):
-            applied_key = f"tune_apply_notice_{name}"
-            try:
-                check = tuning.apply_check(ws, name)
-            except USER_ERRORS as exc:
-                st.error(user_message(exc))
-                check = None
-            if check is not None and check.worse:
-                st.warning(f"The best weights do worse than the template on the tasks they were not tuned on: "
-                           f"{check.message}. Applying them needs your confirmation.")
-            elif check is not None and check.figure is not None:
-                st.caption(f"Apply guard: {check.message}.")
-            with st.form(f"tune_apply_{name}"):
-                message = st.text_input("Why (kept with the new version)", key=f"tune_apply_msg_{name}")
-                confirm = st.checkbox("Apply even if the held-out figure is below the template's own",
-                                      key=f"tune_apply_confirm_{name}",
-                                      help="Weights that rank the held-out tasks' runs worse than the template "
-                                           "are refused unless you confirm; the decision is recorded.")
-                if st.form_submit_button("Apply the best weights as a new template version", type="primary"):
-                    try:
-                        applied = tuning.apply_study(ws, actor, name, message=message or None,
-                                                     confirm_worse=confirm)
-                    except USER_ERRORS as exc:
-                        st.session_state[applied_key] = ("error", f"Not applied: {user_message(exc)}")
-                    else:
-                        st.session_state[applied_key] = (
-                            "success", f"Saved {applied.label} from trial {applied.trial} "
-                                       f"({len(applied.diff)} changes): pick it as the reward template "
-                                       "to train or tune on.")
-                        # the template pickers (here and on Training) list the new version now
-                        resources.refresh_template_specs()
-                        st.rerun()
-            show_notice(applied_key)
+        with st.expander("Recent trials (an expectation's value ≤ 0 means it is met)"):
+            st.dataframe(_readable(report.trials, TRIAL_COLUMNS), hide_index=True, width="stretch")
+        log_section(name, record)
+        st.caption(f"Open it in optuna-dashboard: `optuna-dashboard {report.storage}`")
+
+    def log_section(name: str, record) -> None:
+        """The end of the latest worker's log (open when it failed without a recorded cause)."""
         log = tuning.tuning_log(ws, name)
         if log:
-            with st.expander("Worker log (tail)"):
+            with st.expander("Worker log (tail)", expanded=record.status == "failed" and not record.cause):
                 st.code(log, language=None)
-        st.caption(f"Open it in optuna-dashboard: `optuna-dashboard {report.storage}`")
+
+    def apply_section(name: str) -> None:
+        """How the tuned weights compare with the template on episodes they were not tuned on, and
+        saving them as a new version (asking first, naming the drop, when they do worse)."""
+        try:
+            check = tuning.apply_check(ws, name)
+        except USER_ERRORS as exc:
+            st.error(user_message(exc))
+            return
+        st.subheader("Apply the tuned weights")
+        if check.worse:
+            st.warning(check.plain + ".")
+        elif check.figure is not None and check.template is not None:
+            st.success(check.plain + ".")
+        else:
+            st.info(check.plain + ".")
+        if actor is None or not actor.can("edit_template"):
+            st.caption("Saving the weights as a new template version needs the analyst or admin role.")
+            return
+        applied_key, pending_key = f"tune_apply_notice_{name}", f"tune_apply_pending_{name}"
+        message = st.text_input("Why (kept with the new version)", key=f"tune_apply_msg_{name}")
+        pending = st.session_state.get(pending_key)
+        if pending is None:
+            if st.button(f"Save the tuned weights as {check.new_label}", type="primary", key=f"tune_apply_{name}",
+                         help="Writes a new version of the template; the version it started from stays."):
+                apply_weights(name, message, force=False, applied_key=applied_key, pending_key=pending_key)
+        else:
+            # the confirmation names the drop; only this button passes force
+            st.warning(pending)
+            yes, no = st.columns(2)
+            if yes.button(f"Yes, save them as {check.new_label}", type="primary", key=f"tune_apply_force_{name}"):
+                apply_weights(name, message, force=True, applied_key=applied_key, pending_key=pending_key)
+            if no.button("Cancel", key=f"tune_apply_cancel_{name}"):
+                st.session_state.pop(pending_key, None)
+                st.rerun()
+        show_notice(applied_key)
+
+    def apply_weights(name: str, message: str, *, force: bool, applied_key: str, pending_key: str) -> None:
+        """Save the study's best weights; weights worse than the template ask to confirm first."""
+        try:
+            applied = tuning.apply_study(ws, actor, name, message=message or None, force=force)
+        except tuning.WorseThanTemplate as exc:
+            st.session_state[pending_key] = exc.check.question
+            st.session_state.pop(applied_key, None)
+        except USER_ERRORS as exc:
+            st.session_state[applied_key] = ("error", f"Not saved: {user_message(exc)}")
+            st.session_state.pop(pending_key, None)
+        else:
+            st.session_state.pop(pending_key, None)
+            st.session_state[applied_key] = (
+                "success", f"Saved {applied.label} from trial {applied.trial} ({len(applied.diff)} changes): "
+                           "pick it as the reward template to train or tune on.")
+            # the template pickers (here and on Training) list the new version now
+            resources.refresh_template_specs()
+        st.rerun()
 
     def held_out_figures(held: dict) -> None:
         """The best trial's held-out within-task and all-pairs AUC beside the template's own."""
         st.subheader("Held-out tasks (never tuned on)")
-        answers = "within-task" if held["metric"] == "within_task" else "all-pairs"
-        st.caption(f"{held['tasks']} held-out tasks ({held['tasks_with_both']} have both a successful and a failed "
-                   f"run; {held['episodes']} labelled runs); the study answers to the {answers} AUC, and Apply "
-                   "compares it with the template's own.")
+        answers = tuning.figure_name(held["metric"])[0].lower()
+        st.caption(f"{number(held['tasks'])} held-out tasks ({number(held['tasks_with_both'])} have both a "
+                   f"successful and a failed run; {number(held['episodes'])} runs with a known outcome). The study "
+                   f"answers to how well the return {answers}; saving compares it with the template's own.")
         cols = st.columns(len(held["rows"]))
         for col, row in zip(cols, held["rows"]):
             value, before = row["best trial"], row["template"]
-            col.metric(f"Held-out {row['figure']}: best trial vs template",
-                       "–" if value is None else f"{value:.4f}",
+            key = "within_task" if row["figure"].startswith("within") else "all_pairs"
+            label, help_text = tuning.figure_name(key)
+            col.metric(f"{SHORT[key]}: tuned vs template", number(value),
                        delta=None if value is None or before is None else
-                       f"{value - before:+.4f} vs the template's {before:.4f}")
-        st.dataframe(held["rows"], hide_index=True, width="stretch")
+                       f"{_change(value - before)} vs the template's {number(before)}", help=f"{label}. {help_text}")
+        st.dataframe([{"figure": tuning.figure_name("within_task" if r["figure"].startswith("within")
+                                                    else "all_pairs")[0],
+                       "tuned weights": number(r["best trial"]), "template": number(r["template"]),
+                       "change": "—" if r["best trial"] is None or r["template"] is None else
+                       signed(r["best trial"] - r["template"]),
+                       "tuned weights, 90% interval": _interval(r["best 90% interval"]),
+                       "template, 90% interval": _interval(r["template 90% interval"]),
+                       "pairs compared": number(r["pairs"])} for r in held["rows"]],
+                     hide_index=True, width="stretch")
+
+    def _readable(rows: list[dict], names: dict[str, str]) -> list[dict]:
+        """Table rows with every figure rounded for reading and the columns renamed."""
+        return [{names.get(k, k): number(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+    def _change(x: float) -> str:
+        """A change for ``st.metric``'s delta: its arrow and colour follow a leading ASCII minus."""
+        text = signed(x)
+        return "-" + text[1:] if text.startswith("−") else text
+
+    def _interval(ci) -> str:
+        return "—" if not ci or ci[0] is None or ci[1] is None else f"{number(ci[0])} – {number(ci[1])}"
 
     def _delta(value, baseline, side, metric):
         figures = (baseline or {}).get("figures") or {}
         before = (figures.get(side) or {}).get(metric)
         if value is None or before is None:
             return None
-        return f"{value - before:+.4f} vs the template's weights"
+        return f"{_change(value - before)} vs the template's {number(before)}"
 
     live_study(name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,3 +56,28 @@ def running_app(workspace: Path, log_path: Path, *, env: Mapping[str, str] | Non
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# --------------------------------------------------------------------------- plain words
+#: A decimal figure as a page writes it (``2.559``, ``-0.0403``, ``1,234.5``): a number
+#: with a fractional part, not a part of a dotted name or a version (``finance_risk@1``, ``2.13.0``).
+DECIMAL = re.compile(r"(?<![\w.@:/-])-?\d[\d,]*\.\d+(?![\w.])")
+#: A command-line flag in what the page shows (commands live in tooltips, see rwb_app.messages).
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+#: Technical names a page must not show bare: it says the plain label, the term goes in a tooltip.
+BARE_TERMS = re.compile(r"soft_auc|return_mean|success_rate|off_support_rate|Σγᵗr|\bnats\b|KL\(old|"
+                        r"UCB bonus|silhouette -?\d|\brejectd\b")
+
+
+def significant_digits(figure: str) -> int:
+    """Significant digits of a decimal figure as written (``0.0403`` → 3, ``2.5590`` → 5)."""
+    return len(figure.lstrip("-").replace(",", "").replace(".", "").lstrip("0"))
+
+
+def wording_defects(text: str) -> list[str]:
+    """What a page's visible text must not hold: a figure with more than 4 significant
+    digits, a command-line flag, a technical name without its plain label."""
+    found = [f"raw figure {m.group(0)}" for m in DECIMAL.finditer(text) if significant_digits(m.group(0)) > 4]
+    found += [f"flag {m.group(0)}" for m in FLAG.finditer(text)]
+    found += [f"bare term {m.group(0)}" for m in BARE_TERMS.finditer(text)]
+    return found

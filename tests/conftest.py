@@ -50,8 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
 #: mypy over core, a whole demo): run first, so that the parallel workers do not end the
 #: run waiting on one of them started last (longest first evens out the workers' loads).
 LONG_FILES = ("test_browser.py", "test_typing.py", "test_browser_pages.py", "test_demo.py",
-              "test_notebooks.py", "test_browser_actions.py", "test_tuning_policy.py",
-              "test_browser_sessions.py")
+              "test_notebooks.py", "test_browser_actions.py", "test_browser_training.py",
+              "test_browser_datasets.py", "test_browser_home.py", "test_browser_review.py",
+              "test_tuning_policy.py", "test_browser_sessions.py", "test_browser_audit.py",
+              "test_browser_tuning.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,

@@ -32,6 +32,7 @@ from core.data.episode_views import (
 from core.records.episodes import Action, Episode, Outcome, Step, Task
 from core.base.errors import InputError
 from core.records.store import Workspace
+from rwb_app.fmt import number as fmt_number
 from core.sample.workspace_setup import SAMPLE_DATASETS, ensure_samples, init_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,16 +84,18 @@ def _jsonl(episodes: list[Episode]) -> bytes:
 # --------------------------------------------------------------------------- first start
 def test_first_start_imports_samples_and_lists_episodes(tmp_path, use_ws):
     path = use_ws(tmp_path / "fresh")
-    at = _app().run()
+    at = _app().run()                      # the app's first start imports the samples
     assert not at.exception, at.exception
-    assert [t.value for t in at.title] == ["Episodes"]
-    assert "Recorded agent runs" in at.caption[0].value
 
     ws = Workspace.open(path)
     names = {d.name: d for d in ws.datasets()}
     assert set(names) == set(SAMPLE_DATASETS.values())
     assert all(d.n_episodes > 0 and d.n_steps > 0 for d in names.values())
 
+    at = _app(PAGE).run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Episodes"]
+    assert "Recorded agent runs" in at.caption[0].value
     picker = at.selectbox(key="episodes_dataset")
     assert set(picker.options) == {f"{d.name} — {d.domain} · {d.n_episodes:,} episodes, "
                                    f"{d.n_steps:,} steps" for d in names.values()}
@@ -156,7 +159,7 @@ def test_workspace_init_command(tmp_path, capsys):
 # --------------------------------------------------------------------------- browsing
 def test_filters_narrow_the_table(sample_ws, use_ws):
     use_ws(sample_ws)
-    at = _app().run()
+    at = _app(PAGE).run()
     at.selectbox(key="episodes_dataset").set_value("finance-sample").run()
     behaviours = at.multiselect(key="episodes_behaviours").options
     assert "hacker" in behaviours
@@ -172,7 +175,7 @@ def test_filters_narrow_the_table(sample_ws, use_ws):
     at.selectbox(key="episodes_resolved").set_value("resolved").run()
     assert set(at.dataframe[0].value["resolved"]) <= {True}
     at.text_input(key="episodes_search").input("no-such-episode-anywhere").run()
-    assert any("No episode matches" in i.value for i in at.info)
+    assert any("No episode of this dataset matches" in i.value for i in at.info)
 
 
 def test_list_episodes_matches_a_plain_python_filter(sample_ws):
@@ -205,7 +208,7 @@ def test_opening_an_episode_shows_its_steps_and_tokens(sample_ws, use_ws):
             break
     chosen = chosen or show_episode(ws, "finance-sample", ws.episode_ids("finance-sample")[0], catalog)
 
-    at = _app().run()
+    at = _app(PAGE).run()
     at.selectbox(key="episodes_dataset").set_value("finance-sample").run()
     assert at.selectbox(key="episodes_open").value is None
     at.selectbox(key="episodes_open").set_value(chosen.episode_id).run()
@@ -215,8 +218,8 @@ def test_opening_an_episode_shows_its_steps_and_tokens(sample_ws, use_ws):
     assert len(step_labels) == len(chosen.steps) > 0
     for label, step in zip(step_labels, chosen.steps):
         assert label.startswith(f"t={step.t} · {step.action_label} · {step.token}")
-    assert [m.label for m in at.metric][:4] == ["resolved", "final reward", "business metric",
-                                                 "sentiment"]
+    assert [m.label for m in at.metric][:4] == ["Task done", "Logged reward", "Business result",
+                                                 "User sentiment"]
     step_table = at.dataframe[1].value
     assert list(step_table["token"]) == [s.token for s in chosen.steps]
     if chosen.n_invalid:
@@ -280,7 +283,7 @@ def test_import_upload_error_names_the_place_and_changes_nothing(tmp_path):
     result = import_upload(ws, "broken.jsonl", ("\n".join(lines) + "\n").encode(), skip_invalid=True)
     summary = import_summary(result)
     assert result.episodes == 2 and len(summary.rejected) == 1
-    assert summary.rejected[0]["line"] == 2 and summary.rejected[0]["reason"]
+    assert summary.rejected[0]["where"] == "line 2" and summary.rejected[0]["reason"]
     assert dict(summary.figures)["records rejected"] == 1
 
 
@@ -291,16 +294,16 @@ def test_page_renders_an_import_result(sample_ws, use_ws, tmp_path):
     result = import_upload(ws, "mixed.jsonl", ("\n".join(lines) + "\n").encode(), skip_invalid=True)
 
     use_ws(sample_ws)
-    at = _app()
+    at = _app(PAGE)
     at.session_state["episodes_import_outcome"] = ("ok", import_summary(result))
     at.run()
     assert not at.exception
     assert any("Imported 3 episodes from mixed.jsonl" in s.value for s in at.success)
     figures = {m.label: m.value for m in at.metric}
     assert figures["episodes"] == "3" and figures["records rejected"] == "1"
-    assert any(len(df.value) == 1 and list(df.value["line"]) == [3] for df in at.dataframe)
+    assert any(len(df.value) == 1 and list(df.value["where"]) == ["line 3"] for df in at.dataframe)
 
-    at = _app()
+    at = _app(PAGE)
     at.session_state["episodes_import_outcome"] = ("error", "bad.jsonl: line 2: invalid JSON")
     at.run()
     assert [e.value for e in at.error] == ["bad.jsonl: line 2: invalid JSON"]
@@ -308,7 +311,7 @@ def test_page_renders_an_import_result(sample_ws, use_ws, tmp_path):
 
 def test_import_form_offers_every_format_and_the_options(sample_ws, use_ws):
     use_ws(sample_ws)
-    at = _app().run()
+    at = _app(PAGE).run()
     formats = at.selectbox(key="episodes_format")
     assert formats.options[0].startswith("auto")
     assert {o.split(" — ")[0] for o in formats.options} == set(import_formats())
@@ -375,3 +378,136 @@ def test_rwb_app_serves_the_app(tmp_path):
             out, _ = proc.communicate()
     assert f"workspace {workspace.resolve()}" in out
     assert "No display found: not opening a browser" in out
+
+
+# --------------------------------------------------------------------------- filters, archive, delete
+@pytest.fixture
+def own_ws(sample_ws, tmp_path, use_ws) -> Path:
+    """A copy of the sample workspace this test may change, used by the page."""
+    import shutil
+
+    copy = tmp_path / "ws"
+    shutil.copytree(sample_ws, copy)
+    return use_ws(copy)
+
+
+def test_filters_start_empty_on_another_dataset(sample_ws, use_ws):
+    use_ws(sample_ws)
+    at = _app(PAGE).run()
+    at.selectbox(key="episodes_dataset").set_value("finance-sample").run()
+    at.multiselect(key="episodes_behaviours").select("hacker").run()
+    at.selectbox(key="episodes_resolved").set_value("failed").run()
+    at.text_input(key="episodes_search").input("no-such-episode-anywhere").run()
+    assert any("No episode of this dataset matches" in i.value for i in at.info)
+
+    at.selectbox(key="episodes_dataset").set_value("ecommerce-sample").run()
+    assert not at.exception
+    assert not any("No episode" in i.value for i in at.info)
+    assert at.multiselect(key="episodes_behaviours").value == []
+    assert at.selectbox(key="episodes_resolved").value == "any"
+    assert at.text_input(key="episodes_search").value == ""
+    ws = Workspace.open(sample_ws)
+    assert len(at.dataframe[0].value) == ws.conn.execute(
+        "SELECT COUNT(*) FROM episodes WHERE dataset='ecommerce-sample'").fetchone()[0]
+
+    # The filters left as they are on the same dataset; "Clear the filters" empties them.
+    at.text_input(key="episodes_search").input("no-such-episode-anywhere").run()
+    at.button(key="episodes_clear_filters").click().run()
+    assert at.text_input(key="episodes_search").value == "" and at.dataframe
+
+
+def test_plain_labels_and_rounded_figures_on_an_episode(own_ws):
+    ws = Workspace.open(own_ws)
+    eid = ws.episode_ids("finance-sample")[0]
+    at = _app(PAGE).run()
+    at.selectbox(key="episodes_dataset").set_value("finance-sample").run()
+    assert [at.multiselect(key=k).label for k in ("episodes_task_types", "episodes_behaviours")] == [
+        "Task type", "Who acted"]
+    assert at.selectbox(key="episodes_resolved").options == ["any", "yes", "no", "not recorded"]
+    at.selectbox(key="episodes_open").set_value(eid).run()
+    metrics = {m.label: m for m in at.metric}
+    assert "(final_reward)" in metrics["Logged reward"].help and "(resolved)" in metrics["Task done"].help
+    detail = show_episode(ws, "finance-sample", eid)
+    assert metrics["Logged reward"].value == fmt_number(detail.outcome["final_reward"])
+
+
+def test_for_reading_rounds_every_recorded_figure():
+    from core.data.episode_views import for_reading
+
+    assert for_reading({"a": [0.32000000000000006, 1289.1999999999998, 12345.67, 7, "0.1234567"],
+                        "b": {"c": -0.000123456}}) == {"a": [0.32, 1289, 12350, 7, "0.1234567"],
+                                                       "b": {"c": -0.0001235}}
+    assert for_reading(True) is True and for_reading(None) is None
+
+
+def test_an_episode_for_reading_is_rounded_and_the_exact_one_is_not(tmp_path):
+    ws = Workspace.open(tmp_path / "ws")
+    episode = _small_episodes(1)[0]
+    episode.steps[0].action.params["limit"] = 0.32000000000000006
+    episode.steps[0].tool_result = {"price": 1289.1999999999998}
+    import_upload(ws, "orders.jsonl", _jsonl([episode]))
+    shown = show_episode(ws, "orders", "up-0", reading=True)
+    assert shown.steps[0].action_label == "get_quote(limit=0.32, symbol=600519)"
+    assert shown.steps[0].tool_result == {"price": 1289}
+    exact = show_episode(ws, "orders", "up-0")
+    assert exact.steps[0].tool_result == {"price": 1289.1999999999998}
+
+
+def test_archive_hides_the_dataset_and_restore_brings_it_back(own_ws):
+    at = _app(PAGE).run()
+    at.selectbox(key="episodes_dataset").set_value("ecommerce-sample").run()
+    at.button(key="episodes_archive").click().run()
+    assert not at.exception
+    assert any("Archived dataset 'ecommerce-sample'" in s.value for s in at.success)
+    picker = at.selectbox(key="episodes_dataset")
+    assert picker.value == "finance-sample" and not any("ecommerce" in o for o in picker.options)
+
+    at.toggle(key="episodes_show_archived").set_value(True).run()
+    at.selectbox(key="episodes_dataset").set_value("ecommerce-sample").run()
+    assert any("is archived" in i.value for i in at.info)
+    at.button(key="episodes_restore").click().run()
+    assert any("Restored dataset 'ecommerce-sample'" in s.value for s in at.success)
+    assert [d.name for d in Workspace.open(own_ws).datasets()] == ["ecommerce-sample", "finance-sample"]
+
+
+def test_delete_refused_while_a_run_trains_on_it_says_which(own_ws):
+    from core.access.users import LOCAL_ADMIN
+    from core.rewards import load_template
+    from core.rl.ppo import PPOConfig
+    from core.rl.runs import create_run
+
+    ws = Workspace.open(own_ws)
+    run_id = create_run(ws, LOCAL_ADMIN, template=load_template("finance_risk"), config=PPOConfig(),
+                        dataset="finance-sample")
+    at = _app(PAGE).run()
+    at.selectbox(key="episodes_dataset").set_value("finance-sample").run()
+    assert any(run_id in w.value and "refused" in w.value for w in at.warning)
+    assert at.button(key="episodes_delete").disabled          # the name is not typed yet
+    at.text_input(key="episodes_delete_confirm").input("finance-sample").run()
+    at.button(key="episodes_delete").click().run()
+    assert not at.exception
+    assert any(f"run {run_id} is training on it" in e.value and "cannot be deleted" in e.value for e in at.error)
+    assert ws.has_dataset("finance-sample")
+    assert ws.conn.execute("SELECT event FROM dataset_events").fetchall() == [("delete_refused",)]
+
+    # a dataset nothing depends on goes, and the page moves to another one
+    at.selectbox(key="episodes_dataset").set_value("ecommerce-sample").run()
+    at.text_input(key="episodes_delete_confirm").input("ecommerce-sample").run()
+    at.button(key="episodes_delete").click().run()
+    assert any("Deleted dataset 'ecommerce-sample'" in s.value for s in at.success)
+    assert at.selectbox(key="episodes_dataset").value == "finance-sample"
+    assert not ws.has_dataset("ecommerce-sample")
+
+
+def test_archive_and_delete_need_the_role(own_ws):
+    from core.access.users import LOCAL_ADMIN, Actor, add_user
+
+    ws = Workspace.open(own_ws)
+    add_user(ws, LOCAL_ADMIN, "ada", "admin", password="ada-password-long")
+    at = _app(PAGE)
+    at.session_state["actor"] = Actor("rae", "reviewer")
+    at.run()
+    assert not at.exception
+    assert at.button(key="episodes_archive").disabled and at.button(key="episodes_delete").disabled
+    assert at.text_input(key="episodes_delete_confirm").disabled
+    assert any("needs the analyst or admin role" in c.value for c in at.caption)

@@ -124,7 +124,7 @@ def test_a_duplicate_launch_is_refused_and_the_run_ends_on_its_own(page, workspa
     assert [r[0] for r in _runs(workspace)] == [run_id]
     _shot(pg, "training-duplicate")
     # no reload from here on: the page follows the run until it ends
-    _see(pg, re.compile(rf"{run_id} · finished · {STEPS:,} / {STEPS:,} env steps"), timeout=4 * WAIT_MS)
+    _see(pg, re.compile(rf"{run_id} · finished · {STEPS:,} steps done \(planned {STEPS:,}\)"), timeout=4 * WAIT_MS)
     _idle(pg)                                               # nothing left greyed (stale)
     assert _runs(workspace) == [(run_id, "finished", STEPS)]
     assert _main(pg).get_by_role("button", name="Stop").count() == 0

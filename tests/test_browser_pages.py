@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from _browser import wording_defects
+
 ROOT = Path(__file__).resolve().parents[1]
 SCREENS = ROOT / "test-output" / "screens"
 #: Seconds a page may take to become usable on a machine that is not overloaded.
@@ -53,6 +55,13 @@ CUT_LABELS_JS = """() => {
   }
   return cut;
 }"""
+
+def test_the_wording_check_finds_each_defect_and_passes_plain_text():
+    assert wording_defects("Better than the logs: no, 2.45 vs 2.67 (12.3%), 40,960 steps, finance_risk@1, "
+                           "torch 2.13.0, entropy 1.23 (Exploration)") == []
+    assert wording_defects("return 2.559 vs 0.32000000000000006; rwb train --resume r1; soft_auc 0.71") == [
+        "raw figure 0.32000000000000006", "flag --resume", "bare term soft_auc"]
+    assert wording_defects("value 12345.67 and entropy 1.2 nats") == ["raw figure 12345.67", "bare term nats"]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +111,7 @@ def test_the_start_prepared_the_workspace_with_progress_on_the_terminal(sample_a
 
 def test_every_page_opens_usable_within_the_limit_with_a_screenshot(bench, sample_app, capsys):
     pages = bench.app_pages()
-    opened, shots, cut = [], [], {}
+    opened, shots, cut, words = [], [], {}, {}
     with bench.browser_page() as pg:
         for page in pages:
             limit = limit_s()
@@ -111,6 +120,9 @@ def test_every_page_opens_usable_within_the_limit_with_a_screenshot(bench, sampl
             opened.append((result, limit))
             shots.append(screenshot(pg, f"page-{page.url_path}"))
             cut[page.title] = pg.evaluate(CUT_LABELS_JS)
+            found = wording_defects(pg.locator('[data-testid="stMain"]').inner_text())
+            # the glossary's job is to show each technical term beside its plain label
+            words[page.title] = [f for f in found if not (page.title == "Glossary" and f.startswith("bare term"))]
             assert not result.failed, f"{page.title} shows an exception (see {shots[-1]})"
     with capsys.disabled():
         print("\nfirst open of each page (seconds to usable, limit):")
@@ -123,6 +135,8 @@ def test_every_page_opens_usable_within_the_limit_with_a_screenshot(bench, sampl
     slow = [(r.title, round(r.seconds, 1), round(limit)) for r, limit in opened if r.seconds > limit]
     assert not slow, f"pages slower than their limit (title, seconds, limit): {slow}"
     assert all(p.is_file() and p.stat().st_size > 10_000 for p in shots)
+    unplain = {title: found for title, found in words.items() if found}
+    assert not unplain, f"pages whose text is not in plain words (see their screenshots): {unplain}"
     assert cut["Reward Pyramid"] == [], f"cut labels on the Reward Pyramid page: {cut['Reward Pyramid']}"
 
 

@@ -143,25 +143,27 @@ def pyramid_report():
     return pyramid_report(result, result.template)
 
 
-def test_pyramid_figure_draws_each_level_as_a_narrowing_band(pyramid_report):
+def test_pyramid_figure_sizes_each_level_by_its_weight(pyramid_report):
     from rwb_app.plots import rewards as reward_plots
 
     fig = reward_plots.pyramid_figure(pyramid_report)
-    bars = {t.name: t for t in fig.data}
-    assert list(bars) == ["tool_validity", "validity_again", "param_reasonableness", "business_impact"]
-    # L1 spans the full width split 3:1 by weight, L4 (the top) 40 % of it
-    assert bars["tool_validity"].x[0] == pytest.approx(0.75) and bars["tool_validity"].base[0] == pytest.approx(-0.5)
-    assert bars["validity_again"].x[0] == pytest.approx(0.25) and bars["validity_again"].base[0] == pytest.approx(0.25)
-    assert bars["business_impact"].x[0] == pytest.approx(0.4)
-    assert bars["param_reasonableness"].marker.opacity == 0.35          # a zero weight is drawn faded
+    bars = {t.name: t for t in fig.data if t.name}
+    assert list(bars) == ["tool_validity", "validity_again", "business_impact"]
+    widths = {level.key: level.width for level in pyramid_report.pyramid}
+    # the heaviest level spans the whole width; each block is its level's share of that weight,
+    # split among its components 3:1 by their weights
+    assert max(widths.values()) == pytest.approx(1.0)
+    l1 = widths["L1"]
+    assert bars["tool_validity"].x[0] == pytest.approx(0.75 * l1) and bars["tool_validity"].base[0] == pytest.approx(-l1 / 2)
+    assert bars["validity_again"].x[0] == pytest.approx(0.25 * l1)
+    assert bars["business_impact"].x[0] == pytest.approx(widths["L4"])
+    # a level that weighs nothing keeps its row as an empty outline
+    empty = [t for t in fig.data if not t.name]
+    assert widths["L2"] == 0 and len(empty) == 1 and "weighs nothing" in empty[0].hovertext[0]
     assert bars["tool_validity"].marker.color == reward_plots.LEVEL_COLOURS["L1"]
-    l1 = pyramid_report.pyramid[0]
     label = bars["tool_validity"].y[0]
-    assert label.startswith("L1 ") and f"passed by {l1.gate_passed:.0%}" in label and "Σw 0.40" in label
-    assert "gate" not in bars["param_reasonableness"].y[0]              # L2 has no gate
-    assert list(fig.layout.yaxis.categoryarray) == [bars[n].y[0] for n in
-                                                    ("tool_validity", "param_reasonableness", "business_impact")]
-    assert fig.layout.title.text.startswith("drawn: gating on · return = 0.7·Σγᵗr + 0.3·R_final")
+    assert label.startswith("L1 ")
+    assert fig.layout.title.text.startswith("drawn: block widths follow the weights")
 
 
 def test_contributions_figure_draws_the_reports_summaries(pyramid_report):
@@ -169,7 +171,7 @@ def test_contributions_figure_draws_the_reports_summaries(pyramid_report):
 
     fig = reward_plots.contributions_figure(pyramid_report)
     per_step, per_episode = fig.data
-    assert (per_step.name, per_episode.name) == ("per step", "per episode (R_final terms)")
+    assert (per_step.name, per_episode.name) == ("per step", "per episode (end-of-episode terms)")
     steps = pyramid_report.contributions.query("scope == 'step'")
     assert list(per_step.x) == steps["component"].tolist()
     assert list(per_step.q1) == pytest.approx(steps["q1"].tolist())
@@ -250,7 +252,7 @@ def test_entropy_figure_draws_each_group_against_its_uniform_maximum():
     bars, uniform = fig.data
     assert list(bars.x) == ["lookup", "transfer"] and list(bars.y) == pytest.approx([1.2, 0.3])
     assert list(uniform.y) == pytest.approx([2.0, 1.1])
-    assert fig.layout.shapes[0].y0 == LOW_ENTROPY and "overall 1.50 nats" in fig.layout.title.text
+    assert fig.layout.shapes[0].y0 == LOW_ENTROPY and "overall 1.50" in fig.layout.title.text
     assert list(state_plots.entropy_figure(entropy, "cluster").data[0].x) == ["lookup"]
     with pytest.raises(InputError, match="'tool' or 'cluster'"):
         state_plots.entropy_figure(entropy, "episode")

@@ -30,7 +30,7 @@ from _rewards_fixtures import FakeEmbedder, make_frame
 ROOT = Path(__file__).resolve().parents[1]
 TAU2_AIRLINE = ROOT / "datasets" / "real" / "tau2" / "airline" / "tasks.json"
 WHISSLE = ROOT / "datasets" / "real" / "tau2_whissle" / "episodes.jsonl"
-MAIN = str(ROOT / "app" / "main.py")
+EPISODES_PAGE = str(ROOT / "pages" / "episodes.py")
 
 
 # --------------------------------------------------------------------------- hand-made episodes
@@ -469,7 +469,7 @@ def test_upload_bytes_and_the_episodes_page_shows_coverage(tmp_path, monkeypatch
     ws.close()
 
     monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "ws"))
-    at = AppTest.from_file(MAIN, default_timeout=120)
+    at = AppTest.from_file(EPISODES_PAGE, default_timeout=120)
     at.run()
     assert not at.exception, at.exception
     assert any("Task criteria: criteria for 2 of 6 episodes" in c.value for c in at.caption)

@@ -917,3 +917,85 @@ def test_import_workers_default_leaves_busy_cores_alone(monkeypatch: pytest.Monk
     assert import_workers() == 1
     monkeypatch.setenv("RWB_IMPORT_WORKERS", "3")
     assert import_workers() == 3
+
+
+# --------------------------------------------------------------------------- own logs: outcome flags, task types
+def _chat(i: int, **fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"refund order {i}"},
+                         {"role": "assistant", "content": "refunded"}], **fields}
+
+
+def _legacy(i: int, **fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"weather {i}?"},
+                         {"role": "assistant", "content": None,
+                          "function_call": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                         {"role": "function", "name": "get_weather", "content": "{\"temp\": 21}"},
+                         {"role": "assistant", "content": "21 degrees."}], **fields}
+
+
+@pytest.mark.parametrize("make, fmt", [(_chat, "openai"), (_legacy, "openai-legacy")])
+@pytest.mark.parametrize("key, values", [
+    ("success", (1, 0, 1)), ("success", (True, False, True)), ("success", (1.0, 0.0, 1.0)),
+    ("success", ("yes", "no", "true")), ("outcome.success", (1, 0, 1)),
+    ("score", (1, 0, 1)),          # any key whose every value is 0 or 1 is a success flag
+])
+def test_a_zero_one_outcome_key_says_whether_each_task_was_done(ws: Workspace, tmp_path: Path, make: Any,
+                                                                 fmt: str, key: str, values: tuple) -> None:
+    from core.data.episode_views import EpisodeFilter, list_episodes
+
+    def put(record: dict[str, Any], value: Any) -> dict[str, Any]:
+        if key == "outcome.success":
+            record["outcome"] = {"success": value}
+        else:
+            record[key] = value
+        return record
+
+    path = write_jsonl(tmp_path / "own.jsonl", [put(make(i), v) for i, v in enumerate(values)])
+    result = import_file(ws, path, reward_key=key, dataset="own")
+    assert result.format == fmt
+    assert [e.outcome.resolved for e in ws.load_episodes("own")] == [True, False, True]
+    # the Resolved filter of the Episodes page now finds them
+    assert list_episodes(ws, "own", EpisodeFilter(resolved="resolved")).matched == 2
+    assert list_episodes(ws, "own", EpisodeFilter(resolved="failed")).matched == 1
+    assert list_episodes(ws, "own", EpisodeFilter(resolved="unknown")).matched == 0
+
+
+def test_a_graded_reward_stays_a_reward_and_sets_no_outcome(tmp_path: Path) -> None:
+    parsed = read_file(write_jsonl(tmp_path / "graded.jsonl", [_chat(i, score=v) for i, v in enumerate((0.5, 1, 0))]),
+                       reward_key="score")
+    assert [(e.outcome.final_reward, e.outcome.resolved) for e in parsed.episodes] == [
+        (0.5, None), (1.0, None), (0.0, None)]
+
+
+def test_success_flags_without_a_reward_key_and_inside_an_outcome_object(tmp_path: Path) -> None:
+    parsed = read_file(write_jsonl(tmp_path / "own.jsonl", [
+        _chat(0, success=1), _chat(1, success=0),
+        _chat(2, outcome={"success": 1, "reward": 0.75}), _chat(3, outcome={"resolved": 0})]))
+    assert [e.outcome.resolved for e in parsed.episodes] == [True, False, True, False]
+    assert parsed.episodes[2].outcome.final_reward == 0.75
+
+
+def test_the_logs_own_resolved_field_wins_over_a_success_key(tmp_path: Path) -> None:
+    parsed = read_file(write_jsonl(tmp_path / "own.jsonl", [_chat(0, success=1, resolved=False),
+                                                           _chat(1, success=0)]), reward_key="success")
+    assert [e.outcome.resolved for e in parsed.episodes] == [False, False]
+    assert [e.outcome.final_reward for e in parsed.episodes] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("make", [_chat, _legacy])
+def test_the_task_id_fills_the_task_type_when_the_log_has_none(tmp_path: Path, make: Any) -> None:
+    parsed = read_file(write_jsonl(tmp_path / "own.jsonl", [
+        make(0, task_id="refund_damaged"), make(1, task={"id": 7}), make(2, meta={"task_id": "late"}),
+        make(3, task_type="refund", task_id="refund_damaged"), make(4)]))
+    assert [e.task.task_type for e in parsed.episodes] == ["refund_damaged", "7", "late", "refund", None]
+
+
+def test_tau2_bfcl_and_rwb_keep_their_own_task_types() -> None:
+    """tau2 names a task by its first write, BFCL by the API classes its calls need (they are
+    needed to read the calls at all); neither has a log without one."""
+    tau = read_file(TAU2 / "retail" / "tasks.json")
+    assert all(e.task.task_type for e in tau.episodes)
+    assert read_file(BFCL).episodes[0].task.task_type == "GorillaFileSystem+TwitterAPI"
+    # the workbench's own lines are taken as written (export, import, export is exact)
+    sample = read_file(ROOT / "datasets" / "finance" / "sample.jsonl")
+    assert all(e.task.task_type for e in sample.episodes)

@@ -108,7 +108,7 @@ def test_register_verifies_and_records_a_candidate(ws, run, tmp_path):
     listed = registry.list_versions(ws, "reg")
     assert [x.version for x in listed] == ["0.1.0"]
     best = load_bundle(run.bundle).manifest.evaluation["best_logged"]   # shown on the Policies page
-    assert listed[0].best_logged == f"{best['behaviour']} {best['return_mean']:.4f}"
+    assert listed[0].best_logged == f"{best['behaviour']} {best['return_mean']:.4g}"
     events = registry.history(ws, "reg")
     assert [(e.event, e.actor, e.comment) for e in events] == [("registered", "ana", "first export")]
     assert events[0].detail["bundle_sha256"] == v.bundle_sha256
@@ -235,7 +235,7 @@ def test_gate_first_version_must_beat_the_logged_expert(ws, run, tmp_path):
         with pytest.raises(registry.GateFailed, match="does not beat logged expert behaviour"):
             registry.approve(ws, bob, "gate-real", "0.1.0", "ship it")
     _registered(ws, run, tmp_path, "gate1", "0.1.0", expert - 0.01)
-    with pytest.raises(registry.GateFailed, match=f"{expert - 0.01:.4f} vs {expert:.4f}"):
+    with pytest.raises(registry.GateFailed, match=f"{expert - 0.01:.4g} vs {expert:.4g}"):
         registry.approve(ws, bob, "gate1", "0.1.0", "close enough")
     assert registry.get_version(ws, "gate1", "0.1.0").stage == "candidate"
     _registered(ws, run, tmp_path, "gate1", "0.2.0", expert + 0.01)
@@ -474,9 +474,23 @@ def test_policies_page_shows_buttons_by_role_and_approves(ws, run, tmp_path, pol
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert registry.get_version(ws, "page", "0.1.0").stage == "approved"
-    next(b for b in at.button if b.label == "Promote").click().run()
+    # where promotion writes, said before the click; a folder it cannot write disables it
+    assert any(f"Promote copies the approved bundle into `{policies}`" in c.value for c in at.caption)
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    monkeypatch.setenv("RWB_POLICIES_DIR", str(a_file))
+    at.run()
+    promote = next(b for b in at.button if b.label == "Promote")
+    assert promote.proto.disabled and "is a file, not a folder" in promote.proto.help
+    assert any("Promote and roll back are not possible from here" in w.value for w in at.warning)
+    monkeypatch.setenv("RWB_POLICIES_DIR", str(policies))
+    at.run()
+    promote = next(b for b in at.button if b.label == "Promote")
+    assert not promote.proto.disabled and str(policies) in promote.proto.help
+    promote.click().run()
     assert not at.error, [e.value for e in at.error]
     assert read_index(policies).policies["page"].active == "0.1.0"
+    assert any(f"Promoted page 0.1.0 into {policies}" in s.value for s in at.success)
 
 
 def test_policies_page_empty_workspace_says_what_to_do(tmp_path, monkeypatch):

@@ -340,9 +340,15 @@ def test_cli_claim_decide_stats(tmp_path):
     assert review.review_mask_rules(Workspace.open(wsdir))[0].when == {"regime": "spike"}
     assert rwb("stats")["rejected"] == 1
     assert [i["id"] for i in rwb("list", "--status", "pending")["items"]] == [2]
-    shown = rwb("show", "1")
+    context = rwb("show", "1")
+    # the --json shape: what a reviewer reads (core.govern.review_context), the item first
+    assert list(context) == [
+        "item", "request", "request_source", "call", "arguments", "arguments_note", "result",
+        "steps_before", "steps_before_total", "components", "step_reward", "template",
+        "components_note", "rule", "similar", "reject_blocks"]
+    shown = context["item"]
     assert shown["events"][-1]["event"] == "decided"
-    # the --json shape: the item's fields in this order, then its events
+    # the item's fields in this order, then its events
     assert list(shown) == [
         "id", "origin", "reason", "dataset", "task_type", "state", "key_features", "token_id",
         "token_name", "action_label", "tool", "risk", "reward_components", "confidence", "run_id",
@@ -351,5 +357,8 @@ def test_cli_claim_decide_stats(tmp_path):
         "claim_expired", "age_s", "events"]
     assert list(shown["events"][0]) == ["id", "event", "actor", "at", "detail"]
     assert list(rwb("list")["items"][0]) == list(shown)[:-1]
+    assert context["rule"]["name"] == "low_confidence_high_risk"
+    assert [c["name"] for c in context["components"]] == ["accuracy", "risk"]
+    assert [g["by"] for g in context["similar"]] == ["tool", "rule"]
     r = runner.invoke(root, ["-w", str(wsdir), "review", "decide", "1", "approve"])
     assert isinstance(r.exception, ConflictError)

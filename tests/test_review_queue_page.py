@@ -45,17 +45,21 @@ def test_claim_and_reject_an_item(queue_ws):
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Review Queue"
-    assert {m.label: m.value for m in at.metric}["Pending"] == "2"
+    assert {m.label: m.value for m in at.metric}["Waiting"] == "2"
     _button(at, "Claim next item").click()
     at.run()
     assert not at.exception, at.exception
-    assert "margin_trade(side=buy, lot=0)" in at.subheader[0].value
+    assert at.subheader[0].value == "#1: margin_trade"
+    assert [c.value for c in at.code][0] == "margin_trade(side=buy, lot=0)"      # the call, as recorded
     text = " ".join(m.value for m in at.markdown)
-    assert "high-risk action served with confidence 0.40" in text
+    assert "**Risky action served with low confidence.**" in text and "40% confidence" in text
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Action token"] == "A13T0" and metrics["Risk"] == "high" and metrics["Claimed"] == "1"
-    frames = [df.value for df in at.dataframe]
-    assert any("volatility" in str(f) for f in frames) and any("action_advantage" in str(f) for f in frames)
+    assert metrics["The policy's confidence in its choice"] == "40%" and metrics["Threshold"] == "70%"
+    assert metrics["Risk level of the action"] == "high" and metrics["Being reviewed"] == "1"
+    [components] = [t.value for t in at.table]
+    assert list(components["Part of the reward"]) == ["State value", "Action advantage"]
+    assert list(components["Value"]) == ["+0.5", "−0.1"]
+    assert any("volatility" in str(df.value) for df in at.dataframe)       # the state, under Technical details
 
     _button(at, "Reject: never in this state").click()          # no comment: refused, shown
     at.run()
@@ -64,7 +68,7 @@ def test_claim_and_reject_an_item(queue_ws):
     _button(at, "Reject: never in this state").click()
     at.run()
     assert not at.exception, at.exception
-    assert "now a mask rule" in at.success[0].value
+    assert "rejected: the action is now blocked in states like this one" in at.success[0].value
     assert review.stats(queue_ws).rejected == 1
     [rule] = review.review_mask_rules(queue_ws)
     assert rule.targets == {"tokens": ["A13T0"]}
@@ -75,6 +79,7 @@ def test_claim_and_reject_an_item(queue_ws):
     at.run()
     assert not at.exception, at.exception
     assert review.stats(queue_ws).approved == 1
+    assert "Item #2 approved" in at.success[0].value
     assert [e.token_name for e in review.approved_examples(queue_ws)] == ["A13T1"]
     _button(at, "Claim next item").click()
     at.run()
@@ -130,4 +135,57 @@ def test_a_sent_recorded_step_shows_where_it_comes_from(tmp_path, monkeypatch):
     assert not at.exception, at.exception
     assert any("dataset `finance`, recorded episode `fin-7`, step 3 (sent by ana)" in c.value
                for c in at.caption)
+    ws.close()
+
+
+def test_a_claimed_step_shows_request_arguments_rule_components_and_similar_decisions(tmp_path, monkeypatch):
+    """A recorded step, claimed: the user's request, the call with its arguments, the rule and why,
+    the reward components (plain names, rounded), the steps before it, and the decisions on
+    items with the same tool, in that order, before the decision buttons."""
+    import json
+
+    from core.data.importers import import_file
+    from core.records.catalog import catalog_for_dataset
+
+    sample = ROOT / "datasets" / "finance" / "sample.jsonl"
+    lines = sample.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "fin.jsonl").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
+    ws = Workspace.open(tmp_path / "ws")
+    import_file(ws, tmp_path / "fin.jsonl", dataset="fin")
+    catalog = catalog_for_dataset(ws, "fin")
+    steps = [s for e in ws.load_episodes("fin") for s in review.recorded_steps(e, "fin", catalog)
+             if s.token.tool == "place_order" and s.step_t > 0]
+    ana, rae = Actor("ana", "analyst"), Actor("rae", "reviewer")
+    first = review.send_step(ws, ana, "fin", steps[0].episode_id, steps[0].step_t, "size looks wrong")
+    review.claim(ws, rae, first.id)
+    review.decide(ws, rae, first.id, "reject", "no market order of that size")
+    item = review.send_step(ws, ana, "fin", steps[1].episode_id, steps[1].step_t, "check the size")
+    monkeypatch.setenv("RWB_WORKSPACE", str(tmp_path / "ws"))
+
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    _button(at, "Claim next item").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert at.subheader[0].value == f"#{item.id}: place_order"
+    episode = ws.get_episode("fin", item.episode_id)
+    request = episode.steps[0].observation["messages"][0]["content"]
+    recorded = next(s for s in episode.steps if s.t == item.step_t)
+    markdown = [m.value for m in at.markdown]
+    headings = [m for m in markdown if m.startswith("#### ")]
+    assert headings == ["#### What the user asked", "#### What the agent wants to do", "#### Why it is here",
+                        "#### What the reward says about this step", "#### What the tool returned",
+                        "#### How similar items were decided", "#### Your decision"]
+    assert f"> {request}" in markdown
+    call, arguments = at.code[0].value, at.code[1].value
+    assert call.startswith("place_order(") and json.loads(arguments) == recorded.action.params
+    assert any("**Sent to review by ana.**" in m and "check the size" in m for m in markdown)
+    components, before, same_tool, same_rule = (t.value for t in at.table)
+    assert "Tool validity" in list(components["Part of the reward"])
+    assert all(len(v.lstrip("+−-").replace(".", "").lstrip("0")) <= 4 for v in components["Value"])
+    assert any("Scored with finance_risk@0" in c.value for c in at.caption)
+    assert [t for t, who in zip(before["Step"], before["Who"]) if who == "agent"] == \
+        [s.t for s in episode.steps if s.t < item.step_t]
+    assert any("Items with the tool place_order: **0 approved**, **1 rejected**." == m for m in markdown)
+    assert list(same_tool["Note"]) == list(same_rule["Note"]) == ["no market order of that size"]
+    assert not any("rejectd" in m for m in markdown)
     ws.close()

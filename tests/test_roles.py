@@ -76,6 +76,10 @@ def _ppo_config() -> Any:
 #: (SUCCEEDS); the others name something that does not exist, so an allowed role gets past
 #: the permission check and is then refused for the missing thing (never PermissionDenied).
 CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
+    "core.rl.runs.resume_run": lambda f, ws, a, t, d: f(ws, a, "no-such-run"),
+    "core.data.datasets.archive_dataset": lambda f, ws, a, t, d: f(ws, a, "imp-seed"),
+    "core.data.datasets.restore_dataset": lambda f, ws, a, t, d: f(ws, a, "no-such-dataset"),
+    "core.data.datasets.delete_dataset": lambda f, ws, a, t, d: f(ws, a, "imp-seed", confirm="imp-seed"),
     "core.data.importers.api.import_file": lambda f, ws, a, t, d: f(ws, SAMPLE, dataset=f"imp-{t}", actor=a),
     "core.data.episode_views.import_upload": lambda f, ws, a, t, d: f(
         ws, f"upload-{t}.jsonl", SAMPLE.read_bytes(), dataset=f"up-{t}", actor=a),
@@ -128,7 +132,8 @@ CALLS: dict[str, Callable[[Any, Workspace, Actor, str, Path], Any]] = {
 }
 
 #: Calls above that are real and must succeed for a role that holds the permission.
-SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.import_upload",
+SUCCEEDS = {"core.data.datasets.archive_dataset", "core.data.datasets.delete_dataset",
+            "core.data.importers.api.import_file", "core.data.episode_views.import_upload",
             "core.data.task_criteria.import_criteria",
             "core.rewards.labels.add_label",
             "core.rewards.versions.save_template", "core.rl.runs.create_run", "core.guard.review.enqueue",
@@ -139,6 +144,10 @@ SUCCEEDS = {"core.data.importers.api.import_file", "core.data.episode_views.impo
 
 #: Functions that take an ``actor`` but are not writes checked against the table.
 NOT_WRITES = {
+    "core.govern.overview.workspace_overview": "reads; the actor only picks the next step its role may do",
+    "core.data.datasets.DatasetEvent": "a record read back: the actor is who did it",
+    "core.govern.review_context.review_context": "reads; the actor's last template on the dataset's domain is the default",
+    "core.govern.review_context.choose_template": "reads; the actor's last template on the dataset's domain is the default",
     "core.govern.policy_folder.resolve_active": "reads; raises its high-water mark; the actor is named in the security log",
     "core.access.users.require_role": "the check itself",
     "core.access.users.require": "the check itself",
@@ -191,8 +200,11 @@ def _snapshot(ws: Workspace) -> dict[str, Any]:
     tables = [r[0] for r in ws.conn.execute(
         "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
     rows = {t: sorted(map(repr, ws.conn.execute(f'SELECT * FROM "{t}"').fetchall())) for t in tables}
+    # the security log records refusals (core.govern.registry's *_refused events): appending
+    # to it is not a change of the workspace
     files = sorted(str(p.relative_to(ws.root)) for p in Path(ws.root).rglob("*")
-                   if p.is_file() and not p.name.startswith("workspace.db"))
+                   if p.is_file() and not p.name.startswith("workspace.db")
+                   and p.relative_to(ws.root).as_posix() != "artifacts/security/events.jsonl")
     return {"rows": rows, "files": files}
 
 

@@ -55,10 +55,15 @@ def test_map_verdict_and_entropy(page_ws):
     at = _submit(at, states_max_points=150, states_clusters=4, states_template="finance_risk")
     assert not at.exception, at.exception
     verdict = [e.value for e in (*at.success, *at.warning, *at.error)]
-    assert any(v.startswith("Fidelity: task types separate") for v in verdict)
+    assert any(v.startswith("**Does the map tell task types apart?** The map tells task types apart")
+               for v in verdict), verdict
     labels = [m.label for m in at.metric]
-    assert {"Silhouette by task type", "Silhouette, shuffled labels", "Silhouette, intent encoder off",
-            "Overall (nats)"} <= set(labels)
+    assert {"Task types apart (−1 to 1)", "Same with task types shuffled", "Without the request",
+            "Variety overall (healthy: 1 or more)"} <= set(labels)
+    # the figures are rounded for reading; the technical verdict is in the caption's tooltip
+    assert all(len(m.value.replace("−", "").replace("-", "").replace(".", "").lstrip("0")) <= 4
+               for m in at.metric if m.value not in ("—",) and "%" not in m.value), [m.value for m in at.metric]
+    assert any("silhouette" in (c.help or "") for c in at.caption)
     colour = at.selectbox(key="states_color")
     assert {"task type", "intent", "behaviour", "action", "cluster", "reward total", "reward level",
             "reward:L1"} <= set(colour.options)

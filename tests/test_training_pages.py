@@ -1,17 +1,19 @@
-"""The Training and Diagnostics pages (AppTest): empty states, the run table and live curves,
-launching a run from the form, the stop button, the comparison, the four-step diagnosis and
-the held-out evaluation."""
+"""The Training and Diagnostics pages (AppTest): empty states, the run table, the plain summary
+and the curves under Details, launching a run from the form, the stop and resume buttons, the
+comparison, the one verdict both pages show alike, the four health checks and the held-out
+evaluation."""
 
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from _state_fixtures import HashEmbedder
-from core.rl import runs
+from core.rl import runs, verdict
 from core.records.store import Workspace
 from core.access.users import LOCAL_ADMIN
 
@@ -79,15 +81,34 @@ def test_training_page_shows_runs_curves_and_comparison(page_env):
     assert at.selectbox(key="train_run").value == run_id
     assert any(run_id in str(df.value) for df in at.dataframe)
     md = " ".join(m.value for m in at.markdown)
-    assert f"**{run_id}** · finished" in md
+    assert f"**{run_id}** · finished · 1,024 steps done (planned 1,024) · 2 updates" in md
+    # the plain summary first: not judged yet, and the button that judges it
+    assert any(i.value.startswith("Not checked against the logs yet.") for i in at.info)
+    assert at.button(key=f"train_check_{run_id}").label == "Check it against the logs"
     charts = at.get("plotly_chart")
     assert len(charts) >= 10                    # every recorded metric has a curve (+ the comparison)
-    captions = " ".join(c.value for c in at.caption)
-    for title in ("Episode return", "KL penalty β", "Mask violations (must stay 0)", "Curriculum level",
-                  "Entropy per tool (nats)", "Gradient norm per layer"):
-        assert title in captions
-    assert not [b for b in at.button if b.label == "Stop"]      # a finished run has no stop button
+    titles = [m.value for m in at.markdown if m.value.startswith("**") and m.value.endswith("**")]
+    plain = [c.title for c in runs.CURVES if c.plain]
+    assert titles[:len(plain)] == [f"**{t}**" for t in plain]      # first, before the Details
+    for title in ("Brake on policy changes", "Forbidden actions taken (must stay 0)", "Training stage",
+                  "Choice spread per tool (nats)", "Update size per layer"):
+        assert f"**{title}**" in titles
+    # each title's tooltip names the technical term and what good looks like
+    helps = {m.value: m.help for m in at.markdown if m.value in titles}
+    assert helps["**Brake on policy changes**"].startswith("KL penalty β") and "Good: " in helps[
+        "**Brake on policy changes**"]
+    assert not [b for b in at.button if b.label in ("Stop", "Resume")]      # a finished run has neither
     assert at.multiselect(key="train_compare").value == [run_id]
+
+
+def test_steps_are_said_done_against_planned():
+    def run(done: int, planned: int, status: str = "finished"):
+        return types.SimpleNamespace(env_steps=done, total_steps=planned, status=status)
+
+    assert runs.steps_progress(run(40_960, 40_000)) == (
+        "40,960 steps done (planned 40,000; the last update runs whole batches)")
+    assert runs.steps_progress(run(40_000, 40_000)) == "40,000 steps done (planned 40,000)"
+    assert runs.steps_progress(run(12_288, 40_000, "running")) == "12,288 of 40,000 planned steps done"
 
 
 def test_launch_from_the_form_starts_a_background_run(page_env, monkeypatch):
@@ -150,7 +171,15 @@ def test_stop_button_asks_a_running_run_to_stop(page_env):
         ws.close()
 
 
-def test_diagnostics_page_diagnoses_and_evaluates(page_env):
+def _verdict_texts(at: AppTest) -> list[str]:
+    """What a page says of the run's verdict: the coloured line, the three answers, the next step."""
+    coloured = [e.value for e in (*at.success, *at.warning, *at.error) if e.value.startswith("**")
+                and " · " in e.value]
+    lines = [m.value for m in at.markdown if m.value.startswith(("- Learning: ", "**Next:** "))]
+    return coloured + lines
+
+
+def test_diagnostics_page_checks_and_evaluates(page_env):
     _, run_id = page_env
     # a newer run stopped after one update: the picker still opens on the latest finished run
     ws = Workspace.open(page_env[0])
@@ -163,30 +192,34 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     at = AppTest.from_file(DIAGNOSTICS, default_timeout=180).run()
     assert not at.exception, at.exception
     assert at.selectbox(key="diag_run").value == run_id
-    next(b for b in at.button if b.label == "Diagnose").click()
-    at.run()
+    assert "Not checked against the logs yet" in at.info[0].value
+    at.button(key="diag_check").click().run()
     assert not at.exception, at.exception
+    said = _verdict_texts(at)
+    assert len(said) == 3, said
+    assert said[1].startswith("- Learning: ") and "\n- Better than the logs: " in said[1] \
+        and "\n- How sure: " in said[1]
     verdicts = [e.value for e in (*at.success, *at.warning, *at.error)]
-    for name in ("1. Reward integrity", "2. State-encoding fidelity", "3. Gradient flow", "4. Exploration quality"):
+    for name in ("1. The rewards are sane** (reward integrity)", "2. The policy tells task types apart**",
+                 "3. Every layer learns** (gradient flow)", "4. It still tries varied actions**"):
         assert any(name in v for v in verdicts), verdicts
-    assert any(v.startswith("Overall: **") and "Next: " in v for v in verdicts), verdicts
-    # every figure is named with its unit, and its threshold and next action are stated beside it
-    units = ("(% of steps)", "(actions)", "(steps)", "(silhouette)", "(layers)", "(L2 norm)", "(nats)")
+    assert not any("Overall: " in v or "Nothing to fix here" in v for v in verdicts)
+    # every figure is named in plain words with its unit; the technical term and threshold in its tooltip
     assert len(at.metric) == 4
+    assert at.metric[3].label == "Exploration (entropy, nats)"
     for metric in at.metric:
-        assert metric.label.endswith(units) and metric.help.startswith("Threshold: "), (metric.label, metric.help)
-    thresholds = [c.value for c in at.caption if c.value.startswith("Threshold: ")]
-    assert len(thresholds) == 4 and all("Next: " in c for c in thresholds), thresholds
+        assert metric.label.endswith(")") and "Must be " in metric.help, (metric.label, metric.help)
+        assert len(metric.value.replace(",", "").replace(".", "").rstrip("%").lstrip("0-")) <= 4, metric.value
+    musts = [c.value for c in at.caption if c.value.startswith("Must be ")]
+    assert len(musts) == 4 and all(c.endswith(": it is.") or "Next: " in c for c in musts), musts
+    # the held-out evaluation in detail, rounded
     next(b for b in at.button if b.label == "Evaluate").click()
     at.run()
     assert not at.exception, at.exception
     messages = " ".join(e.value for e in (*at.success, *at.warning))
     assert "best logged behaviour" in messages and "random-in-mask" in messages
-    assert any("policy (greedy)" in str(df.value) for df in at.dataframe)
+    assert any("policy (greedy: its top choice)" in str(df.value) for df in at.dataframe)
     assert any(c.value.startswith("Off-catalog: ") for c in at.caption)
-    # the off-policy estimate beside the simulator's, with its verdict: a trusted figure or a
-    # warning that says why there is none (this short run on generated data gets the warning
-    # exactly when core's report says it is not reliable)
     assert any(c.value.startswith("Off-policy: ") for c in at.caption)
     from core.rl.evaluation import evaluate
 
@@ -195,12 +228,13 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     ws.close()
     verdicts = " ".join(e.value for e in (*at.success, *at.warning))
     if ev.ope.reliable:
-        assert f"against the logged agent's {ev.ope.logged_success:.2f}" in verdicts
+        assert "against the logged agent's" in verdicts
     else:
         assert f"No trustworthy off-policy figure ({ev.ope.verdict})" in verdicts
     # On a whole workspace dataset, mapped onto the run's catalog: the off-catalog line
     # counts what the run's normalizer maps to INVALID.
     from core.records.catalog import catalog_for_dataset
+    from rwb_app.fmt import number
 
     ws = Workspace.open(page_env[0])
     catalog = catalog_for_dataset(ws, "finance")
@@ -213,8 +247,58 @@ def test_diagnostics_page_diagnoses_and_evaluates(page_env):
     at.run()
     assert not at.exception, at.exception
     captions = " ".join(c.value for c in at.caption)
-    assert f"Off-catalog: {off} of {calls} tool calls ({off / calls:.1%})" in captions
+    assert f"Off-catalog: {off} of {calls} tool calls ({number(off / calls, 'share')})" in captions
     assert "60 held-out episodes (dataset finance)" in captions
+
+
+def test_training_and_diagnostics_show_the_same_verdict(page_env):
+    """Judged once (here on the Training page), the verdict is kept: Diagnostics shows the very
+    same words at once, and a losing run is never an all-clear on either page."""
+    _, run_id = page_env
+    at = AppTest.from_file(TRAINING, default_timeout=180).run()
+    at.selectbox(key="train_run").set_value(run_id).run()
+    at.button(key=f"train_check_{run_id}").click().run()
+    assert not at.exception, at.exception
+    on_training = _verdict_texts(at)
+    assert len(on_training) == 3, on_training
+    assert at.button(key=f"train_check_{run_id}").label == "Check again"
+    diag = AppTest.from_file(DIAGNOSTICS, default_timeout=60).run()
+    assert not diag.exception, diag.exception
+    diag.selectbox(key="diag_run").set_value(run_id).run()
+    assert _verdict_texts(diag) == on_training
+    ws = Workspace.open(page_env[0])
+    kept = verdict.stored_verdict(ws, run_id).verdict
+    ws.close()
+    assert on_training[0] == f"**{kept.plain_overall.capitalize()}** · {kept.headline}"
+    if kept.better_than_logs.answer != "yes":
+        assert kept.overall != "ok" and not on_training[0].startswith("**All clear**")
+
+
+def test_resume_button_continues_a_stopped_run(page_env, children):
+    """A stopped run with a checkpoint has a Resume button; it starts the background trainer
+    (a cheap child here) and the run runs again; a finished run has none."""
+    ws_path, run_id = page_env
+    ws = Workspace.open(ws_path)
+    try:
+        stopped = runs.create_run(ws, LOCAL_ADMIN, template=runs.run_template(ws, run_id), config=tiny(),
+                                  dataset="finance")
+        ckpt = runs.latest_checkpoint(ws, run_id)
+        runs.record_update(ws, stopped, ckpt.update_idx, ckpt.env_steps, {"return_mean": 0.1})
+        runs.record_checkpoint(ws, stopped, ckpt.update_idx, ckpt.env_steps, Path(ckpt.path))
+        runs.finish_run(ws, stopped, "stopped")
+        at = AppTest.from_file(TRAINING, default_timeout=120).run()
+        at.selectbox(key="train_run").set_value(stopped).run()
+        at.button(key=f"train_resume_{stopped}").click().run()
+        assert not at.exception, at.exception
+        run = runs.get_run(ws, stopped)
+        assert run.status == "running" and run.pid == children[0].pid
+        assert f"Resumed {stopped} from its last checkpoint (process {children[0].pid})." in [
+            s.value for s in at.success]
+        assert f"train_resume_{stopped}" not in [b.key for b in at.button]    # it runs: Stop instead
+        assert any(b.label == "Stop" for b in at.button)
+    finally:
+        runs.finish_run(ws, stopped, "stopped")
+        ws.close()
 
 
 def test_doctor_steps_name_their_figure_threshold_and_next_action():
@@ -228,8 +312,8 @@ def test_doctor_steps_name_their_figure_threshold_and_next_action():
     assert (dead.value, dead.unit, dead.plain_verdict) == (1, "layers", "fails")
     assert dead.details["dead"] == ["encoder.intent_net.0"]
     low = exploration_quality(0.4, 0.1)
-    assert (low.unit, low.threshold) == ("nats", "at least 1") and "ent_coef" in low.action
-    assert exploration_quality(2.4, 0.5).action == "Nothing to fix here."
+    assert (low.unit, low.threshold) == ("nats", "at least 1 nat") and "ent_coef" in low.action
+    assert exploration_quality(2.4, 0.5).action == "Nothing to fix in this check."
 
 
 def test_pages_show_user_errors(page_env, monkeypatch):

@@ -89,7 +89,7 @@ def test_tune_json_then_apply_as_new_version(ws, capsys):
     assert code == 0 and json.loads(out)["studies"][0]["name"] == study
     listed = json.loads(out)["studies"][0]
     assert list(listed) == ["name", "storage", "objective", "template_name", "template_version", "dataset",
-                            "episodes_file", "created_by", "created_at", "runs", "latest_run", "status"]
+                            "episodes_file", "created_by", "created_at", "runs", "latest_run", "status", "cause"]
     run_keys = ["id", "study", "status"]
     assert list(listed["latest_run"])[:3] == run_keys and listed["latest_run"]["process_alive"] is False
     code, out, err = run(capsys, "tune", "show", study, "--json")
@@ -115,11 +115,13 @@ def test_apply_refuses_weights_worse_than_the_template_unless_confirmed(ws, caps
     assert (check.figure, check.template) == (pytest.approx(low["held_out_auc"]), pytest.approx(template))
     code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(low["trial"]))
     assert code == 4 and out == ""
-    assert f"{low['held_out_auc']:.3f} is below the template's own {template:.3f}" in err and "--confirm-worse" in err
+    # the refusal names the drop, both figures and the version it would write
+    assert (f"score {low['held_out_auc']:.3f} on held-out episodes (held-out all-pairs AUC), "
+            f"{template - low['held_out_auc']:.3f} below fin_fast@1's {template:.3f}") in err
+    assert "fin_fast@2" in err and "--force" in err
     assert list_versions(ws, "fin_fast")[-1].version == 1 and tuning.list_applications(ws, "guarded") == []
 
-    code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(low["trial"]), "--confirm-worse",
-                         "--json")
+    code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(low["trial"]), "--force", "--json")
     assert code == 0, err
     guard = json.loads(out)["figures"]["guard"]
     assert guard["worse"] is True and guard["confirmed"] is True and "confirmed" in guard["decision"]
@@ -130,7 +132,7 @@ def test_apply_refuses_weights_worse_than_the_template_unless_confirmed(ws, caps
     assert not tuning.apply_check(ws, "guarded", trial=high["trial"]).worse
     code, out, err = run(capsys, "tune", "apply", "guarded", "--trial", str(high["trial"]))
     assert code == 4 and "version 2" in err          # refused for the stale base, not for its figure
-    with pytest.raises(tuning.WorseThanTemplate, match="below the template's own"):
+    with pytest.raises(tuning.WorseThanTemplate, match="below fin_fast@1's"):
         tuning.apply_study(ws, current_user(ws), "guarded", trial=low["trial"])
 
 

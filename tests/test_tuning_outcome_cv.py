@@ -216,18 +216,20 @@ def test_tuning_page_shows_held_out_auc_beside_the_objective(ws_root, capsys, mo
 
     from streamlit.testing.v1 import AppTest
 
+    from rwb_app.fmt import number
+
     body = tune_json(capsys, ws_root, "whissle", "page-cv")
     monkeypatch.setenv("RWB_WORKSPACE", str(ws_root / "ws"))
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages" / "tuning.py"), default_timeout=120)
     at.session_state["tune_name"] = "page-cv"
     at.run()
     assert not at.exception, at.exception
-    metric = next(m for m in at.metric if m.label.startswith("Held-out AUC"))
-    assert metric.value == f"{body['best']['held_out_auc']:.4f}"
+    metric = next(m for m in at.metric if m.label == "Exact, on held-out tasks")
+    assert metric.value == number(body["best"]["held_out_auc"]) and "AUC" in metric.help
     assert "tune_held_out_page-cv" in {c.key for c in at.get("plotly_chart")}  # held-out AUC per trial
-    trials = next(d.value for d in at.dataframe if "held_out_auc" in d.value.columns)
-    got = dict(zip(trials["trial"], trials["held_out_auc"]))
-    assert got == pytest.approx({r["trial"]: r["held_out_auc"] for r in body["trials"]})
+    trials = next(d.value for d in at.dataframe if "held-out AUC" in d.value.columns)
+    got = dict(zip(trials["trial"], trials["held-out AUC"]))             # rounded for reading
+    assert got == {r["trial"]: number(r["held_out_auc"]) for r in body["trials"]}
 
 
 # --------------------------------------------------------------------------- within-task objective

@@ -16,6 +16,7 @@ from core import tuning
 from core.rewards.versions import list_versions, save_template
 from core.access.users import current_user
 from _tuning_fixtures import FIN_FAST, finance_workspace
+from rwb_app.fmt import number
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "tuning.py")
@@ -50,33 +51,35 @@ def test_report_figures_constraints_and_apply(ws):
                       config=tuning.TuneConfig(metric="all_pairs"))
     at = open_page(tune_name="page-study")
     assert not at.exception, at.exception
-    labels = [m.label for m in at.metric]
-    assert f"Best {res.metric} (training split)" in labels
-    best = next(m for m in at.metric if m.label.startswith("Best"))
-    assert best.value == f"{res.best['value']:.4f}"
+    plain, technical = tuning.figure_name(res.metric)
+    best = next(m for m in at.metric if m.label == "Tuned weights, training episodes")
+    assert best.value == number(res.best["value"]) and technical.split(":")[0] in best.help
+    assert any(f"Scored by how well the return {plain.lower()}" in c.value for c in at.caption)
+    assert not any(res.metric in m.label for m in at.metric)   # the plain label, the term in the tooltip
     charts = {c.key for c in at.get("plotly_chart")}
     # held-out AUC per trial, history, importances, parallel coordinates
     assert charts == {f"tune_{k}_page-study" for k in ("held_out", "fig_history", "fig_importances", "fig_parallel")}
     tables = [d.value for d in at.dataframe]
-    weights = next(t for t in tables if "component" in t.columns and "best" in t.columns)
+    weights = next(t for t in tables if "component" in t.columns and "tuned" in t.columns)
     assert set(weights["component"]) == {c for c in res.baseline["weights"]}
     cons = next(t for t in tables if "expectation" in t.columns)
     assert set(cons["expectation"]) == {"hacks rank below their honest twins", "failed calls earn nothing above L1"}
     assert int(cons["satisfied"].sum() + cons["violated"].sum()) == 2 * 30
     # apply as a new version (the workspace has fin_fast@1; the study tuned it)
     at.text_input(key="tune_apply_msg_page-study").input("tuned on the page")
-    # weights below the template on the held-out tasks need the confirm box (the guard's own test below)
-    worse = tuning.apply_check(ws, "page-study").worse
-    if worse:
-        at.checkbox(key="tune_apply_confirm_page-study").check()
-    at.button[[b.label for b in at.button].index("Apply the best weights as a new template version")].click()
+    check = tuning.apply_check(ws, "page-study")
+    at.button(key="tune_apply_page-study").click()
     at = at.run()
+    if check.worse:   # weights below the template on the held-out tasks ask first (the guard's own test below)
+        assert any(w.value == check.question for w in at.warning)
+        at.button(key="tune_apply_force_page-study").click()
+        at = at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert any("Saved fin_fast@2" in s.value for s in at.success)
     versions = list_versions(ws, "fin_fast")
     assert versions[-1].version == 2 and versions[-1].message == "tuned on the page"
     assert versions[-1].meta["tuning"]["study"] == "page-study"
-    assert versions[-1].meta["tuning"]["guard"]["confirmed"] is worse
+    assert versions[-1].meta["tuning"]["guard"]["confirmed"] is check.worse
 
 
 def test_apply_guard_refuses_weights_worse_on_held_out_tasks_until_confirmed(ws):
@@ -99,23 +102,28 @@ def test_apply_guard_refuses_weights_worse_on_held_out_tasks_until_confirmed(ws)
     at = open_page(tune_name="guard-page")
     assert not at.exception, at.exception
     shown = {m.label: m for m in at.metric}
-    all_pairs = shown["Held-out all-pairs AUC: best trial vs template"]
-    assert all_pairs.value == f"{figure:.4f}" and all_pairs.delta.startswith("-")
-    assert "Held-out within-task AUC: best trial vs template" in shown
+    all_pairs = shown["Across all runs: tuned vs template"]
+    assert all_pairs.value == number(figure) and all_pairs.delta.startswith("-")   # a drop: the arrow points down
+    assert "Within tasks: tuned vs template" in shown and "AUC over all pairs" in all_pairs.help
     held = next(d.value for d in at.dataframe if "figure" in d.value.columns)
-    row = held[held["figure"] == "all-pairs AUC"].iloc[0]
-    assert row["change"].startswith("↓") and row["template"] == pytest.approx(template_auc)
-    assert any("do worse than the template" in w.value and f"{figure:.3f}" in w.value for w in at.warning)
+    row = held[held["figure"] == "Ranks successful runs above failed ones"].iloc[0]
+    assert row["change"].startswith("−") and row["template"] == number(template_auc)
+    assert any(w.value.startswith("Worse than the current template on episodes it was not tuned on")
+               and f"{figure:.3f}" in w.value for w in at.warning)
 
-    apply_label = "Apply the best weights as a new template version"
-    at.button[[b.label for b in at.button].index(apply_label)].click()
+    at.button(key="tune_apply_guard-page").click()
     at = at.run()
-    assert any("Not applied" in e.value and f"{figure:.3f} is below the template's own {template_auc:.3f}" in e.value
-               for e in at.error), [e.value for e in at.error]
+    question = tuning.apply_check(ws, "guard-page").question
+    assert any(w.value == question for w in at.warning), [w.value for w in at.warning]
+    assert f"{figure:.3f} on held-out episodes" in question and f"{template_auc:.3f}" in question
     assert [v.version for v in list_versions(ws, "fin_fast")] == [1]
 
-    at.checkbox(key="tune_apply_confirm_guard-page").check()
-    at.button[[b.label for b in at.button].index(apply_label)].click()
+    at.button(key="tune_apply_cancel_guard-page").click()      # cancel: asked again next time
+    at = at.run()
+    assert not any(w.value == question for w in at.warning)
+    at.button(key="tune_apply_guard-page").click()
+    at = at.run()
+    at.button(key="tune_apply_force_guard-page").click()
     at = at.run()
     assert not at.exception and any("Saved fin_fast@2" in s.value for s in at.success), [e.value for e in at.error]
     guard = tuning.list_applications(ws, "guard-page")[0].figures["guard"]
@@ -151,4 +159,4 @@ def test_start_runs_a_background_worker(ws):
     assert run.status == "finished", tuning.tuning_log(ws, "bg")
     assert run.trials_done == 15 and len(tuning.load_study(ws, "bg").trials) == 15
     at = open_page(tune_name="bg")
-    assert not at.exception and any(m.label.startswith("Best") for m in at.metric)
+    assert not at.exception and any(m.label == "Tuned weights, training episodes" for m in at.metric)

@@ -67,18 +67,18 @@ def test_the_page_figures_are_drawn_from_the_report_data(studied):
     bars = figures["importances"].data[0]
     assert list(bars.y)[-1] == max(report.charts.importances, key=report.charts.importances.get)  # top bar
     axes = figures["parallel"].data[0].dimensions
-    assert [d.label for d in axes] == ["Objective Value", *report.charts.parallel.columns[2:]]
+    assert [d.label for d in axes] == [study_plots.OBJECTIVE, *report.charts.parallel.columns[2:]]
 
 
 def test_history_figure_greys_infeasible_trials_and_draws_the_best_line():
     history = pd.DataFrame({"trial": [0, 1, 2, 3], "value": [0.5, 0.9, 0.6, 0.7],
                             "feasible": [True, False, True, True], "best": [0.5, 0.5, 0.6, 0.7]})
     traces = {t.name: t for t in study_plots.history_figure(history).data}
-    assert list(traces["Objective Value"].x) == [0, 2, 3]
-    assert list(traces["Infeasible Trial"].x) == [1]
-    assert list(traces["Best Value"].y) == [0.5, 0.5, 0.6, 0.7]
+    assert list(traces[study_plots.OBJECTIVE].x) == [0, 2, 3]
+    assert list(traces[study_plots.INFEASIBLE].x) == [1]
+    assert list(traces[study_plots.BEST].y) == [0.5, 0.5, 0.6, 0.7]
     no_feasible_yet = history.assign(best=[np.nan, np.nan, 0.6, 0.7])
-    assert list(next(t for t in study_plots.history_figure(no_feasible_yet).data if t.name == "Best Value").x) == [2, 3]
+    assert list(next(t for t in study_plots.history_figure(no_feasible_yet).data if t.name == study_plots.BEST).x) == [2, 3]
 
 
 def test_parallel_figure_gives_text_choices_an_axis_of_their_own():

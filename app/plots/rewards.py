@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from rwb_app.fmt import number
 from core.rewards.views import PyramidLevel, PyramidReport
 
 #: Colours of the pyramid's rows (levels bottom-up), of the penalties and of the episode terms.
@@ -19,45 +20,51 @@ STEP_REWARD_COLOUR = "#333333"
 #: Colour of a level without a colour of its own.
 OTHER_COLOUR = "#888"
 #: Names of the contribution summaries' scopes in the legend.
-SCOPE_NAMES = {"step": "per step", "episode": "per episode (R_final terms)"}
+SCOPE_NAMES = {"step": "per step", "episode": "per episode (end-of-episode terms)"}
 SCOPE_COLOURS = {"step": "#4C78A8", "episode": LEVEL_COLOURS["episode"]}
 
 
 def _level_label(level: PyramidLevel) -> str:
     gate = ""
     if level.gate is not None:
-        gate = f" · gate {level.gate:g} passed by {level.gate_passed:.0%}"
-    return f"{level.key} {level.title} · Σw {level.total_weight:.2f}{gate} · earns on {level.earns:.0%} of steps"
+        gate = f" · gate {number(level.gate)}, passed by {number(level.gate_passed, 'share', 2)}"
+    return (f"{level.key} {level.title} · weight {number(level.total_weight)}{gate} · counts on "
+            f"{number(level.earns, 'share', 2)} of steps")
 
 
 def pyramid_figure(report: PyramidReport) -> go.Figure:
-    """The pyramid: one band per level, L1 (widest) at the bottom.  A band is split among its
-    components in proportion to their weights; its label gives the level's total weight, its
-    gate and how often the gate passes and the level earns."""
+    """The pyramid: one block per level, L1 at the bottom, each as wide as its share of the heaviest
+    level's weight (block areas are in proportion to the levels' weights, and change as the weights
+    are edited).  A block is split among its components in proportion to their weights; its label
+    gives the level's total weight, its gate, how often the gate passes and how often the level counts."""
     t = report.result.template
     fig = go.Figure()
     n = len(report.pyramid)
     labels = []
-    for i, level in enumerate(report.pyramid):
-        # bands narrow upwards from the full width to 40 % of it (a pyramid whatever the weights)
-        band = 1.0 - 0.6 * i / max(n - 1, 1)
+    for level in report.pyramid:
+        band = level.width
         label = _level_label(level)
         labels.append(label)
         offset = -band / 2
+        if band <= 0:   # a level that weighs nothing: an empty outline keeps its row visible
+            fig.add_trace(go.Bar(x=[0.02], y=[label], base=[-0.01], orientation="h", showlegend=False,
+                                 marker={"color": "rgba(0,0,0,0)", "line": {"color": OTHER_COLOUR, "width": 1}},
+                                 hovertext=[f"{level.key} weighs nothing: it adds no reward"], hoverinfo="text"))
+            continue
         for c in level.components:
             fig.add_trace(go.Bar(
                 x=[band * c.share], y=[label], base=[offset], orientation="h", name=c.name,
-                text=[f"{c.name}<br>{c.weight:.2f}"], textposition="inside", textangle=0,
+                text=[f"{c.name}<br>{number(c.weight)}"], textposition="inside", textangle=0,
                 insidetextanchor="middle",
-                hovertext=[f"{c.name} ({c.component}): weight {c.weight:g}"], hoverinfo="text",
+                hovertext=[f"{c.name} ({c.component}): weight {number(c.weight)}, "
+                           f"{number(c.share, 'share', 2)} of {level.key}"], hoverinfo="text",
                 marker={"color": LEVEL_COLOURS.get(level.key, OTHER_COLOUR), "line": {"color": "white", "width": 2},
                         "opacity": 1.0 if c.weight > 0 else 0.35},
                 showlegend=False))
             offset += band * c.share
     fig.update_layout(barmode="overlay", height=90 + 70 * max(n, 1), bargap=0.08,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10}, uniformtext={"minsize": 9, "mode": "hide"},
-                      title=f"{t.name}: gating {'on' if t.gating else 'off'} · return = {t.a:g}·Σγᵗr "
-                            f"+ {t.b:g}·R_final, γ = {t.gamma:g}",
+                      title=f"{t.name}: block widths follow the weights · gating {'on' if t.gating else 'off'}",
                       xaxis={"visible": False, "range": [-0.52, 0.52]},
                       yaxis={"categoryorder": "array", "categoryarray": labels})
     return fig

@@ -87,13 +87,14 @@ def entropy_figure(entropy: EntropyReport, by: str = "tool") -> go.Figure:
         raise InputError(f"entropy is broken down by 'tool' or 'cluster', not {by!r}", field="by")
     names = [g.group for g in groups]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=names, y=[g.entropy for g in groups], name="entropy",
+    where = {"tool": "tool", "cluster": "group of similar states"}[by]
+    fig.add_trace(go.Bar(x=names, y=[g.entropy for g in groups], name="variety (entropy)",
                          customdata=[[g.n, g.top_action] for g in groups],
-                         hovertemplate="%{x}: %{y:.3f} nats<br>%{customdata[0]:.0f} actions, "
-                                       "mostly %{customdata[1]}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=names, y=[g.max_entropy for g in groups], mode="markers", name="uniform (max)",
-                             marker={"symbol": "line-ew-open", "size": 18}))
-    fig.add_hline(y=LOW_ENTROPY, line_dash="dot", annotation_text=f"{LOW_ENTROPY:.1f} nats")
-    fig.update_layout(title=f"Action entropy per {by} (overall {entropy.overall:.2f} nats)",
-                      yaxis_title="nats", height=360, margin={"l": 10, "r": 10, "t": 50, "b": 10})
+                         hovertemplate="%{x}: variety %{y:.2f} (entropy, nats)<br>%{customdata[0]:.0f} "
+                                       "actions, mostly %{customdata[1]}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=names, y=[g.max_entropy for g in groups], mode="markers",
+                             name="every action equally often", marker={"symbol": "line-ew-open", "size": 18}))
+    fig.add_hline(y=LOW_ENTROPY, line_dash="dot", annotation_text=f"healthy from {LOW_ENTROPY:g}")
+    fig.update_layout(title=f"Variety of actions per {where} (overall {entropy.overall:.2f})",
+                      yaxis_title="variety (entropy)", height=360, margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig

@@ -15,8 +15,13 @@ import plotly.graph_objects as go
 from core.tuning import StudyCharts
 
 #: The page's figures of a study, in the order it shows them: key → title.
-TITLES = {"history": "Optimisation history", "importances": "Parameter importances",
-          "parallel": "Parallel coordinates"}
+TITLES = {"history": "The objective of each trial, and the best so far (optimisation history)",
+          "importances": "Which weights move the objective most (parameter importances)",
+          "parallel": "The weights of the best trials, one line per trial (parallel coordinates)"}
+#: Axis numbers as an analyst reads them: three significant digits (plotly's own shows five).
+TICKS = ".3~g"
+#: Names of the traces and axes: the objective's value, trials that break an expectation, the best so far.
+OBJECTIVE, INFEASIBLE, BEST = "Objective", "Breaks an expectation", "Best so far"
 #: Colour of trials that break an expectation (Optuna's plots draw them grey too).
 INFEASIBLE_COLOUR = "#cccccc"
 
@@ -27,14 +32,17 @@ def history_figure(history: pd.DataFrame) -> go.Figure:
     feasible = history[history["feasible"]]
     infeasible = history[~history["feasible"]]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=feasible["trial"], y=feasible["value"], mode="markers", name="Objective Value"))
+    fig.add_trace(go.Scatter(x=feasible["trial"], y=feasible["value"], mode="markers", name=OBJECTIVE,
+                             hovertemplate="trial %{x}: %{y:.3~g}<extra></extra>"))
     if len(infeasible):
         fig.add_trace(go.Scatter(x=infeasible["trial"], y=infeasible["value"], mode="markers",
-                                 name="Infeasible Trial", marker={"color": INFEASIBLE_COLOUR}))
+                                 name=INFEASIBLE, marker={"color": INFEASIBLE_COLOUR},
+                                 hovertemplate="trial %{x}: %{y:.3~g}<extra></extra>"))
     best = history.dropna(subset=["best"])
-    fig.add_trace(go.Scatter(x=best["trial"], y=best["best"], mode="lines", name="Best Value"))
-    fig.update_layout(title="Optimization History Plot", xaxis={"title": "Trial", "tickformat": ",d"},
-                      yaxis={"title": "Objective Value"})
+    fig.add_trace(go.Scatter(x=best["trial"], y=best["best"], mode="lines", name=BEST,
+                             hovertemplate="best by trial %{x}: %{y:.3~g}<extra></extra>"))
+    fig.update_layout(title="Objective per trial", xaxis={"title": "Trial", "tickformat": ",d"},
+                      yaxis={"title": OBJECTIVE, "tickformat": TICKS})
     return fig
 
 
@@ -44,22 +52,23 @@ def importances_figure(importances: Mapping[str, float]) -> go.Figure:
     fig = go.Figure(go.Bar(x=[v for _, v in ordered], y=[k for k, _ in ordered], orientation="h",
                            text=[f"{v:.2f}" if v >= 0.01 else "<0.01" for _, v in ordered],
                            textposition="outside", hovertemplate="%{y}: %{x:.3f}<extra></extra>"))
-    fig.update_layout(title="Hyperparameter Importances", xaxis={"title": "Hyperparameter Importance"},
-                      yaxis={"title": "Hyperparameter"})
+    fig.update_layout(title="Which weights move the objective most",
+                      xaxis={"title": "Share of the objective's variation (importance)", "tickformat": TICKS},
+                      yaxis={"title": "Weight or parameter"})
     return fig
 
 
 def parallel_figure(parallel: pd.DataFrame) -> go.Figure:
     """One axis for the value and one per parameter, a line per trial coloured by its value;
     a parameter with text choices gets an axis of its choices."""
-    dimensions = [{"label": "Objective Value", "values": parallel["value"].tolist()}]
+    dimensions = [{"label": OBJECTIVE, "values": parallel["value"].tolist(), "tickformat": TICKS}]
     for name in parallel.columns:
         if name in ("trial", "value"):
             continue
         column = parallel[name]
         numeric = pd.to_numeric(column, errors="coerce")
         if numeric.notna().all() and column.map(lambda v: not isinstance(v, (str, bool))).all():
-            dimensions.append({"label": name, "values": numeric.tolist()})
+            dimensions.append({"label": name, "values": numeric.tolist(), "tickformat": TICKS})
         else:
             choices = sorted({str(v) for v in column})
             codes = [choices.index(str(v)) for v in column]
@@ -67,8 +76,9 @@ def parallel_figure(parallel: pd.DataFrame) -> go.Figure:
                                "ticktext": choices})
     fig = go.Figure(go.Parcoords(dimensions=dimensions,
                                  line={"color": parallel["value"].tolist(), "colorscale": "Blues",
-                                       "showscale": True, "colorbar": {"title": {"text": "Objective Value"}}}))
-    fig.update_layout(title="Parallel Coordinate Plot")
+                                       "showscale": True, "colorbar": {"title": {"text": OBJECTIVE},
+                                                                       "tickformat": TICKS}}))
+    fig.update_layout(title="Weights of the best trials")
     return fig
 
 

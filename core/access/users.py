@@ -68,6 +68,10 @@ PERMISSIONS: dict[str, frozenset[str]] = {
 ACTIONS: dict[str, str] = {
     "core.data.importers.api.import_file": "import",
     "core.data.episode_views.import_upload": "import",
+    "core.data.datasets.archive_dataset": "import",
+    "core.data.datasets.restore_dataset": "import",
+    "core.data.datasets.delete_dataset": "import",
+    "core.rl.runs.resume_run": "train",
     "core.rewards.versions.save_template": "edit_template",
     "core.tuning.apply.apply_study": "edit_template",
     "core.tuning.preferences.add_preference": "edit_template",

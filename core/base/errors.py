@@ -37,7 +37,7 @@ class InputError(RwbError):
             where.append(str(file))
         if line is not None:
             where.append(f"line {line}")
-        if record is not None:
+        if record is not None and line is None:  # a line says where a record is; its index would only confuse
             where.append(f"record {record}")
         if field:
             where.append(f"field '{field}'")

@@ -1,4 +1,6 @@
-"""``rwb audit``: read and export the audit trail of served decisions (``core.access.audit``).
+"""``rwb audit``: read and export the audit trail of served decisions (``core.access.audit``),
+and the governance history of decisions people made in the workbench (``history``,
+``core.govern.history``).
 
 ``export --as-episodes`` writes served episodes in the workbench's JSONL, ready
 for ``rwb`` import, relabelling and training (S001's continuous-training loop).
@@ -7,7 +9,7 @@ for ``rwb`` import, relabelling and training (S001's continuous-training loop).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -16,7 +18,8 @@ from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
 from core.base.results import dumps
 
-app = typer.Typer(help="The audit trail of served decisions: tail, export, stats, recover.",
+app = typer.Typer(help="The audit trail of served decisions (tail, export, stats, recover) and the governance "
+                       "history of people's decisions (history).",
                   no_args_is_help=True)
 
 
@@ -110,3 +113,38 @@ def recover(
     else:
         typer.echo(f"{result['inserted']} records recovered from {result['files']} files "
                    f"({result['already']} already recorded, {result['conflicts']} conflicts)")
+
+
+@app.command("history")
+def history(
+    kind: Optional[List[str]] = typer.Option(
+        None, "--kind", help="Only this kind (repeatable): template_save, label, review, registration, approval, "
+                             "promotion, rollback."),
+    actor: Optional[str] = typer.Option(None, "--actor", help="Only what this person did."),
+    subject: Optional[str] = typer.Option(None, "--subject", help="Only subjects containing this text."),
+    since: Optional[str] = typer.Option(None, "--since", help="From this date or ISO time (UTC)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Before this date or ISO time (UTC)."),
+    refused: bool = typer.Option(False, "--refused", help="Only refused decisions."),
+    accepted: bool = typer.Option(False, "--accepted", help="Only accepted decisions."),
+    limit: int = typer.Option(500, "--limit", help="At most this many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Decisions people made in the workbench, newest first: template saves, outcome labels,
+    review decisions, registrations, approvals, promotions and rollbacks, refused ones too."""
+    from core.govern.history import governance_history  # deferred: keeps rwb --help fast
+
+    if refused and accepted:
+        raise InputError("give --refused or --accepted, not both", field="outcome")
+    events = governance_history(open_workspace(), kinds=kind or None, who=actor, subject=subject, since=since,
+                                until=until, outcome="refused" if refused else "accepted" if accepted else None,
+                                limit=limit)
+    if as_json:
+        print_json({"events": events})
+        return
+    if not events:
+        typer.echo("no decision matches")
+    for e in events:
+        who = f"{e.who or '-'}" + (f" ({e.role})" if e.role else "")
+        why = f": {e.reason}" if e.reason else ""
+        typer.echo(f"{e.when[:19].replace('T', ' ')}  {who:<22} {e.kind:<13} {e.subject}  "
+                   f"{e.outcome.upper() if e.outcome == 'refused' else e.decision}{why}")

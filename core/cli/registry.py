@@ -13,14 +13,20 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from core.base.errors import ConflictError
 from core.cli import open_workspace, print_json
 from core.cli.acting import acting_user, as_option
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.govern.registry import PolicyVersion, PolicyVersionDetail
 
-app = typer.Typer(help="Policy registry: list, register, approve, promote, roll back, publish the index, history.",
+app = typer.Typer(help="Policy registry: list, register, approve, promote (see where: target), roll back, publish "
+                       "the index, history.",
                   no_args_is_help=True)
+
+
+#: Where promote, rollback and publish-index write.
+_ROOT_OPTION = typer.Option(None, "--root", help="The policies folder (default: $RWB_POLICIES_DIR or core/policies).")
 
 
 def _fmt(x: Any) -> str:
@@ -121,24 +127,46 @@ def promote(
     name: str = typer.Argument(..., help="Policy name."),
     version: str = typer.Argument(..., help="Approved version to put in production."),
     comment: str = typer.Option("", "--comment", "-m", help="Why (kept with the event)."),
+    root: Optional[Path] = _ROOT_OPTION,
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Write an approved version into core/policies/NAME/ and make it active."""
+    """Write an approved version into the policies folder (core/policies/NAME/) and make it active.
+
+    Refused, with the reason, when that folder cannot be written (`rwb registry target`)."""
     from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
-    entry = registry.promote(ws, acting_user(ws, as_name), name, version, comment)
+    entry = registry.promote(ws, acting_user(ws, as_name), name, version, comment, root=root)
     if as_json:
         print_json(entry)
         return
     typer.echo(f"{name}: {entry.active} is in production (previous: {', '.join(entry.previous) or '-'})")
 
 
+@app.command("target")
+def target(
+    root: Optional[Path] = _ROOT_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Where promote and rollback would write, and whether they can: exits non-zero when the
+    policies folder cannot be written (promote would be refused)."""
+    from core.govern.policy_folder import promotion_target  # deferred: keeps rwb --help fast
+
+    found = promotion_target(root)
+    if as_json:
+        print_json(found)
+    else:
+        typer.echo(f"promote copies the approved bundle into {found.path}: the folder production loads from")
+    if not found.writable:
+        raise ConflictError(f"{found.path} cannot be written ({found.reason}): promote would be refused")
+
+
 @app.command("rollback")
 def rollback(
     name: str = typer.Argument(..., help="Policy name."),
     comment: str = typer.Option("", "--comment", "-m", help="Why (kept with the event)."),
+    root: Optional[Path] = _ROOT_OPTION,
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -146,7 +174,7 @@ def rollback(
     from core.govern import registry  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
-    entry = registry.rollback(ws, acting_user(ws, as_name), name, comment)
+    entry = registry.rollback(ws, acting_user(ws, as_name), name, comment, root=root)
     if as_json:
         print_json(entry)
         return
@@ -156,8 +184,7 @@ def rollback(
 @app.command("publish-index")
 def publish_index(
     name: Optional[str] = typer.Argument(None, help="Only this policy name (default: every one in production)."),
-    root: Optional[Path] = typer.Option(None, "--root", help="The policies folder (default: $RWB_POLICIES_DIR or "
-                                                            "core/policies)."),
+    root: Optional[Path] = _ROOT_OPTION,
     as_name: Optional[str] = as_option(),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:

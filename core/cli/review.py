@@ -1,6 +1,7 @@
 """``rwb review``: work the review queue of high-risk actions (``core.guard.review``).
 
-``send`` puts a step of a recorded episode on the queue; ``claim`` takes the
+``send`` puts a step of a recorded episode on the queue; ``show`` prints what a
+reviewer reads about an item (``core.govern.review_context``); ``claim`` takes the
 oldest open item (or the one named) for a lease; ``decide`` approves it
 ("reasonable exploration": it becomes training data) or rejects it (it becomes a
 mask rule), exactly once.
@@ -18,6 +19,7 @@ from core.cli.acting import acting_user, as_option
 from core.base.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from core.govern.review_context import ReviewContext
     from core.guard.review import ReviewItem
 
 app = typer.Typer(help="The review queue of high-risk actions: list, send, claim, decide, stats.",
@@ -32,6 +34,11 @@ def _line(item: "ReviewItem") -> str:
             f"{item.task_type or '-':<16} {what:<32} {who:<12} {item.reason}")
 
 
+def _decided(decision: str) -> str:
+    """The past tense of a decision: "approved", "rejected"."""
+    return {"approve": "approved", "reject": "rejected"}.get(decision, decision)
+
+
 def _show(item: "ReviewItem") -> None:
     typer.echo(_line(item))
     typer.echo(f"  state: {json.dumps(item.state, ensure_ascii=False)}")
@@ -40,7 +47,7 @@ def _show(item: "ReviewItem") -> None:
     if item.claim_expires and item.status == "claimed":
         typer.echo(f"  claimed by {item.claimed_by} until {item.claim_expires}")
     if item.decision:
-        typer.echo(f"  {item.decision} by {item.decided_by} at {item.decided_at}: "
+        typer.echo(f"  {_decided(item.decision)} by {item.decided_by} at {item.decided_at}: "
                    f"{item.comment or ''}")
 
 
@@ -70,16 +77,78 @@ def list_items(
 @app.command("show")
 def show(
     item_id: int = typer.Argument(..., help="Review item id."),
+    template: Optional[str] = typer.Option(
+        None, "--template", help="Score the step's reward components with this template (name or "
+                                 "name@N; default: the dataset's, see docs/governance.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Show one item with its state, reward components and event log."""
-    from core.guard import review  # deferred: keeps rwb --help fast
+    """Show what a reviewer reads about one item: the request, the call with its arguments,
+    the rule that flagged it, the reward components, the steps before it, the tool's result,
+    how similar items were decided, and the item's event log."""
+    from core.govern.review_context import review_context  # deferred: keeps rwb --help fast
 
-    item = review.get_item(open_workspace(), item_id)
+    ws = open_workspace()
+    context = review_context(ws, item_id, template=template)
     if as_json:
-        print_json(item)
+        print_json(context)
         return
-    _show(item)
+    _show_context(context)
+
+
+def _figure(x: float, unit: str | None) -> str:
+    if unit == "share":
+        return f"{x:.0%}"
+    return f"{x:.3g}" + (f" {unit}" if unit else "")
+
+
+def _block(title: str, text: str | None) -> None:
+    typer.echo(f"{title}:")
+    for line in (text or "-").splitlines() or ["-"]:
+        typer.echo(f"  {line}")
+
+
+def _show_context(c: "ReviewContext") -> None:
+    item = c.item
+    typer.echo(_line(item))
+    _block(f"request ({c.request_source})" if c.request_source else "request", c.request)
+    _block("call", c.call)
+    if c.arguments:
+        _block("arguments", c.arguments)
+    if c.arguments_note:
+        typer.echo(f"  ({c.arguments_note})")
+    threshold = "" if c.rule.threshold is None else f"  threshold {_figure(c.rule.threshold, c.rule.unit)}"
+    value = "" if c.rule.value is None else f"  value {_figure(c.rule.value, c.rule.unit)}"
+    _block(f"why it is here: {c.rule.title}", c.rule.why + (f"\n({c.rule.measure}:{value}{threshold})"
+                                                             if c.rule.measure else ""))
+    typer.echo("reward components:")
+    for comp in c.components:
+        typer.echo(f"  {comp.label:<28} {comp.value:+.3g}")
+    if c.step_reward is not None:
+        typer.echo(f"  {'step reward':<28} {c.step_reward:+.3g}")
+    typer.echo(f"  ({c.components_note})")
+    shown = len(c.steps_before)
+    more = f", the last {shown}" if shown < c.steps_before_total else ""
+    typer.echo(f"before it ({c.steps_before_total} entries{more}):")
+    for s in c.steps_before:
+        what = s.tool or s.kind
+        reward = "" if s.reward is None else f"  reward {s.reward:+.3g}"
+        typer.echo(f"  t={s.t:<3} {s.who:<5} {what:<22} {s.text}{reward}")
+        if s.result:
+            typer.echo(f"  {'':<34}→ {s.result}")
+    _block("tool result", c.result)
+    for group in c.similar:
+        typer.echo(f"decided before, with {group.basis}: {group.approved} approved, "
+                   f"{group.rejected} rejected")
+        for d in group.last:
+            typer.echo(f"  #{d.item_id} {d.decision} by {d.decided_by} at {d.decided_at}: "
+                       f"{d.comment or '(no note)'}")
+    typer.echo(f"rejecting blocks: {c.reject_blocks}")
+    if item.claim_expires and item.status == "claimed":
+        typer.echo(f"claimed by {item.claimed_by} until {item.claim_expires}")
+    if item.decision:
+        typer.echo(f"{_decided(item.decision)} by {item.decided_by} at {item.decided_at}: "
+                   f"{item.comment or ''}")
+    typer.echo("events:")
     for e in item.events:
         typer.echo(f"  {e.at} {e.event:<9} {e.actor}")
 
@@ -158,7 +227,7 @@ def decide(
     else:
         outcome = ("labelled as reasonable exploration" if decision == "approve"
                    else "now a mask rule")
-        typer.echo(f"#{item.id} {item.decision}d by {item.decided_by}: {outcome}")
+        typer.echo(f"#{item.id} {_decided(str(item.decision))} by {item.decided_by}: {outcome}")
 
 
 @app.command("release")

@@ -1,7 +1,8 @@
-"""``rwb train``, ``rwb runs list|show|stop``, ``rwb doctor RUN``, ``rwb evaluate RUN``.
+"""``rwb train``, ``rwb runs list|show|stop|resume|verdict``, ``rwb doctor RUN``, ``rwb evaluate RUN``.
 
 Thin parsers over :func:`core.rl.runs.train` / :func:`core.rl.runs.launch_run`,
-:func:`core.rl.runs.list_runs` / :func:`core.rl.runs.get_run` / :func:`core.rl.runs.stop_run`,
+:func:`core.rl.runs.list_runs` / :func:`core.rl.runs.get_run` / :func:`core.rl.runs.stop_run` /
+:func:`core.rl.runs.resume_run`, :func:`core.rl.verdict.run_verdict`,
 :func:`core.rl.doctor.diagnose` and :func:`core.rl.evaluation.evaluate`.
 """
 
@@ -29,7 +30,8 @@ from core.base.errors import InputError
 if TYPE_CHECKING:  # pragma: no cover
     from core.rl.ope import OffPolicyReport, OffPolicyUnavailable
 
-runs_app = typer.Typer(help="Training runs: list, show, stop.", no_args_is_help=True)
+runs_app = typer.Typer(help="Training runs: list, show, stop, resume, and the verdict of one.",
+                        no_args_is_help=True)
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -130,7 +132,7 @@ def train_cmd(
     typer.echo(f"  KL {_fmt(m.get('kl'), '.4f')} (std over updates {_fmt(m.get('kl_std'), '.4f')}) · β "
                f"{_fmt(m.get('beta'))} · entropy {_fmt(m.get('entropy_marginal'), '.2f')} nats · mask violations "
                f"{m.get('mask_violations', 0)}")
-    typer.echo(f"Evaluate it with `rwb evaluate {result.run_id}`; diagnose it with `rwb doctor {result.run_id}`.")
+    typer.echo(f"Judge it with `rwb runs verdict {result.run_id}` (learning? better than the logs? how sure?).")
 
 
 @runs_app.command("list")
@@ -150,9 +152,11 @@ def list_cmd(
     if not rows:
         typer.echo("No runs yet: start one with `rwb train --template T --dataset D`.")
         return
+    from core.rl.runs import steps_progress  # deferred: keeps rwb --help fast
+
     for r in rows:
         typer.echo(f"{r.id}  {r.display_status:<11} {r.dataset or 'file'}  {r.template_name}  "
-                   f"{r.env_steps}/{r.total_steps} steps  L{_fmt(r.last.curriculum_level, 'd')}  "
+                   f"{steps_progress(r)}  L{_fmt(r.last.curriculum_level, 'd')}  "
                    f"return {_fmt(r.last.return_mean)}  {r.device}")
 
 
@@ -162,7 +166,7 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (run, metrics per update, checkpoints)."),
 ) -> None:
     """Show one run: its record, latest metrics and checkpoints."""
-    from core.rl.runs import checkpoints, get_run, run_metrics  # deferred: keeps rwb --help fast
+    from core.rl.runs import checkpoints, get_run, run_metrics, steps_progress  # deferred: keeps rwb --help fast
 
     ws = open_workspace()
     run = get_run(ws, run_id)
@@ -173,7 +177,7 @@ def show_cmd(
         return
     typer.echo(f"{run.id}: {run.display_status} · {run.dataset or run.episodes_file} · template "
                f"{run.template_name} v{run.template_version} · {run.device} · pid {run.pid}")
-    typer.echo(f"  {run.env_steps}/{run.total_steps} env steps, {run.updates} updates, started "
+    typer.echo(f"  {steps_progress(run)}, {run.updates} updates, started "
                f"{run.started_at}, ended {run.ended_at or '—'}")
     if run.interrupted:
         typer.echo(f"  its trainer process is gone: resume with `rwb train --resume {run_id}`")
@@ -208,6 +212,44 @@ def stop_cmd(
     typer.echo(f"{run_id}: {'stopped' if stop.run.status == 'stopped' else 'stop requested; it stops after the current update'}")
 
 
+@runs_app.command("resume")
+def resume_cmd(
+    run_id: str = typer.Argument(..., help="The stopped, interrupted or failed run to continue."),
+    as_name: Optional[str] = as_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Continue a stopped, interrupted or failed run from its last checkpoint, in the background."""
+    from core.rl.runs import resume_run  # deferred: keeps rwb --help fast
+
+    ws = open_workspace()
+    started = resume_run(ws, acting_user(ws, as_name), run_id)
+    if as_json:
+        print_json(started)
+        return
+    typer.echo(f"Resumed {run_id} in the background (pid {started.pid}); log: {started.log}")
+
+
+@runs_app.command("verdict")
+def verdict_cmd(
+    run_id: str = typer.Argument(..., help="The run to judge."),
+    refresh: bool = typer.Option(False, "--refresh", help="Compute it again even when it was kept for this "
+                                 "checkpoint."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The run's one verdict: is it learning, is it better than the logs, how sure (the diagnosis and
+    the held-out evaluation together)."""
+    from core.rl.verdict import run_verdict  # deferred: loads torch
+
+    v = run_verdict(open_workspace(), run_id, refresh=refresh)
+    if as_json:
+        print_json(v)
+        return
+    typer.echo(f"{run_id} (checkpoint of update {v.checkpoint_update}): {v.plain_overall}. {v.headline}")
+    for line in (v.learning, v.better_than_logs, v.how_sure):
+        typer.echo(f"  {line.sentence}")
+    typer.echo(f"Next: {v.next_step}")
+
+
 def doctor_cmd(
     run_id: str = typer.Argument(..., help="The run to diagnose."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -223,6 +265,7 @@ def doctor_cmd(
     typer.echo(f"Diagnosis of {run_id} (checkpoint of update {report.checkpoint_update}): {report.verdict}")
     for s in report.steps:
         typer.echo(f"  {s.step}. {mark[s.verdict]} {s.name:<24} {_fmt(s.value, '.4g')}  {s.message}")
+    typer.echo(f"These four checks do not say whether it beats the logs: `rwb runs verdict {run_id}` does.")
 
 
 def evaluate_cmd(

@@ -101,20 +101,25 @@ def tune(
     if template is None:
         typer.echo(ctx.get_help())
         raise InputError("give a template to tune (--template NAME or FILE)", field="template")
-    policy = {}
-    if policy_config:
-        try:
-            policy = json.loads(policy_config)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--policy-config is not JSON: {exc}", field="policy_config") from None
-        if not isinstance(policy, dict):
-            raise InputError("--policy-config must be a JSON object", field="policy_config")
-    config = tuning.TuneConfig(objective=objective, split_by=split_by, heldout_fraction=heldout, label=label,
-                               success_threshold=threshold, metric=metric, withhold_outcome=withhold, seed=seed,
-                               sampler=sampler, policy=policy, group_key=group_key, cv_folds=folds)
     ws = open_workspace()
-    actor = acting_user(ws, as_name)
-    bounds = tuning.parse_bounds(bound)
+    try:
+        policy = {}
+        if policy_config:
+            try:
+                policy = json.loads(policy_config)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"--policy-config is not JSON: {exc}", field="policy_config") from None
+            if not isinstance(policy, dict):
+                raise InputError("--policy-config must be a JSON object", field="policy_config")
+        config = tuning.TuneConfig(objective=objective, split_by=split_by, heldout_fraction=heldout, label=label,
+                                   success_threshold=threshold, metric=metric, withhold_outcome=withhold,
+                                   seed=seed, sampler=sampler, policy=policy, group_key=group_key, cv_folds=folds)
+        actor = acting_user(ws, as_name)
+        bounds = tuning.parse_bounds(bound)
+    except Exception as exc:
+        if run_id is not None:  # a launched worker refused its settings: the Studies list shows why
+            tuning.fail_run(ws, run_id, exc)
+        raise
     if background:
         started = tuning.launch_tuning(ws, actor, template, dataset=dataset, episodes=episodes, config=config,
                                        trials=trials, storage=storage, study=study, bounds=bounds, fixed=fix)
@@ -210,18 +215,18 @@ def apply(
     storage: Optional[str] = typer.Option(None, "--storage", envvar="RWB_TUNE_STORAGE", help=STORAGE_HELP),
     trial: Optional[int] = typer.Option(None, "--trial", help="Apply this trial instead of the best feasible one."),
     message: Optional[str] = typer.Option(None, "--message", "-m", help="Why (kept with the new version)."),
-    confirm_worse: bool = typer.Option(False, "--confirm-worse",
-                                       help="Apply even when the weights' held-out figure is below the "
-                                            "template's own on the same held-out tasks (refused otherwise)."),
+    force: bool = typer.Option(False, "--force", "--confirm-worse",
+                               help="Save even when a held-out figure of the weights is below the template's "
+                                    "own on the same held-out tasks (refused otherwise, naming the drop)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     as_name: Optional[str] = as_option(),
 ) -> None:
     """Write the study's best weights as a new version of its template (never overwrites); weights
-    that do worse than the template on the held-out tasks need --confirm-worse."""
+    that do worse than the template on the held-out tasks need --force."""
     tuning = _tuning()
     ws = open_workspace()
     out = tuning.apply_study(ws, acting_user(ws, as_name), study, storage=storage, trial=trial, message=message,
-                             confirm_worse=confirm_worse)
+                             force=force)
     if as_json:
         print_json(out)
         return
@@ -286,6 +291,8 @@ def list_studies(as_json: bool = typer.Option(False, "--json", help="Print one J
                                                                         run.best_value)
         typer.echo(f"{s.name:<48} {s.status:<12} {s.objective:<12} {s.template_name:<20} "
                    f"trials {_fmt(done)}/{_fmt(requested)} best {_fmt(best)}")
+        if s.cause:
+            typer.echo(f"    why: {s.cause}")
 
 
 @app.command("show")
@@ -303,6 +310,8 @@ def show(
         return
     typer.echo(f"study {report.name} ({report.storage}): {report.status}, objective {report.objective} "
                f"({report.metric}); trials {report.counts}")
+    if report.cause:
+        typer.echo(f"  why it is {report.status}: {report.cause}")
     if report.best:
         typer.echo(f"  best trial {report.best['trial']}: {_fmt(report.best['value'])} train, "
                    f"{_fmt(report.best['held_out'])} held out")

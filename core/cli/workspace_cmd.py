@@ -1,9 +1,11 @@
-"""``rwb workspace init|info|prepare``: create a workspace (with the sample datasets), describe
-it, and prepare its caches so that every page of the app opens at once."""
+"""``rwb workspace init|info|prepare|status``: create a workspace (with the sample datasets),
+describe it, prepare its caches so that every page of the app opens at once, and say where it
+stands along the loop with the next useful step."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import typer
@@ -11,6 +13,8 @@ import typer
 from core.cli import open_workspace, print_json
 
 if TYPE_CHECKING:
+    from core.access.users import Actor
+    from core.govern.overview import WorkspaceOverview
     from core.records.store import Workspace
     from core.sample.warmup import PrepareProgress, PrepareReport
     from core.sample.workspace_setup import WorkspaceStatus
@@ -120,3 +124,59 @@ def prepare(
         print_json(prepare_workspace(ws, datasets=datasets).to_dict())
     else:
         prepare_with_progress(ws, datasets)
+
+
+def _print_overview(overview: "WorkspaceOverview") -> None:
+    from core.govern.overview import GOOD_FIDELITY  # deferred: loads the scoring code
+
+    share = overview.labelled_share
+    typer.echo(f"Data       {len(overview.datasets)} datasets ({len(overview.own_datasets)} your own), "
+               f"{overview.episodes:,} episodes; {overview.labelled:,} with a known outcome"
+               + (f" ({share:.0%})" if share is not None else ""))
+    r = overview.reward
+    line = f"Reward     {r.versions_saved} versions saved"
+    if r.latest:
+        line += f"; latest {r.latest} by {r.latest_saved_by} at {r.latest_saved_at}"
+    typer.echo(line)
+    fid = r.fidelity
+    if fid is not None and fid.within_task_auc is not None:
+        verdict = "good" if fid.within_task_auc >= GOOD_FIDELITY else f"weak (good: {GOOD_FIDELITY} or more)"
+        typer.echo(f"           ranks successes above failures of the same task: within-task AUC "
+                   f"{fid.within_task_auc:.3f}, {verdict} ({fid.note})")
+    elif fid is not None:
+        typer.echo(f"           fidelity not measured: {fid.note}")
+    runs = overview.runs
+    typer.echo(f"Training   {runs.count} runs" + (f"; latest {runs.latest_id} {runs.latest_status}"
+                                                  if runs.latest_id else ""))
+    typer.echo(f"Review     {overview.review.open} items waiting, {overview.review.decided} decided")
+    p = overview.policies
+    typer.echo(f"Policies   in production: {', '.join(p.production) or 'none'}; approved: "
+               f"{', '.join(p.approved) or 'none'}; waiting for approval: {', '.join(p.candidates) or 'none'}")
+    step = overview.next_step
+    typer.echo(f"Next step  {step.action} (app page: {step.page}). {step.reason}")
+
+
+@app.command("status")
+def status(
+    for_user: str = typer.Option(None, "--for", help="Suggest the next step for this user's role "
+                                                     "(default: the local admin, or anyone's in a workspace with users)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Where the workspace stands along the loop (data, reward, training, review, policies) and
+    the next useful step."""
+    from core.access.users import current_user, get_user, multi_user  # deferred: loads argon2
+    from core.govern.overview import workspace_overview  # deferred: loads the scoring code
+    from core.sample.workspace_setup import SAMPLE_DATASETS  # deferred: loads pandas
+
+    ws = open_workspace(create=False)
+    actor: "Actor | None" = None  # anyone's next step in a workspace with users
+    if for_user:
+        actor = get_user(ws, for_user).actor()
+    elif not multi_user(ws):
+        actor = current_user(ws)
+    overview = workspace_overview(ws, actor, samples=SAMPLE_DATASETS.values())
+    if as_json:
+        print_json({**asdict(overview), "episodes": overview.episodes, "labelled": overview.labelled,
+                    "labelled_share": overview.labelled_share})
+    else:
+        _print_overview(overview)

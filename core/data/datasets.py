@@ -1,4 +1,5 @@
-"""Synthetic recorded episodes for the built-in domains, and the committed samples.
+"""Datasets: synthetic recorded episodes for the built-in domains, the committed samples,
+and the life of a workspace's datasets (list, archive, restore, delete).
 
 Two domains, ``finance`` and ``ecommerce``, each with tool schemas under
 ``datasets/<domain>/tools.json`` and behaviours that include a reward hack with an honest twin
@@ -6,15 +7,24 @@ per hacking episode.  :func:`generate` builds a dataset deterministically (the s
 size and seed give a byte-identical file) and :func:`write_jsonl` writes it; the worlds and
 behaviours live in :mod:`core.data.datagen`.
 
+:func:`archive_dataset` hides a dataset from every picker and keeps its data;
+:func:`delete_dataset` removes it with its episodes, labels and cached files.  Both are refused,
+with what depends on the dataset named, while a training run, a tuning study or a registered
+policy needs it (:func:`dataset_dependents`); each one, refused or done, is a row of the
+append-only ``dataset_events`` table (:func:`dataset_events`).
+
 Details: docs/datasets.md (## The two domains, ## A generated step's observation,
-## Reproducible random numbers).
+## Reproducible random numbers, ## Archiving and deleting a dataset).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -25,10 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from core.access.audit import now_iso, security_event
+from core.access.users import Actor, authorize
 from core.base import package_data
 from core.data.datagen import common, ecommerce, finance
 from core.records.episodes import Episode, ToolSchema
-from core.base.errors import InputError, RwbError
+from core.records.store import Workspace
+from core.base.errors import ConflictError, InputError, RwbError
 
 #: Bumped whenever a change to the generators changes their output for a given seed.
 GENERATOR_VERSION = 2
@@ -390,6 +403,8 @@ class ListedDataset:
     episodes: int
     steps: int
     created_at: str
+    #: When it was archived; None while in use
+    archived_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -415,10 +430,12 @@ class DatasetListing:
     samples: list[SampleFile]
 
 
-def list_datasets(ws: Any) -> DatasetListing:
-    """The workspace's datasets (name, domain, episodes, steps, created) and the sample files."""
+def list_datasets(ws: Any, *, include_archived: bool = False) -> DatasetListing:
+    """The workspace's datasets (name, domain, episodes, steps, created; archived ones only
+    with ``include_archived``) and the sample files."""
     rows = [ListedDataset(name=d.name, domain=d.domain, episodes=d.n_episodes, steps=d.n_steps,
-                          created_at=d.created_at) for d in ws.datasets()]
+                          created_at=d.created_at, archived_at=d.archived_at)
+            for d in ws.datasets(include_archived=include_archived)]
     samples = [SampleFile(domain=s.domain, path=str(s.path), episodes=s.episodes, seed=s.seed,
                           exists=s.path.exists()) for s in SAMPLES]
     return DatasetListing(workspace=str(ws.root), datasets=rows, samples=samples)
@@ -427,3 +444,299 @@ def list_datasets(ws: Any) -> DatasetListing:
 def write_samples() -> list[Path]:
     """(Re)write the committed sample files from :data:`SAMPLES`."""
     return [write_jsonl(generate(s.domain, s.episodes, s.seed), s.path) for s in SAMPLES]
+
+
+# --------------------------------------------------------------------------- archive, restore, delete
+#: The permission archiving, restoring and deleting a dataset need (who may import data may
+#: also put it away).
+DATASET_PERMISSION = "import"
+#: Statuses of a tuning run whose study is still reading its dataset.
+_STUDY_ACTIVE = ("starting", "running")
+
+
+@dataclass(frozen=True)
+class DatasetDependent:
+    """Something that needs a dataset: a run training on it, a tuning study running on it, or a
+    registered policy trained on it."""
+
+    #: "run", "study" or "policy"
+    kind: str
+    #: The run id, the study name, or ``name version`` of the policy
+    name: str
+    #: Why it needs the dataset, in words ("is training on it")
+    why: str
+    #: True when it blocks archiving too (something still running); a policy blocks deletion only
+    running: bool
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind} {self.name} {self.why}"
+
+
+class DatasetInUse(ConflictError):
+    """A dataset cannot be archived or deleted while something depends on it; ``dependents``
+    names each one."""
+
+    def __init__(self, message: str, dependents: Sequence[DatasetDependent]):
+        super().__init__(message)
+        self.dependents = list(dependents)
+
+
+@dataclass(frozen=True)
+class DatasetEvent:
+    """One row of the ``dataset_events`` log: who archived, restored or deleted a dataset
+    (or was refused), when, and the details (counts removed, the reason of a refusal)."""
+
+    id: int
+    dataset: str
+    #: archived, restored, deleted, archive_refused or delete_refused
+    event: str
+    actor: str
+    role: str
+    at: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletionPreview:
+    """What deleting a dataset removes, and what would stop it (:func:`deletion_preview`)."""
+
+    dataset: str
+    archived: bool
+    #: Rows removed with it
+    episodes: int
+    steps: int
+    labels: int
+    preferences: int
+    task_criteria: int
+    imports: int
+    #: Files removed with it: import reports, uploaded copies, cached state features
+    files: list[str]
+    #: Runs that used it, ended, and stay recorded (they can no longer be resumed)
+    runs_kept: list[str]
+    #: What refuses the deletion (empty: it may be deleted)
+    blockers: list[DatasetDependent]
+
+    @property
+    def removes(self) -> str:
+        """What goes, in one line: ``250 episodes, 4,310 steps, 12 labels and 3 files``."""
+        parts = [f"{self.episodes:,} episodes", f"{self.steps:,} steps"]
+        for count, what in ((self.labels, "labels"), (self.preferences, "preference pairs"),
+                            (self.task_criteria, "task criteria"), (self.imports, "import records"),
+                            (len(self.files), "cached files")):
+            if count:
+                parts.append(f"{count:,} {what}")
+        return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+@dataclass(frozen=True)
+class DatasetDeleted:
+    """What :func:`delete_dataset` removed."""
+
+    dataset: str
+    episodes: int
+    steps: int
+    labels: int
+    files: list[str]
+    event_id: int
+
+
+def _require_known(ws: Workspace, name: str) -> None:
+    if not isinstance(name, str) or not ws.has_dataset(name):
+        known = ", ".join(d.name for d in ws.datasets(include_archived=True)) or "none yet"
+        raise InputError(f"no dataset named {name!r} in the workspace (known: {known})", field="dataset")
+
+
+def _archived_at(ws: Workspace, name: str) -> str | None:
+    row = ws.conn.execute("SELECT archived_at FROM datasets WHERE name=?", (name,)).fetchone()
+    return None if row is None else row[0]
+
+
+def dataset_dependents(ws: Workspace, name: str) -> list[DatasetDependent]:
+    """What needs ``name``: runs training on it (status running, an interrupted one included:
+    stop it first), tuning studies running on it, and registered policies trained on it.
+
+    Read from the workspace's own tables (runs, tuning, registry), so the data layer needs
+    none of the layers that write them."""
+    conn = ws.conn
+    out = [DatasetDependent("run", run_id, "is training on it (stop it first)", True)
+           for (run_id,) in conn.execute("SELECT id FROM runs WHERE dataset=? AND status='running' "
+                                         "ORDER BY created_at", (name,))]
+    out += [DatasetDependent("study", study, "is tuning on it (stop it first)", True)
+            for (study,) in conn.execute(
+                f"SELECT DISTINCT s.name FROM tuning_studies s JOIN tuning_runs r ON r.study = s.name "
+                f"WHERE s.dataset=? AND r.status IN ({','.join('?' * len(_STUDY_ACTIVE))}) ORDER BY s.name",
+                (name, *_STUDY_ACTIVE))]
+    out += [DatasetDependent("policy", f"{policy} {version}", f"was trained on it (run {run_id})", False)
+            for policy, version, run_id in conn.execute(
+                "SELECT p.name, p.version, p.run_id FROM policy_versions p JOIN runs r ON r.id = p.run_id "
+                "WHERE r.dataset=? ORDER BY p.name, p.registered_at", (name,))]
+    return out
+
+
+def _refusal(name: str, verb: str, blockers: Sequence[DatasetDependent]) -> str:
+    what = "; ".join(b.text for b in blockers)
+    text = f"dataset '{name}' cannot be {verb}: {what}"
+    if verb == "deleted" and not any(b.running for b in blockers):
+        text += ". Archive it instead: it leaves the pickers and keeps the data those policies were trained on"
+    return text
+
+
+def _record(conn: Any, name: str, event: str, actor: Actor, detail: dict[str, Any]) -> int:
+    cur = conn.execute("INSERT INTO dataset_events(dataset, event, actor, role, at, detail) VALUES (?,?,?,?,?,?)",
+                       (name, event, actor.name, actor.role, now_iso(),
+                        json.dumps(detail, ensure_ascii=False, sort_keys=True, default=str)))
+    return int(cur.lastrowid or 0)
+
+
+def _refuse(ws: Workspace, actor: Actor, name: str, event: str, verb: str,
+            blockers: Sequence[DatasetDependent]) -> DatasetInUse:
+    """Record the refusal (outside the refused write's transaction, so it stays) and return
+    the error to raise."""
+    message = _refusal(name, verb, blockers)
+    with ws.transaction() as conn:
+        _record(conn, name, event, actor, {"reason": message, "dependents": [b.text for b in blockers]})
+    return DatasetInUse(message, blockers)
+
+
+def archive_dataset(ws: Workspace, actor: Actor, name: str) -> DatasetEvent | None:
+    """Hide ``name`` from every picker and keep its data (:func:`restore_dataset` brings it
+    back); returns the event recorded, None when it was archived already.  Needs ``import``;
+    refused (:class:`DatasetInUse`, recorded) while a run or a study is running on it."""
+    authorize(ws, actor, DATASET_PERMISSION)
+    _require_known(ws, name)
+    with ws.transaction() as conn:
+        if _archived_at(ws, name) is not None:
+            return None
+        blockers = [b for b in dataset_dependents(ws, name) if b.running]
+        if not blockers:
+            conn.execute("UPDATE datasets SET archived_at=? WHERE name=?", (now_iso(), name))
+            _record(conn, name, "archived", actor, {})
+    if blockers:
+        raise _refuse(ws, actor, name, "archive_refused", "archived", blockers)
+    return _last_event(ws, name, "archived")
+
+
+def restore_dataset(ws: Workspace, actor: Actor, name: str) -> DatasetEvent | None:
+    """Bring an archived dataset back into the pickers; returns the event recorded, None when
+    it was not archived.  Needs ``import``."""
+    authorize(ws, actor, DATASET_PERMISSION)
+    _require_known(ws, name)
+    with ws.transaction() as conn:
+        if _archived_at(ws, name) is None:
+            return None
+        conn.execute("UPDATE datasets SET archived_at=NULL WHERE name=?", (name,))
+        _record(conn, name, "restored", actor, {})
+    return _last_event(ws, name, "restored")
+
+
+def _slug(name: str) -> str:
+    """The cache folder name core.state.features gives a key (``_slug`` there; the data layer
+    cannot import the state layer, and tests/test_dataset_lifecycle.py checks both agree)."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:48]
+    return f"{clean}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _cached_paths(ws: Workspace, name: str, upload_files: Sequence[str]) -> list[Path]:
+    """The files and folders of ``name`` under the workspace's artifacts: its import reports,
+    its cached state features, and the kept copies of files uploaded into it alone."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "dataset"
+    paths = [ws.artifacts / "imports" / safe, ws.artifacts / "states" / _slug(f"dataset-{name}")]
+    uploads = (ws.artifacts / "uploads").resolve()
+    for file in upload_files:
+        path = Path(file)
+        if path.resolve().parent.parent == uploads:
+            paths.append(path)
+    return [p for p in paths if p.exists()]
+
+
+def _counts(conn: Any, name: str) -> dict[str, int]:
+    def one(sql: str) -> int:
+        return int(conn.execute(sql, (name,)).fetchone()[0])
+
+    return {"episodes": one("SELECT COUNT(*) FROM episodes WHERE dataset=?"),
+            "steps": one("SELECT COUNT(*) FROM steps WHERE episode_uid IN (SELECT uid FROM episodes WHERE dataset=?)"),
+            "labels": one("SELECT COUNT(*) FROM label_events WHERE dataset=?"),
+            "preferences": one("SELECT COUNT(*) FROM preferences WHERE dataset=?"),
+            "task_criteria": one("SELECT COUNT(*) FROM task_criteria WHERE dataset=?"),
+            "imports": one("SELECT COUNT(*) FROM imports WHERE dataset=?")}
+
+
+def _own_uploads(conn: Any, name: str) -> list[str]:
+    """Files imported into ``name`` that no other dataset's import names."""
+    return [f for (f,) in conn.execute(
+        "SELECT DISTINCT file FROM imports WHERE dataset=? AND file NOT IN "
+        "(SELECT file FROM imports WHERE dataset<>?)", (name, name))]
+
+
+def deletion_preview(ws: Workspace, name: str) -> DeletionPreview:
+    """What :func:`delete_dataset` would remove from ``name``, and what refuses it (reads only)."""
+    _require_known(ws, name)
+    counts = _counts(ws.conn, name)
+    files = _cached_paths(ws, name, _own_uploads(ws.conn, name))
+    runs = [r for (r,) in ws.conn.execute("SELECT id FROM runs WHERE dataset=? AND status<>'running' "
+                                          "ORDER BY created_at", (name,))]
+    return DeletionPreview(dataset=name, archived=_archived_at(ws, name) is not None, **counts,
+                           files=[str(p.relative_to(ws.root)) for p in files], runs_kept=runs,
+                           blockers=dataset_dependents(ws, name))
+
+
+def delete_dataset(ws: Workspace, actor: Actor, name: str, *, confirm: str | None = None) -> DatasetDeleted:
+    """Delete ``name``: its episodes, steps, tools, labels, preference pairs, task criteria and
+    import records in one transaction, then its cached files (import reports, uploaded
+    copies no other dataset imported, state features).  Runs that used it keep their records;
+    review items and the rules learned from them stay (they are history).
+
+    Needs ``import`` and ``confirm`` equal to the name (what the person typed; the CLI's
+    ``--yes``).  Refused (:class:`DatasetInUse`, recorded in ``dataset_events``) while a run
+    or study is running on it or a registered policy was trained on it."""
+    authorize(ws, actor, DATASET_PERMISSION)
+    _require_known(ws, name)
+    if confirm != name:
+        preview = deletion_preview(ws, name)
+        raise InputError(f"deleting dataset '{name}' would remove {preview.removes}; nothing was deleted, "
+                         "as the deletion was not confirmed", hint="add --yes to delete it")
+    with ws.transaction() as conn:
+        blockers = dataset_dependents(ws, name)
+        if not blockers:
+            counts = _counts(conn, name)
+            files = _cached_paths(ws, name, _own_uploads(conn, name))
+            shown = [str(p.relative_to(ws.root)) for p in files]
+            conn.execute("DELETE FROM steps WHERE episode_uid IN (SELECT uid FROM episodes WHERE dataset=?)", (name,))
+            for table in ("episodes", "tools", "label_events", "preferences", "task_criteria", "imports"):
+                conn.execute(f"DELETE FROM {table} WHERE dataset=?", (name,))  # fixed table names
+            conn.execute("DELETE FROM datasets WHERE name=?", (name,))
+            event_id = _record(conn, name, "deleted", actor, {**counts, "files": shown})
+    if blockers:
+        raise _refuse(ws, actor, name, "delete_refused", "deleted", blockers)
+    for path in files:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: another file of the same bytes is kept there
+                path.parent.rmdir()
+    security_event(ws, actor, "dataset_deleted", dataset=name, episodes=counts["episodes"], event_id=event_id)
+    return DatasetDeleted(dataset=name, episodes=counts["episodes"], steps=counts["steps"],
+                          labels=counts["labels"], files=shown, event_id=event_id)
+
+
+def _event(row: tuple[Any, ...]) -> DatasetEvent:
+    return DatasetEvent(id=row[0], dataset=row[1], event=row[2], actor=row[3], role=row[4], at=row[5],
+                        detail=json.loads(row[6]) if row[6] else {})
+
+
+def _last_event(ws: Workspace, name: str, event: str) -> DatasetEvent | None:
+    row = ws.conn.execute("SELECT id, dataset, event, actor, role, at, detail FROM dataset_events "
+                          "WHERE dataset=? AND event=? ORDER BY id DESC LIMIT 1", (name, event)).fetchone()
+    return None if row is None else _event(row)
+
+
+def dataset_events(ws: Workspace, dataset: str | None = None) -> list[DatasetEvent]:
+    """Every archive, restore and deletion (refused ones too), oldest first; of ``dataset``
+    only when given (a deleted dataset's events stay)."""
+    sql = "SELECT id, dataset, event, actor, role, at, detail FROM dataset_events"
+    args: tuple[Any, ...] = ()
+    if dataset is not None:
+        sql, args = sql + " WHERE dataset=?", (dataset,)
+    return [_event(r) for r in ws.conn.execute(sql + " ORDER BY id", args)]

@@ -200,6 +200,32 @@ class StepView:
         return "ok"
 
 
+#: The recorded outcome's fields: (field, plain label, what it means).
+OUTCOME_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("resolved", "Task done", "Whether the log says the user's task was resolved (resolved): yes, no, "
+                              "or — when the log does not say."),
+    ("final_reward", "Logged reward", "The reward the log gives the whole episode (final_reward), on the "
+                                      "log's own scale: higher is better."),
+    ("business_metric", "Business result", "The business figure the log records for the episode "
+                                           "(business_metric), such as money recovered: higher is better."),
+    ("sentiment", "User sentiment", "How the user felt at the end, as the log scores it: higher is happier "
+                                    "(sentiment)."),
+)
+
+
+@dataclass(frozen=True)
+class OutcomeFigure:
+    """One figure of an episode's recorded outcome (:attr:`EpisodeDetail.outcome_rows`)."""
+
+    label: str
+    #: True/False for resolved, a number otherwise; None when the log does not record it
+    value: Any
+    #: The field's name in the episode format
+    field: str
+    #: What it means and what good looks like (a tooltip)
+    meaning: str
+
+
 @dataclass
 class EpisodeDetail:
     """One episode as the Episodes page shows it."""
@@ -241,6 +267,13 @@ class EpisodeDetail:
         return figures
 
     @property
+    def outcome_rows(self) -> list[OutcomeFigure]:
+        """The outcome as a page shows it: plain label, value (None: not recorded), what it
+        means and the field's name."""
+        o = self.outcome
+        return [OutcomeFigure(label, o.get(key), key, meaning) for key, label, meaning in OUTCOME_FIELDS]
+
+    @property
     def outcome_extra(self) -> dict[str, Any]:
         """Outcome fields beyond the four standard ones (foreign formats keep theirs)."""
         return {k: v for k, v in self.outcome.items()
@@ -267,6 +300,26 @@ class EpisodeDetail:
         if self.catalog_version is not None:
             parts.append(f"{self.n_invalid} invalid")
         return " · ".join(parts)
+
+
+#: Significant digits a figure keeps on a page (:func:`for_reading`).
+READING_DIGITS = 4
+
+
+def for_reading(value: Any, digits: int = READING_DIGITS) -> Any:
+    """``value`` with every float rounded to ``digits`` significant digits, inside lists and
+    objects too (``0.32000000000000006`` → ``0.32``, ``1289.1999999999998`` → ``1289``), for a
+    page: a recorded figure never shows more digits than it means.  Whole results become ints."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return value
+        rounded = float(f"{value:.{digits}g}")
+        return int(rounded) if rounded.is_integer() and abs(rounded) < 1e15 else rounded
+    if isinstance(value, dict):
+        return {k: for_reading(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [for_reading(v, digits) for v in value]
+    return value
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -330,25 +383,31 @@ def _tokens(catalog: Catalog, steps: list[Step]) -> list[tuple[str, str | None, 
 
 
 def show_episode(ws: Workspace, dataset: str, episode_id: str,
-                 catalog: Catalog | None = None) -> EpisodeDetail:
+                 catalog: Catalog | None = None, *, reading: bool = False) -> EpisodeDetail:
     """One episode with its steps; actions carry their catalog token when ``catalog`` is given
-    (``core.records.catalog.catalog_for_dataset(ws, dataset)``; the app passes its cached one)."""
+    (``core.records.catalog.catalog_for_dataset(ws, dataset)``; the app passes its cached one).
+
+    ``reading``: every recorded figure (call arguments, state, tool results, outcome) rounded
+    by :func:`for_reading`, as a page shows it; the tokens are found from the exact values."""
     ep: Episode = ws.get_episode(dataset, episode_id)
     tokens = _tokens(catalog, ep.steps) if catalog is not None and ep.steps else \
         [(None, None, None, None)] * len(ep.steps)
+    shown = for_reading if reading else (lambda value: value)
     steps = []
     for step, (token, token_label, risk, reason) in zip(ep.steps, tokens):
-        messages, state, extra = _split_observation(step.observation)
+        messages, state, extra = _split_observation(shown(step.observation))
+        action = step.action.model_copy(update={"params": shown(dict(step.action.params))}) if reading \
+            else step.action
         steps.append(StepView(
-            t=step.t, kind=step.action.kind, tool=step.action.tool, params=dict(step.action.params),
-            action_label=action_label(step.action), token=token, token_label=token_label, risk=risk,
+            t=step.t, kind=step.action.kind, tool=step.action.tool, params=dict(action.params),
+            action_label=action_label(action), token=token, token_label=token_label, risk=risk,
             invalid_reason=reason, messages=messages, state=state, observation_extra=extra,
-            tool_result=step.tool_result, tool_error=step.tool_error,
+            tool_result=shown(step.tool_result), tool_error=step.tool_error,
             result_replayed=step.result_replayed, output_text=step.output_text,
             latency_ms=step.latency_ms, timestamp=step.timestamp))
     o = ep.outcome
     outcome = {"resolved": o.resolved, "final_reward": o.final_reward,
-               "business_metric": o.business_metric, "sentiment": o.sentiment, **o.extra}
+               "business_metric": o.business_metric, "sentiment": o.sentiment, **shown(dict(o.extra))}
     source = {"file": ep.source.file, "format": ep.source.format, "line": ep.source.line,
               "record": ep.source.record}
     return EpisodeDetail(
@@ -468,7 +527,7 @@ class ImportSummary:
     headline: str
     #: (label, value) figures in display order.
     figures: list[tuple[str, int]]
-    #: One row per rejected record: where (line/record/field) and why.
+    #: One row per rejected record: where (its line, else its place in a list), field and why.
     rejected: list[dict[str, Any]]
     duplicate_ids: list[str]
     report_path: str | None
@@ -476,6 +535,14 @@ class ImportSummary:
     #: Most frequent reasons of INVALID tool calls: rows of reason, calls.
     invalid_reasons: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def _where(line: int | None, record: int | None) -> str | None:
+    """Where a rejected record sits: its line (1-based, as an editor numbers it), else its
+    place in a JSON list (``record 0`` is the first)."""
+    if line is not None:
+        return f"line {line}"
+    return None if record is None else f"record {record}"
 
 
 def import_summary(result: ImportResult) -> ImportSummary:
@@ -491,7 +558,7 @@ def import_summary(result: ImportResult) -> ImportSummary:
                ("tool calls", result.tool_calls), ("invalid tokens", result.invalid_tokens),
                ("duplicate ids renamed", len(result.duplicate_ids)),
                ("records rejected", len(result.rejected))]
-    rejected = [{"line": r.get("line"), "record": r.get("record"), "field": r.get("field"),
+    rejected = [{"where": _where(r.get("line"), r.get("record")), "field": r.get("field"),
                  "reason": r.get("reason") or r.get("message")} for r in result.rejected]
     reasons = sorted(result.invalid_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
     return ImportSummary(headline=headline, figures=figures, rejected=rejected,

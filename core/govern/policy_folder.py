@@ -15,6 +15,7 @@ index it has already served (``policy_index_seen``).  Details: docs/governance.m
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,54 @@ def policies_root(root: str | Path | None = None) -> Path:
         return Path(root)
     env = os.environ.get(ENV_ROOT)
     return Path(env) if env else Path(__file__).resolve().parents[1] / "policies"
+
+
+@dataclass(frozen=True)
+class PromotionTarget:
+    """Where a promotion writes, said before it does (:func:`promotion_target`)."""
+
+    #: The policies folder: a promoted version goes into ``<path>/<name>/<version>/``, and
+    #: its entry into ``<path>/index.json``, which production reads
+    path: str
+    #: Whether this process can write there now
+    writable: bool
+    #: Why it cannot, in words (None when it can)
+    reason: str | None
+
+
+def _write_problem(folder: Path) -> str | None:
+    """Why this process cannot write ``folder`` (made first when missing, as promotion does),
+    or None.  ``os.access`` says yes to root even on a read-only file system, so a temp
+    file is also made and removed."""
+    probe = folder
+    try:
+        while not probe.exists():  # promotion makes the folder: its nearest existing parent must take it
+            if probe.parent == probe:
+                return f"no part of {folder} exists"
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{probe} is a file, not a folder"
+    except OSError as exc:
+        return f"{probe} cannot be read ({exc.strerror or exc})"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is read-only for this user"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rwb-write-check-", dir=probe)
+    except OSError as exc:
+        return f"{probe} cannot be written ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
+def promotion_target(root: str | Path | None = None) -> PromotionTarget:
+    """The policies folder a promotion (or a rollback) would write into now — ``root``, else
+    ``$RWB_POLICIES_DIR``, else ``core/policies`` in this checkout — and whether it can:
+    what the Policies page shows before the click, and what :func:`core.govern.registry.promote`
+    checks before it writes anything."""
+    path = policies_root(root)
+    problem = _write_problem(path)
+    return PromotionTarget(path=str(path), writable=problem is None, reason=problem)
 
 
 @dataclass(frozen=True)
@@ -412,6 +461,6 @@ def resolve_active(ws: "Workspace", name: str, *, root: str | Path | None = None
 
 
 __all__ = ["ActivePolicy", "ENV_ROOT", "INDEX", "INDEX_FORMAT", "INDEX_LABEL", "PolicyIndex", "PolicyIndexEntry",
-           "PolicyIndexRefused", "SIGNED", "SignedEntry", "active_version", "empty_index", "entry_signature_problem",
-           "index_high_water", "load_bundle_for", "load_copy", "policies_root", "read_index", "read_index_document",
-           "resolve_active", "sign_entry", "signed_entry"]
+           "PolicyIndexRefused", "PromotionTarget", "SIGNED", "SignedEntry", "active_version", "empty_index",
+           "entry_signature_problem", "index_high_water", "load_bundle_for", "load_copy", "policies_root",
+           "promotion_target", "read_index", "read_index_document", "resolve_active", "sign_entry", "signed_entry"]

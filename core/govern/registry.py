@@ -31,11 +31,11 @@ from core.govern.bundle import (MAX_BUNDLE_BYTES, MAX_CENTRAL_DIRECTORY_BYTES, A
                                 MANIFEST, Manifest, heldout_identity,
                                 load_bundle, next_version, read_members, seal_manifest, semver_key, verify_bundle,
                                 write_folder)
-from core.base.errors import ConflictError, InputError
+from core.base.errors import ConflictError, InputError, RwbError
 from core.base.results import to_jsonable
 from core.access.keys import signing_key, trust_store
-from core.govern.policy_folder import (INDEX, PolicyIndexEntry, entry_signature_problem, policies_root,
-                                       read_index_document, sign_entry)
+from core.govern.policy_folder import (INDEX, PolicyIndexEntry, PromotionTarget, entry_signature_problem,
+                                       policies_root, promotion_target, read_index_document, sign_entry)
 from core.govern.registry_records import (AFTER, EVENT_LABEL, SIGNATURE, RegistryEvent, RegistryLog,
                                           RegistryLogBroken, UnrecordedEvent, event_payload, policy_names,
                                           production_stack, promoted_digest, registry_log, sign_record)
@@ -141,11 +141,11 @@ def _approvals(events: Sequence[RegistryEvent], version: str) -> list[dict[str, 
 
 
 def _best_logged(ev: Mapping[str, Any]) -> str | None:
-    """``"noisy 1.9980"``: the best logged behaviour of an evaluation and its held-out return."""
+    """``"noisy 1.998"``: the best logged behaviour of an evaluation and its held-out return."""
     best = ev.get("best_logged") or {}
     if best.get("behaviour") is None or best.get("return_mean") is None:
         return None
-    return f"{best['behaviour']} {best['return_mean']:.4f}"
+    return f"{best['behaviour']} {best['return_mean']:.4g}"
 
 
 def _record(events: Sequence[RegistryEvent], version: str) -> dict[str, Any]:
@@ -200,7 +200,7 @@ class PolicyVersion:
     return_mean: float | None
     #: Mean return of the logged expert on the same held-out episodes
     expert_return: float | None
-    #: The best logged behaviour and its held-out return, e.g. ``"noisy 1.9980"``
+    #: The best logged behaviour and its held-out return, e.g. ``"noisy 1.998"``
     best_logged: str | None
     heldout_episodes: int | None
     approvals: list[RecordedApproval]
@@ -363,7 +363,14 @@ def register(ws: "Workspace", actor: Actor, bundle_path: str | Path, *, comment:
 
     The workspace keeps its own copy of the zip.  Registering the same bytes again is a
     no-op (``already_registered: true``); another bundle under a registered name and
-    version is refused — export it with a new version."""
+    version is refused — export it with a new version.  Every refusal is recorded in the
+    security log (``register_refused``, with its reason) before it is raised."""
+    with _refusal_recorded(ws, actor, "register", file=str(bundle_path)):
+        return _register(ws, actor, bundle_path, comment)
+
+
+def _register(ws: "Workspace", actor: Actor, bundle_path: str | Path, comment: str) -> Registration:
+    """:func:`register`, its refusals raised to the caller."""
     authorize(ws, actor, "export_bundle")
     src = Path(bundle_path)
     if not src.is_file() or src.suffix.lower() != ".zip":
@@ -661,8 +668,8 @@ def _verdict(g: Mapping[str, Any], pol: Mapping[str, Any], margin: float) -> tup
         return False, f"{g['candidate']} took masked actions in its evaluation ({pol['mask_violations']})"
     if not c > b + margin:
         return False, (f"{g['candidate']} does not beat {g['baseline']} on held-out episodes: mean return "
-                       f"{c:.4f} vs {b:.4f} (needs > {b + margin:.4f})")
-    return True, f"{g['candidate']} beats {g['baseline']}: mean return {c:.4f} vs {b:.4f} on held-out episodes"
+                       f"{c:.4g} vs {b:.4g} (needs > {b + margin:.4g})")
+    return True, f"{g['candidate']} beats {g['baseline']}: mean return {c:.4g} vs {b:.4g} on held-out episodes"
 
 
 def _reevaluate_production(ws: "Workspace", cand: Mapping[str, Any], prod: Mapping[str, Any],
@@ -796,7 +803,15 @@ def _not_counted(ws: "Workspace", name: str, version: str) -> str:
 def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> PolicyVersionDetail:
     """Approve a candidate for promotion.  Needs ``approve``, a person who neither trained
     nor exported it (four-eyes), a comment saying why, and a passing promotion gate.  The
-    approval is recorded for the registered bytes (their digests and registration event)."""
+    approval is recorded for the registered bytes (their digests and registration event).
+    A refused approval is recorded too: in the security log (``approve_refused``, with
+    who, when and why), since the registry's own log holds only what it did."""
+    with _refusal_recorded(ws, actor, "approve", policy=f"{name}@{version}", comment=str(comment or "").strip()):
+        return _approve(ws, actor, name, version, comment)
+
+
+def _approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str) -> PolicyVersionDetail:
+    """:func:`approve`, its refusals raised to the caller."""
     authorize(ws, actor, "approve")
     if not isinstance(comment, str) or not comment.strip():
         raise InputError("say why you approve (a comment is required)", field="comment")
@@ -822,7 +837,53 @@ def approve(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
     return get_version(ws, name, version)
 
 
+# --------------------------------------------------------------------------- refusals are recorded
+#: The security-log event recording a refusal of each registry action
+#: (:func:`core.govern.history.governance_history` lists them beside what was done).
+REFUSED_EVENTS: dict[str, str] = {"register": "register_refused", "approve": "approve_refused",
+                                  "promote": "promote_refused", "rollback": "rollback_refused"}
+
+
+@contextlib.contextmanager
+def _refusal_recorded(ws: "Workspace", actor: Actor, action: str, **subject: Any) -> Iterator[None]:
+    """Write a refusal of ``action`` (a :class:`~core.base.errors.RwbError`: a role, the
+    four-eyes rule, the gate, a bundle, a conflict, bad input) to the security log with who,
+    what (``subject``) and why, then let it reach the caller.  When the log itself cannot be
+    written, the refusal still reaches the caller, with a note saying so."""
+    try:
+        yield
+    except RwbError as exc:
+        try:
+            security_event(ws, actor if isinstance(actor, Actor) else None, REFUSED_EVENTS[action],
+                           action=action, **subject, reason=str(exc), error=type(exc).__name__)
+        except OSError as log_error:
+            exc.add_note(f"(the refusal could not be written to the security log: {log_error})")
+        raise
+
+
 # --------------------------------------------------------------------------- promote and rollback
+def _writable_root(root: str | Path | None, what: str) -> Path:
+    """The policies folder, refused (ConflictError, before anything is written) when this
+    process cannot write it."""
+    target: PromotionTarget = promotion_target(root)
+    if not target.writable:
+        raise ConflictError(f"cannot {what}: the policies folder {target.path} cannot be written ({target.reason}); "
+                            "promote from a checkout this user may write, or point RWB_POLICIES_DIR at a folder it "
+                            "may write")
+    return Path(target.path)
+
+
+@contextlib.contextmanager
+def _folder_written(base: Path) -> Iterator[None]:
+    """An operating-system error while writing the policies folder, as a refusal that says
+    where (the registry's transaction is rolled back: nothing was recorded)."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConflictError(f"the policies folder {base} could not be written ({exc}); nothing was recorded in "
+                            "the registry") from None
+
+
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
     """An exclusive lock on the policies folder (other workspaces may promote into it too)."""
@@ -961,10 +1022,21 @@ def promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str
     """Make an approved version production: re-check its approval chain from the
     registry's recorded events, write it into the policies folder
     (``core/policies/<name>/<version>/``, or ``root`` / ``$RWB_POLICIES_DIR``) and write
-    its signed entry in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``."""
+    its signed entry in ``index.json``.  Needs ``promote``.  Returns the index entry of ``name``.
+
+    Refused before anything is written when the folder cannot be written
+    (:func:`~core.govern.policy_folder.promotion_target` says why); every refusal is
+    recorded in the security log (``promote_refused``, with its reason)."""
+    with _refusal_recorded(ws, actor, "promote", policy=f"{name}@{version}"):
+        return _promote(ws, actor, name, version, comment, root)
+
+
+def _promote(ws: "Workspace", actor: Actor, name: str, version: str, comment: str,
+             root: str | Path | None) -> PolicyIndexEntry:
+    """:func:`promote`, its refusals raised to the caller."""
     authorize(ws, actor, "promote")
-    base = policies_root(root)
-    with _locked(base):
+    base = _writable_root(root, f"promote {name}@{version}")
+    with _folder_written(base), _locked(base):
         with ws.transaction() as conn:
             events = _checked_events(ws, conn, name, actor)
             stage, stack = _replay(events)
@@ -989,10 +1061,18 @@ def rollback(ws: "Workspace", actor: Actor, name: str, comment: str = "", *,
     promoted again).  The restored version is re-verified in the policies folder against
     the digest the registry recorded when it installed it, and rewritten from the
     registry's copy when it is missing, damaged or another copy there; the event records
-    the digest of the copy the registry installed, never one read from the folder."""
+    the digest of the copy the registry installed, never one read from the folder.  Like
+    :func:`promote`, refused when the folder cannot be written, and every refusal is
+    recorded in the security log (``rollback_refused``)."""
+    with _refusal_recorded(ws, actor, "rollback", policy=name):
+        return _rollback(ws, actor, name, comment, root)
+
+
+def _rollback(ws: "Workspace", actor: Actor, name: str, comment: str, root: str | Path | None) -> PolicyIndexEntry:
+    """:func:`rollback`, its refusals raised to the caller."""
     authorize(ws, actor, "rollback")
-    base = policies_root(root)
-    with _locked(base):
+    base = _writable_root(root, f"roll {name} back")
+    with _folder_written(base), _locked(base):
         with ws.transaction() as conn:
             events = _checked_events(ws, conn, name, actor)
             _, stack = _replay(events)
@@ -1029,7 +1109,8 @@ def publish_index(ws: "Workspace", actor: Actor, name: str | None = None, *,
 
 
 __all__ = ["EVENTS", "GATE_MARGIN", "GateFailed", "PolicyIndexEntry", "PolicyVersion", "PolicyVersionDetail",
-           "PromotionGate", "RecordedApproval", "Registration", "RegistryEvent", "STAGES", "UnrecordedEvent",
-           "VersionComparison", "aliases", "approve", "bundle_bytes", "compare_versions", "get_version", "history",
-           "list_versions", "next_version", "policy_names", "previous_version", "production_version", "promote",
-           "promoted_digest", "promotion_gate", "publish_index", "register", "rollback", "unrecorded_events"]
+           "PromotionGate", "REFUSED_EVENTS", "RecordedApproval", "Registration", "RegistryEvent", "STAGES",
+           "UnrecordedEvent", "VersionComparison", "aliases", "approve", "bundle_bytes", "compare_versions",
+           "get_version", "history", "list_versions", "next_version", "policy_names", "previous_version",
+           "production_version", "promote", "promoted_digest", "promotion_gate", "publish_index", "register",
+           "rollback", "unrecorded_events"]

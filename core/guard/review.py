@@ -6,15 +6,18 @@ put on the queue by :func:`enqueue`.  A reviewer claims an item (:func:`claim`, 
 and decides it once (:func:`decide`): an approval becomes a training example
 (:func:`approved_examples`), a rejection a mask rule (:func:`review_mask_rules`,
 :func:`with_review_rules`).  Every write is one ``BEGIN IMMEDIATE`` transaction.
+:func:`flag_rule` says which rule put an item on the queue and why, :func:`similar_decisions`
+how items like it were decided (core.govern.review_context gathers the rest a reviewer reads).
 
 Details: docs/governance.md (## Review queue: where items come from, ## Claiming and deciding,
-## Review concurrency).
+## What a reviewer sees, ## Review concurrency).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -867,3 +870,209 @@ def stats(ws: "Workspace", dataset: str | None = None) -> ReviewQueueStats:
         approved=int(approved), rejected=int(rejected),
         approve_rate=None if decided == 0 else approved / decided,
         oldest_pending_age_s=None if oldest is None else round(now - oldest, 3))
+
+
+# --------------------------------------------------------------------------- why an item is here
+#: How many decided items :func:`similar_decisions` reads at most (the newest first).
+SIMILAR_SCAN = 2000
+_BELOW = re.compile(r"\(below ([0-9]*\.?[0-9]+)\)")
+_IN_A_ROW = re.compile(r"(\d+) times in a row")
+_FINAL_REWARD = re.compile(r"final reward (-?[0-9]*\.?[0-9]+)")
+
+
+@dataclass(frozen=True)
+class FlagRule:
+    """The rule that put an item on the queue, in a reviewer's words (:func:`flag_rule`)."""
+
+    #: Stable key, the same for every item the rule flags: "low_confidence_high_risk"
+    #: (serving), "repeated_high_risk" (training, curriculum L3), "high_risk_in_failed_episode"
+    #: (the sample workspace's set-up), "sent_by_person" (a step sent from Episodes) or
+    #: "queued" (any other producer: its reason says why).
+    name: str
+    #: A plain title: "Risky action served with low confidence".
+    title: str
+    #: One or two sentences: what the rule checks, the value that tripped it and its threshold.
+    why: str
+    #: What the rule measures, in words ("the policy's confidence"); None for a person's send.
+    measure: str | None
+    #: The value that tripped the rule and the threshold it is compared with (None: not recorded).
+    value: float | None
+    threshold: float | None
+    #: The risk level of the action (from the tool's schema) that made the rule look at it.
+    risk: str | None
+    #: The unit of ``value`` and ``threshold``: "share" (a fraction of 1), "times", or None.
+    unit: str | None = None
+
+
+def _number_in(pattern: re.Pattern[str], text: str) -> float | None:
+    found = pattern.search(text)
+    return None if found is None else float(found.group(1))
+
+
+def _rule_name(item: ReviewItem) -> str:
+    if item.origin == "serving":
+        return "low_confidence_high_risk"
+    if item.run_id is not None:
+        return "repeated_high_risk"
+    if "sent_by" in item.meta:
+        return "sent_by_person"
+    if "picked_by" in item.meta:
+        return "high_risk_in_failed_episode"
+    return "queued"
+
+
+def flag_rule(item: ReviewItem, *, repeat_threshold: int | None = None,
+              resolved: bool | None = None, final_reward: float | None = None) -> FlagRule:
+    """Why ``item`` is on the queue: the rule, its threshold and the value that tripped it.
+
+    The item's origin names the rule (see :attr:`FlagRule.name`); its numbers come from the
+    item (confidence, the reason its producer wrote, ``meta``) and from what the caller knows
+    besides: ``repeat_threshold`` (the training run's ``high_risk_repeat``), ``resolved`` and
+    ``final_reward`` (the recorded episode's outcome)."""
+    name = _rule_name(item)
+    action = item.action_label or item.token_name or f"token {item.token_id}"
+    risk = item.risk
+    risky = f"a {risk}-risk action" if risk else "an action"
+    if name == "low_confidence_high_risk":
+        threshold = item.meta.get("review_confidence")
+        if not isinstance(threshold, (int, float)):
+            threshold = _number_in(_BELOW, item.reason)
+        conf = item.confidence
+        sure = "an unknown confidence" if conf is None else f"{conf:.0%} confidence"
+        limit = ("a threshold that was not recorded" if threshold is None
+                 else f"below {float(threshold):.0%}")
+        return FlagRule(
+            name=name, title="Risky action served with low confidence",
+            why=(f"The policy chose {action}, {risky}, with {sure}. Risky actions served with "
+                 f"confidence {limit} go to a person before they count."),
+            measure="the policy's confidence in its choice", value=conf,
+            threshold=None if threshold is None else float(threshold), risk=risk, unit="share")
+    if name == "repeated_high_risk":
+        repeats = _number_in(_IN_A_ROW, item.reason)
+        value = repeats if repeats is not None else 1.0
+        need = "" if repeat_threshold is None else f" {repeat_threshold} times in a row sends it to a person."
+        update = item.meta.get("update")
+        when = f" (training update {update})" if isinstance(update, int) else ""
+        return FlagRule(
+            name=name, title="Risky action repeated while training",
+            why=(f"While training{when} the policy took {action}, {risky}, "
+                 f"{int(value)} time{'s' if value != 1 else ''} in a row.{need}").strip(),
+            measure="times in a row the policy took the same risky action", value=value,
+            threshold=None if repeat_threshold is None else float(repeat_threshold), risk=risk, unit="times")
+    if name == "sent_by_person":
+        who = str(item.meta.get("sent_by") or item.created_by)
+        return FlagRule(
+            name=name, title=f"Sent to review by {who}",
+            why=f"{who} sent this step of a recorded conversation to review: “{item.reason}”",
+            measure=None, value=None, threshold=None, risk=risk)
+    if name == "queued":
+        return FlagRule(name=name, title=f"Queued by {item.created_by}", why=item.reason,
+                        measure=None, value=None, threshold=None, risk=risk)
+    reward = final_reward if final_reward is not None else _number_in(_FINAL_REWARD, item.reason)
+    failed = ("failed" if resolved is False or resolved is None
+              else "was marked resolved")
+    outcome = "" if reward is None else f" with a final reward of {reward:.2f}"
+    return FlagRule(
+        name=name, title="Risky action in a conversation that failed",
+        why=(f"{action} is {risky} (its tool's schema says so), taken in a recorded conversation "
+             f"that {failed}{outcome}. The sample workspace puts such steps on the queue so that "
+             "a person checks them."),
+        measure="the conversation's final reward", value=reward, threshold=None, risk=risk)
+
+
+@dataclass(frozen=True)
+class SimilarDecision:
+    """One decided item like another (:func:`similar_decisions`)."""
+
+    item_id: int
+    #: "approve" or "reject".
+    decision: str
+    decided_by: str
+    decided_at: str
+    #: The reviewer's note (may be empty).
+    comment: str
+    action: str
+
+
+@dataclass(frozen=True)
+class SimilarDecisions:
+    """How the decided items sharing one trait with an item were decided."""
+
+    #: "tool" or "rule".
+    by: str
+    #: What they share, in words: "the tool return_order", "the rule “Risky action …”".
+    basis: str
+    approved: int
+    rejected: int
+    #: The newest few, newest first.
+    last: list[SimilarDecision]
+
+    @property
+    def decided(self) -> int:
+        return self.approved + self.rejected
+
+
+def similar_decisions(ws: "Workspace", item: ReviewItem, *, last: int = 3) -> list[SimilarDecisions]:
+    """How items like ``item`` were decided: those with the same tool (the same action
+    token when it has no tool) and those flagged by the same rule (:func:`flag_rule`), of
+    the same dataset when it has one; ``item`` itself is left out.  Counts cover the newest
+    :data:`SIMILAR_SCAN` decisions; ``last`` newest of each group come with their notes."""
+    where = ["status='decided'", "id<>?"]
+    args: list[Any] = [item.id]
+    if item.dataset is not None:
+        where.append("dataset=?")
+        args.append(item.dataset)
+    rows = ws.conn.execute(f"{_SELECT_ITEM} WHERE {' AND '.join(where)} "
+                           "ORDER BY decided_at DESC, id DESC LIMIT ?", [*args, SIMILAR_SCAN])
+    decided = [_item(r) for r in rows]
+    if item.tool is not None:
+        same_tool = [d for d in decided if d.tool == item.tool]
+        tool_basis = f"the tool {item.tool}"
+    else:
+        same_tool = [d for d in decided if d.token_id == item.token_id]
+        tool_basis = f"the action {item.action_label or item.token_name or item.token_id}"
+    rule = _rule_name(item)
+    same_rule = [d for d in decided if _rule_name(d) == rule]
+    title = flag_rule(item).title
+    out = []
+    for by, basis, group in (("tool", tool_basis, same_tool), ("rule", f"the rule “{title}”", same_rule)):
+        out.append(SimilarDecisions(
+            by=by, basis=basis, approved=sum(d.decision == "approve" for d in group),
+            rejected=sum(d.decision == "reject" for d in group),
+            last=[SimilarDecision(item_id=d.id, decision=str(d.decision), decided_by=str(d.decided_by),
+                                  decided_at=str(d.decided_at), comment=d.comment or "",
+                                  action=d.action_label or d.token_name or str(d.token_id))
+                  for d in group[:max(int(last), 0)]]))
+    return out
+
+
+def _number_text(v: Any) -> str:
+    x = float(v)
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def _atom_text(feature: str, test: Mapping[str, Any]) -> str:
+    name = "task type" if feature == "task_type" else feature.replace("_", " ")
+    op, value = next(iter(test.items()))
+    words = {"eq": "is", "ne": "is not", "gt": ">", "lt": "<", "ge": "≥", "le": "≤",
+             "in": "is one of", "not_in": "is none of"}
+    if op in ("between", "outside") and isinstance(value, (list, tuple)) and len(value) == 2:
+        lo, hi = (_number_text(v) for v in value)
+        if op == "between" and lo == hi:
+            return f"{name} is {lo}"
+        return f"{name} {'between' if op == 'between' else 'outside'} {lo} and {hi}"
+    shown = value
+    if isinstance(value, bool):
+        shown = "yes" if value else "no"
+    elif isinstance(value, (int, float)):
+        shown = _number_text(value)
+    return f"{name} {words.get(op, op)} {shown}"
+
+
+def pattern_text(pattern: Mapping[str, Any]) -> str:
+    """A mask condition of one test per feature (what :func:`state_pattern` makes) in words:
+    ``task type is exchange_item, hour between 18.9 and 23.1``; other shapes as JSON."""
+    if all(isinstance(k, str) and k not in ("all", "any", "not") and isinstance(v, Mapping)
+           and len(v) == 1 for k, v in pattern.items()):
+        return ", ".join(_atom_text(k, v) for k, v in pattern.items())
+    return _json(pattern)

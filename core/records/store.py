@@ -518,10 +518,41 @@ def _m9_policy_index_seen(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m10_dataset_lifecycle(conn: sqlite3.Connection) -> None:
+    """Archiving and deleting datasets (core.data.datasets): ``datasets.archived_at`` (NULL
+    while the dataset is in use; an archived one keeps its data and leaves the pickers), and an
+    append-only log of every archive, restore and deletion (refused ones too) that outlives
+    the dataset it names."""
+    _run_script(
+        conn, """
+        ALTER TABLE datasets ADD COLUMN archived_at TEXT;
+        CREATE TABLE IF NOT EXISTS dataset_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            dataset TEXT NOT NULL,
+            event TEXT NOT NULL CHECK (event IN ('archived', 'restored', 'deleted', 'archive_refused',
+                                                 'delete_refused')),
+            actor TEXT NOT NULL,
+            role TEXT NOT NULL,
+            at TEXT NOT NULL,
+            detail TEXT
+        );
+        CREATE INDEX IF NOT EXISTS idx_dataset_events_dataset ON dataset_events(dataset, id)
+        """
+    )
+    for name, when, message in (
+        ("dataset_events_no_update", "UPDATE ON dataset_events", "dataset events are append-only"),
+        ("dataset_events_no_delete", "DELETE ON dataset_events", "dataset events are append-only"),
+        ("dataset_events_no_replace", "INSERT ON dataset_events WHEN EXISTS (SELECT 1 FROM dataset_events "
+         "WHERE id = NEW.id)", "dataset events are append-only"),
+    ):
+        conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} BEFORE {when} "
+                     f"BEGIN SELECT RAISE(ABORT, '{message}'); END")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1_initial, _m2_users_review_audit, _m3_runs,
                                                           _m4_template_versions, _m5_policy_registry,
                                                           _m6_tuning, _m7_sign_in, _m8_criteria_and_labels,
-                                                          _m9_policy_index_seen]
+                                                          _m9_policy_index_seen, _m10_dataset_lifecycle]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -532,6 +563,12 @@ class DatasetInfo:
     n_episodes: int
     n_steps: int
     created_at: str
+    #: When it was archived (hidden from pickers, data kept); None while in use
+    archived_at: str | None = None
+
+    @property
+    def archived(self) -> bool:
+        return self.archived_at is not None
 
 
 @dataclass(frozen=True)
@@ -715,13 +752,16 @@ class Workspace:
             "INSERT OR IGNORE INTO datasets(name, domain, description, created_at) VALUES (?,?,?,?)",
             (name, domain, None, _now()))
 
-    def datasets(self) -> list[DatasetInfo]:
+    def datasets(self, *, include_archived: bool = False) -> list[DatasetInfo]:
+        """The datasets by name; archived ones (core.data.datasets.archive_dataset) only when
+        ``include_archived``: pickers never offer them, their data stays loadable."""
+        where = "" if include_archived else "WHERE d.archived_at IS NULL"
         rows = self.conn.execute(
-            """SELECT d.name, d.domain, d.created_at, COUNT(e.uid), COALESCE(SUM(e.n_steps), 0)
-               FROM datasets d LEFT JOIN episodes e ON e.dataset = d.name
-               GROUP BY d.name ORDER BY d.name""").fetchall()
-        return [DatasetInfo(name=r[0], domain=r[1], created_at=r[2], n_episodes=r[3], n_steps=r[4])
-                for r in rows]
+            f"""SELECT d.name, d.domain, d.created_at, COUNT(e.uid), COALESCE(SUM(e.n_steps), 0), d.archived_at
+                FROM datasets d LEFT JOIN episodes e ON e.dataset = d.name {where}
+                GROUP BY d.name ORDER BY d.name""").fetchall()
+        return [DatasetInfo(name=r[0], domain=r[1], created_at=r[2], n_episodes=r[3], n_steps=r[4],
+                            archived_at=r[5]) for r in rows]
 
     def has_dataset(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM datasets WHERE name=?", (name,)).fetchone() is not None

@@ -29,6 +29,7 @@ from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.rewards.template import (Template, TemplateError, TemplateOutOfBounds, load_template,
                                    parse_template, templates_dir)
+from core.rewards.template_text import edited_text
 from core.access.audit import security_event
 from core.access.users import Actor, authorize
 
@@ -289,13 +290,30 @@ def _since_text(saved_since: list[TemplateVersion]) -> str:
 
 
 # --------------------------------------------------------------------------- saving
+def template_text(ws: "Workspace", name: str, base_version: int | None, template: Template) -> str:
+    """The YAML a save of ``template`` as ``name`` writes: written onto the text of version
+    ``base_version`` of ``name`` (:func:`~core.rewards.template_text.edited_text`: its comments,
+    key order and layout kept, only the changed values rewritten); :meth:`Template.to_yaml`
+    for a new name or a base version that does not exist."""
+    named = replace(template, name=name) if template.name != name else template
+    if base_version is None:
+        return named.to_yaml()
+    try:
+        base = get_template(ws, name, base_version)
+    except InputError:
+        return named.to_yaml()  # no such version: the save itself says why
+    return edited_text(base.yaml, named)
+
+
 def save_template(ws: "Workspace", actor: Actor, name: str, yaml_text: str | Template,
                   base_version: int | None, message: str = "", *,
                   meta: Mapping[str, Any] | None = None) -> TemplateVersion:
     """Save a new version of template ``name`` and return it (``.version`` is its number).
 
     * ``yaml_text``: the template's YAML (kept verbatim; its ``name:`` must be ``name``),
-      or a :class:`Template`, which is written with :meth:`Template.to_yaml` under ``name``.
+      or a :class:`Template`, which is written onto the text of ``base_version``
+      (:func:`template_text`: that text's comments and key order kept, only the changed
+      values rewritten), else with :meth:`Template.to_yaml`, under ``name``.
     * ``base_version``: the version the edit started from — the ``.version`` of the
       :func:`get_template` result that was edited (0 for a shipped seed, None or 0 for a
       brand-new name).  When a newer version exists the save is refused with
@@ -316,7 +334,7 @@ def save_template(ws: "Workspace", actor: Actor, name: str, yaml_text: str | Tem
         raise InputError(f"base version must be a number ≥ 0, got {base_version!r}",
                          field="base_version")
     if isinstance(yaml_text, Template):
-        text = (replace(yaml_text, name=name) if yaml_text.name != name else yaml_text).to_yaml()
+        text = template_text(ws, name, base_version, yaml_text)
     elif isinstance(yaml_text, str):
         text = yaml_text
     else:
@@ -448,4 +466,4 @@ def diff_versions(ws: "Workspace", name: str, a: int, b: int) -> TemplateDiff:
 
 __all__ = ["SHIPPED_BY", "TemplateChange", "TemplateConflict", "TemplateDiff", "TemplateVersion", "check_name",
            "diff_templates", "diff_versions", "get_template", "list_versions", "parse_spec",
-           "resolve_template", "save_template", "sha256_text", "shipped_version", "template_names"]
+           "resolve_template", "save_template", "sha256_text", "shipped_version", "template_names", "template_text"]

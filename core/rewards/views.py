@@ -281,9 +281,15 @@ def rescore(base: ScoreResult, template: Template) -> ScoreResult:
 
 @dataclass(frozen=True)
 class Metric:
+    """One headline figure of the page: a plain label, the figure (a number the page rounds for
+    reading, or a text such as "3 / 4"; None: no figure), its unit, and the technical meaning and
+    what good looks like for the tooltip."""
+
     label: str
-    value: str
+    value: float | str | None
     help: str = ""
+    #: "share" for a fraction shown as a percentage; None for a plain number
+    unit: str | None = None
 
 
 @dataclass
@@ -316,8 +322,28 @@ class PyramidReport:
         return self.result.frame.episode_ids.tolist()
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.4f}"
+def _sig(x: float) -> str:
+    """One figure at :data:`TABLE_DIGITS` significant digits, as text."""
+    return f"{float(round_figures(np.array([x]))[0]):g}"
+
+
+#: Significant digits of the figures in the page's tables (episode returns, per-step contributions).
+TABLE_DIGITS = 3
+
+
+def round_figures(values: np.ndarray, digits: int = TABLE_DIGITS) -> np.ndarray:
+    """``values`` rounded to ``digits`` significant digits each (zeros and non-finite values kept):
+    a table shows 0.32, not 0.32000000000000006, and 2.45, not 2.4471."""
+    x = np.asarray(values, dtype=float)
+    finite = np.isfinite(x) & (x != 0)
+    scale = np.zeros_like(x)
+    scale[finite] = np.floor(np.log10(np.abs(x[finite])))
+    decimals = (digits - 1 - scale).astype(int)
+    out = x.copy()
+    for d in np.unique(decimals[finite]):
+        mask = finite & (decimals == d)
+        out[mask] = np.round(x[mask], int(d))
+    return out
 
 
 @dataclass(frozen=True)
@@ -337,7 +363,11 @@ class PyramidLevel:
 
     key: str
     title: str
+    #: the sum of its components' absolute weights
     total_weight: float
+    #: its block's width: :attr:`total_weight` as a share of the heaviest level's (0–1; 0 when
+    #: every level weighs nothing), so block areas are in proportion to the levels' weights
+    width: float
     gate: float | None
     #: share of steps that pass the level's gate (None: the level has no gate)
     gate_passed: float | None
@@ -347,33 +377,37 @@ class PyramidLevel:
 
 
 def pyramid_levels(result: ScoreResult) -> list[PyramidLevel]:
-    """The pyramid's levels bottom-up (L1 first), each split among its components in
-    proportion to their weights, with the gate pass and earn rates over the scored steps
-    (0 when there are no steps)."""
+    """The pyramid's levels bottom-up (L1 first), each as wide as its share of the heaviest
+    level's weight and split among its components in proportion to their absolute weights, with
+    the gate pass and earn rates over the scored steps (0 when there are no steps)."""
     steps = result.frame.n_steps
+    totals = [sum(abs(c.weight) for c in lv.components) for lv in result.template.levels]
+    heaviest = max(totals, default=0.0)
     levels = []
-    for i, lv in enumerate(result.template.levels):
-        total = sum(c.weight for c in lv.components)
+    for i, (lv, total) in enumerate(zip(result.template.levels, totals)):
         n = len(lv.components)
-        shares = [c.weight / total if total > 0 else 1.0 / n for c in lv.components]
+        shares = [abs(c.weight) / total if total > 0 else 1.0 / n for c in lv.components]
         gate_passed = None
         if lv.gate is not None:
             gate_passed = float(result.passed[:, i].mean()) if steps else 0.0
         levels.append(PyramidLevel(
-            key=lv.key, title=lv.title, total_weight=total, gate=lv.gate, gate_passed=gate_passed,
-            earns=float(result.earn[:, i].mean()) if steps else 0.0,
+            key=lv.key, title=lv.title, total_weight=total, width=total / heaviest if heaviest > 0 else 0.0,
+            gate=lv.gate, gate_passed=gate_passed, earns=float(result.earn[:, i].mean()) if steps else 0.0,
             components=tuple(ComponentShare(c.name, c.component, c.weight, share)
                              for c, share in zip(lv.components, shares))))
     return levels
 
 
 def pyramid_note(template: Template) -> str:
-    """The parts of the pyramid outside the levels, in one line: penalties and R_final terms."""
-    parts = []
+    """How the episode return is made and the parts of the pyramid outside the levels, in one
+    line: the return's coefficients, the penalties and the end-of-episode (R_final) terms."""
+    parts = [f"Episode return = {template.a:g} × discounted step rewards + {template.b:g} × end-of-episode terms "
+             f"(discount {template.gamma:g} per step)"]
     if template.penalties:
         parts.append("Penalties (never gated): " + ", ".join(f"{c.name} {c.weight:.2f}" for c in template.penalties))
     if template.episode_terms:
-        parts.append("R_final terms: " + ", ".join(f"{c.name} {c.weight:.2f}" for c in template.episode_terms))
+        parts.append("End-of-episode terms (R_final): " + ", ".join(f"{c.name} {c.weight:.2f}"
+                                                                     for c in template.episode_terms))
     return " · ".join(parts)
 
 
@@ -456,9 +490,19 @@ def return_histogram(result: ScoreResult) -> pd.DataFrame:
     return histogram(groups)
 
 
+#: Plain names of the two parts of an episode's return (a·Σγᵗr + b·R_final) in the page's tables.
+STEP_REWARDS = "step rewards (discounted sum)"
+FINAL_TERMS = "end-of-episode terms"
+#: What each part is, for a tooltip: the technical term and the formula.
+RETURN_PARTS = {STEP_REWARDS: "Σγᵗr: the step rewards summed with the discount γ per step.",
+                FINAL_TERMS: "R_final: the weighted end-of-episode terms (the outcome and the like).",
+                "return": "The episode's return, a·Σγᵗr + b·R_final: higher ranks the episode higher."}
+
+
 def episodes_table(result: ScoreResult) -> pd.DataFrame:
-    """One row per episode, in data order: labels, outcome, Σγᵗr, R_final, return and rank
-    (1 = highest return)."""
+    """One row per episode, in data order: labels, outcome, the discounted step rewards (Σγᵗr),
+    the end-of-episode terms (R_final), return and rank (1 = highest return), figures rounded to
+    :data:`TABLE_DIGITS` significant digits."""
     f = result.frame
     resolved = (f.resolved == 1.0).astype(object)
     resolved[np.isnan(f.resolved)] = None  # no outcome recorded
@@ -466,8 +510,8 @@ def episodes_table(result: ScoreResult) -> pd.DataFrame:
     rank[np.argsort(-result.returns, kind="stable")] = np.arange(1, f.n_episodes + 1)
     return pd.DataFrame({
         "episode_id": f.episode_ids, "behaviour": f.behaviour, "task_type": f.task_type,
-        "resolved": resolved, "steps": f.ep_len, "Σγᵗr": np.round(result.discounted, 4),
-        "R_final": np.round(result.final, 4), "return": np.round(result.returns, 4), "rank": rank})
+        "resolved": resolved, "steps": f.ep_len, STEP_REWARDS: round_figures(result.discounted),
+        FINAL_TERMS: round_figures(result.final), "return": round_figures(result.returns), "rank": rank})
 
 
 def expectations_table(report: CheckReport) -> pd.DataFrame:
@@ -490,12 +534,15 @@ def pyramid_report(base: ScoreResult, template: Template) -> PyramidReport:
     all_levels = (result.earn[:, -1] & result.passed[:, -1]) if result.template.levels and f.n_steps \
         else np.zeros(0, dtype=bool)
     metrics = [
-        Metric("Mean episode return", _fmt(float(result.returns.mean())) if f.n_episodes else "—",
-               f"a·Σγᵗr + b·R_final averaged over {f.n_episodes} episodes"),
-        Metric("Mean step reward", _fmt(float(result.step_reward.mean())) if f.n_steps else "—",
-               f"gated level rewards plus penalties, over {f.n_steps} steps"),
-        Metric("Steps earning every level", f"{float(all_levels.mean()):.1%}" if all_levels.size else "—",
-               "steps whose every level counts (gates passed below) and whose top level passes its gate"),
+        Metric("Mean episode return", float(result.returns.mean()) if f.n_episodes else None,
+               f"The episode return a·Σγᵗr + b·R_final (discounted step rewards plus end-of-episode terms), "
+               f"averaged over {f.n_episodes} episodes. Compare it before and after an edit; on its own it has "
+               "no good or bad value."),
+        Metric("Mean step reward", float(result.step_reward.mean()) if f.n_steps else None,
+               f"The gated level rewards plus the penalties, averaged over {f.n_steps} steps."),
+        Metric("Steps earning every level", float(all_levels.mean()) if all_levels.size else None,
+               "Steps whose every level counts (the gates below passed) and whose top level passes its gate; "
+               "honest, successful work should reach it often.", unit="share"),
         Metric("Expectations passing", f"{n_pass} / {len(check.results)}" if check.results else "none",
                "the template's reward unit tests and hacking probes"),
     ]
@@ -546,13 +593,20 @@ def explain_episode(result: ScoreResult, episode_id: str) -> EpisodeExplanation:
         "levels earned": earned, "gate failed": failed}
     contrib = result.contributions()[rows]
     for j, name in enumerate(result.matrix.step_names):
-        table[name] = np.round(contrib[:, j], 4)
-    table["step reward"] = np.round(result.step_reward[rows], 4)
+        table[name] = round_figures(contrib[:, j])
+    table["step reward"] = round_figures(result.step_reward[rows])
     components = [result.explain(episode_id, i) for i in range(n)]
     terms = result.episode_term_contributions(e)
-    formula = (f"return = {t.a:g} × Σγᵗr ({result.discounted[e]:.4f}) + {t.b:g} × R_final "
-               f"({result.final[e]:.4f}) = {result.returns[e]:.4f}")
+    formula = (f"return = {t.a:g} × discounted step rewards ({_sig(result.discounted[e])}) + {t.b:g} × "
+               f"end-of-episode terms ({_sig(result.final[e])}) = {_sig(result.returns[e])}")
     return EpisodeExplanation(episode_id, formula, pd.DataFrame(table), components, terms)
+
+
+def contributions_table(contributions: Sequence[StepContribution]) -> pd.DataFrame:
+    """One step's ``reward_components`` (the audit schema's name/value entries) as a table, the
+    values rounded to :data:`TABLE_DIGITS` significant digits."""
+    return pd.DataFrame({"component": [c.name for c in contributions],
+                         "contribution": round_figures(np.array([c.value for c in contributions], dtype=float))})
 
 
 # --------------------------------------------------------------------------- versions
@@ -578,7 +632,8 @@ def changes_table(changes: Sequence[TemplateChange]) -> pd.DataFrame:
                          "before": [show(c.a) for c in changes], "after": [show(c.b) for c in changes]})
 
 
-__all__ = ["ComponentEditor", "ComponentShare", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",
+__all__ = ["FINAL_TERMS", "RETURN_PARTS", "STEP_REWARDS", "TABLE_DIGITS", "contributions_table", "round_figures",
+           "ComponentEditor", "ComponentShare", "EpisodeExplanation", "LevelEditor", "Metric", "ParamField",
            "PyramidEdits", "PyramidEditor", "PyramidLevel", "PyramidReport", "TemplateOption", "apply_edits",
            "apply_params", "apply_yaml", "changes_table", "contribution_stats", "episodes_table",
            "expectations_table", "explain_episode", "histogram", "level_histogram", "open_template",

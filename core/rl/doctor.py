@@ -141,11 +141,12 @@ def reward_integrity(rewards: np.ndarray, allowed: float, n_actions: int) -> Dia
                      action=f"Look at which component gives {lo:.3f} on the Reward Pyramid page: lower an "
                             "off-support penalty or loosen the masks, then retrain.", **details)
     return _step(1, "reward integrity", "ok", at_min,
-                 f"rewards are finite in [{lo:.3f}, {hi:.3f}]; {at_min:.0%} of steps at the minimum", **_AT_MIN,
-                 action="Nothing to fix here.", **details)
+                 f"rewards are finite, from {lo:.3g} to {hi:.3g}; {at_min:.0%} of steps at the minimum", **_AT_MIN,
+                 action="Nothing to fix in this check.", **details)
 
 
-_GRAD_RANGE = f"between {DEAD_GRAD:g} and {EXPLODING_GRAD:g}"
+_GRAD_RANGE = (f"above {DEAD_GRAD:.7f} (a layer below it does not learn) and below {EXPLODING_GRAD:,.0f} "
+               "(above it, updates blow up)")
 
 
 def gradient_flow(grad_norms: dict[str, float] | None) -> DiagnosisCheck:
@@ -175,12 +176,13 @@ def gradient_flow(grad_norms: dict[str, float] | None) -> DiagnosisCheck:
                      action="Lower the learning rate or the reward scale (large reward weights), then retrain.",
                      **details)
     return _step(3, "gradient flow", "ok", smallest,
-                 f"all {len(grad_norms)} layers receive gradient (smallest norm {smallest:.2e})",
+                 f"all {len(grad_norms)} layers receive gradient (smallest norm {smallest:.3g})",
                  figure="smallest layer gradient norm", unit="L2 norm", threshold=_GRAD_RANGE,
-                 action="Nothing to fix here.", **details)
+                 action="Nothing to fix in this check.", **details)
 
 
-_ENTROPY = {"figure": "entropy of the actions taken", "unit": "nats", "threshold": f"at least {LOW_ENTROPY:g}"}
+_ENTROPY = {"figure": "entropy of the actions taken", "unit": "nats",
+            "threshold": f"at least {LOW_ENTROPY:g} nat"}
 
 
 def exploration_quality(entropy: float | None, per_state: float | None) -> DiagnosisCheck:
@@ -197,7 +199,7 @@ def exploration_quality(entropy: float | None, per_state: float | None) -> Diagn
     return _step(4, "exploration quality", "ok", entropy,
                  f"the policy's actions have an entropy of {entropy:.2f} nats (≥ {LOW_ENTROPY})"
                  + ("" if per_state is None else f"; {per_state:.2f} nats per state on average"), **_ENTROPY,
-                 action="Nothing to fix here.", **details)
+                 action="Nothing to fix in this check.", **details)
 
 
 def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0) -> Diagnosis:
@@ -238,11 +240,15 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     verdict = verdicts[fid.separates]
     margin = None if fid.silhouette is None else fid.silhouette - (fid.silhouette_shuffled or 0.0)
     fid_numbers = {k: v for k, v in fid.to_dict().items() if k not in ("verdict", "separates")}
-    steps.append(_step(2, "state-encoding fidelity", verdict, margin, f"trained encoder: {fid.verdict}",
+    # the plain summary (no figures) where the state map gives one; the figures are the step's own
+    said = (fid.summary.replace("The map", "The trained encoder", 1) if fid.summary
+            else f"trained encoder: {fid.verdict}")
+    steps.append(_step(2, "state-encoding fidelity", verdict, margin, said,
                        figure="silhouette by task type, above shuffled labels", unit="silhouette",
-                       threshold=f"at least {GOOD_SILHOUETTE_MARGIN:g} separates; below "
-                                 f"{POOR_SILHOUETTE_MARGIN:g} fails (kNN agreement must also beat chance)",
-                       action={"ok": "Nothing to fix here.",
+                       threshold=f"at least {GOOD_SILHOUETTE_MARGIN:g} to pass, below {POOR_SILHOUETTE_MARGIN:g} "
+                                 "fails; and a step's nearest neighbours must share its task type more often "
+                                 "than by chance (kNN agreement)",
+                       action={"ok": "Nothing to fix in this check.",
                                "warn": "Check the intent encoder's input (truncated or empty queries) and train "
                                        "longer; compare on the State Explorer page.",
                                "fail": "Check the intent encoder's input: truncated or empty queries make task "
@@ -281,7 +287,8 @@ def _next_action(steps: list[DiagnosisCheck]) -> str:
         for s in steps:
             if s.verdict == verdict:
                 return f"Step {s.step} ({s.name}): {s.action}"
-    return "All four steps pass: if the run still does not learn, compare it with others on the Training page."
+    return ("All four steps pass: the training machinery is healthy. Whether the policy beats the logs is for "
+            "the run's verdict to say, not for these four checks.")
 
 
 def _mean_allowed(tables: Any, episodes: torch.Tensor, seed: int) -> float:

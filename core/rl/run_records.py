@@ -85,6 +85,8 @@ class HeadlineMetrics:
     curriculum_level: int | None
     env_steps_per_s: float | None
     mask_violations: int | None
+    #: The best logged behaviour's mean return on the training episodes (what the reward should reach)
+    best_logged_return: float | None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A run is one training of a policy against one reward template on one dataset or 
 a row of ``runs`` (configuration, template, device, status ``running`` / ``finished`` /
 ``failed`` / ``stopped``), one row of ``run_metrics`` per update and complete checkpoints in
 ``run_checkpoints``.  Entry points: :func:`train` (create or resume a run and train it),
-:func:`launch_run` (the same as a detached process), :func:`stop_run`, :func:`get_run`,
+:func:`launch_run` (the same as a detached process), :func:`resume_run`, :func:`stop_run`, :func:`get_run`,
 :func:`list_runs`, :func:`run_metrics` and :func:`compare_runs`.  Their results are the frozen
 dataclasses of :mod:`core.rl.run_records` (re-exported here).
 
@@ -156,12 +156,16 @@ def list_runs(ws: "Workspace", *, status: str | None = None, dataset: str | None
     out = []
     for row in ws.conn.execute(sql, [*args, int(limit)]).fetchall():
         values = _record_values(row)
-        last = ws.conn.execute("SELECT metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx DESC "
-                               "LIMIT 1", (values["id"],)).fetchone()
-        m = json.loads(last[0]) if last else {}
-        headline = HeadlineMetrics(**{f.name: m.get(f.name) for f in fields(HeadlineMetrics)})
-        out.append(ListedRun(**values, last=headline))
+        out.append(ListedRun(**values, last=last_metrics(ws, values["id"])))
     return out
+
+
+def last_metrics(ws: "Workspace", run_id: str) -> HeadlineMetrics:
+    """The headline figures of the run's last recorded update (all None before the first)."""
+    last = ws.conn.execute("SELECT metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx DESC "
+                           "LIMIT 1", (run_id,)).fetchone()
+    m = json.loads(last[0]) if last else {}
+    return HeadlineMetrics(**{f.name: m.get(f.name) for f in fields(HeadlineMetrics)})
 
 
 def run_template(ws: "Workspace", run_id: str) -> "Template":
@@ -389,30 +393,72 @@ def run_metrics(ws: "Workspace", run_id: str) -> list[dict[str, Any]]:
         "SELECT update_idx, env_steps, metrics FROM run_metrics WHERE run_id=? ORDER BY update_idx", (run_id,))]
 
 
-#: Metrics shown as curves, in order, with a readable title.
-CURVES: tuple[tuple[str, str], ...] = (
-    ("return_mean", "Episode return"),
-    ("success_rate", "Success rate"),
-    ("kl", "KL(old ‖ new)"),
-    ("beta", "KL penalty β"),
-    ("clip_fraction", "Clip fraction"),
-    ("value_loss", "Value loss"),
-    ("policy_loss", "Policy loss"),
-    ("entropy", "Policy entropy (nats)"),
-    ("explained_variance", "Explained variance of the critic"),
-    ("off_support_rate", "Off-support rate"),
-    ("mask_violations", "Mask violations (must stay 0)"),
-    ("curriculum_level", "Curriculum level"),
-    ("epsilon", "ε (random among unmasked)"),
-    ("ucb_bonus", "UCB bonus (critic ensemble std)"),
-    ("env_steps_per_s", "Env-steps per second"),
-    ("grad_norm", "Gradient norm (before clipping)"),
+@dataclass(frozen=True)
+class Curve:
+    """A metric the Training page draws as a curve: a plain title, the exact technical term
+    (the tooltip) and what a healthy curve looks like."""
+
+    metric: str
+    #: What the analyst reads above the chart
+    title: str
+    #: The exact term, for the tooltip
+    technical: str
+    #: What good looks like, in words
+    good: str
+    #: Shown first, outside the Details (the few curves a non-specialist reads)
+    plain: bool = False
+
+
+#: Metrics shown as curves, in order: the plain ones first.
+CURVES: tuple[Curve, ...] = (
+    Curve("return_mean", "Average reward per episode",
+          "return_mean: mean template return of the episodes finished in the update's training rollout",
+          "rises towards the best logged behaviour's (dashed line)", plain=True),
+    Curve("entropy_marginal", "Exploration (entropy, nats)",
+          "entropy_marginal: entropy of the actions taken over all visited states, in nats",
+          "stays at or above 1 nat; a fall towards 0 means the policy repeats itself", plain=True),
+    Curve("success_rate", "Share of episodes that succeed", "success_rate: share of finished training episodes "
+          "that succeeded", "rises", plain=True),
+    Curve("best_logged_return", "Best logged behaviour's reward per episode",
+          "best_logged_return: mean logged return of the best behaviour on the training episodes",
+          "a fixed reference: the policy should reach it"),
+    Curve("eval_return", "Reward per episode, acting greedily", "eval_return: greedy policy's mean return on "
+          "training episodes", "rises with the average reward"),
+    Curve("kl", "How much each update changes the policy", "KL(old ‖ new): KL divergence of the policy before "
+          "and after an update", "small and steady, near the KL target"),
+    Curve("beta", "Brake on policy changes", "KL penalty β (adaptive: ×1.5 above 1.5·target, ×0.5 below "
+          "0.5·target)", "settles; it keeps rising while updates change the policy too much"),
+    Curve("clip_fraction", "Share of changes cut short", "clip fraction: share of samples whose PPO ratio was "
+          "clipped", "below about 0.2"),
+    Curve("value_loss", "Reward-prediction error", "value loss: mean squared error of the critic",
+          "falls, then levels off"),
+    Curve("policy_loss", "Policy objective", "policy loss: PPO's clipped surrogate objective (negated)",
+          "small; no trend needed"),
+    Curve("entropy", "Choice spread per situation (nats)", "entropy: mean entropy of the policy per state, in "
+          "nats", "falls slowly; a drop to 0 means it stopped trying alternatives"),
+    Curve("explained_variance", "How well the critic predicts rewards", "explained variance of the critic",
+          "rises towards 1"),
+    Curve("off_support_rate", "Actions unlike any in the logs", "off-support rate: share of steps whose action "
+          "no logged step took in a similar state", "low: the simulator is trusted only near the logs"),
+    Curve("mask_violations", "Forbidden actions taken (must stay 0)", "mask violations", "0"),
+    Curve("curriculum_level", "Training stage", "curriculum level: L0 behaviour cloning (copy the logs), L1 "
+          "ε-exploration, L2 UCB exploration bonus, L3 review of risky repeats", "climbs as stages unlock"),
+    Curve("epsilon", "Share of random tries", "ε: probability of a random action among the unmasked ones",
+          "0 outside stage L1"),
+    Curve("ucb_bonus", "Bonus for trying uncertain actions", "UCB bonus: standard deviation of the critic "
+          "ensemble", "small"),
+    Curve("env_steps_per_s", "Training speed (steps per second)", "env-steps per second", "higher is faster"),
+    Curve("grad_norm", "Size of each update's correction", "gradient norm before clipping",
+          "steady, without spikes"),
 )
 #: Dict-valued metrics: one curve per key.
-GROUPED_CURVES: tuple[tuple[str, str], ...] = (
-    ("reward_components", "Reward components (mean per step)"),
-    ("entropy_per_tool", "Entropy per tool (nats)"),
-    ("grad_norms", "Gradient norm per layer"),
+GROUPED_CURVES: tuple[Curve, ...] = (
+    Curve("reward_components", "Reward per component (mean per step)", "reward_components: mean value of each "
+          "template component per step", "the components the template rewards rise"),
+    Curve("entropy_per_tool", "Choice spread per tool (nats)", "entropy per tool: the policy's entropy over "
+          "each tool's argument presets, in nats", "above 0 while the tool is still explored"),
+    Curve("grad_norms", "Update size per layer", "gradient norm per layer (L2)",
+          "every layer above 1e-7 (no dead layer) and below 1,000"),
 )
 
 
@@ -424,7 +470,7 @@ def run_curves(ws: "Workspace", run_ids: Sequence[str]) -> dict[str, Any]:
 
     rows = {run_id: run_metrics(ws, run_id) for run_id in run_ids}
     out: dict[str, Any] = {}
-    for metric, _title in CURVES:
+    for metric in (c.metric for c in CURVES):
         cols = {}
         for run_id, ms in rows.items():
             values = [m.get(metric) for m in ms]
@@ -433,7 +479,7 @@ def run_curves(ws: "Workspace", run_ids: Sequence[str]) -> dict[str, Any]:
                                          index=[m["env_steps"] for m in ms])
         if cols:
             out[metric] = pd.DataFrame(cols).rename_axis("env_steps").sort_index()
-    for metric, _title in GROUPED_CURVES:
+    for metric in (c.metric for c in GROUPED_CURVES):
         parts = []
         for run_id, ms in rows.items():
             present = [m for m in ms if isinstance(m.get(metric), dict)]
@@ -473,13 +519,13 @@ def compare_runs(ws: "Workspace", run_ids: Sequence[str]) -> list[dict[str, Any]
         kls = [x["kl"] for x in rows if x.get("kl") is not None]
         out.append({
             "run": r.id, "status": r.display_status, "dataset": r.dataset or r.episodes_file,
-            "template": f"{r.template_name} v{r.template_version}", "device": r.device,
-            "env_steps": r.env_steps, "updates": r.updates,
-            "return (last)": last.get("return_mean"), "return (best)": best,
-            "success (last)": last.get("success_rate"), "entropy (last)": last.get("entropy"),
-            "KL std": _std(kls), "curriculum level": last.get("curriculum_level"),
+            "template": f"{r.template_name} {r.template_version}", "device": r.device,
+            "steps": r.env_steps, "updates": r.updates,
+            "reward per episode (last)": last.get("return_mean"), "reward per episode (best)": best,
+            "success (last)": last.get("success_rate"), "exploration, nats (last)": last.get("entropy_marginal"),
+            "policy change, spread (KL std)": _std(kls), "training stage": last.get("curriculum_level"),
             "mask violations": sum(int(x.get("mask_violations") or 0) for x in rows),
-            "env-steps/s": last.get("env_steps_per_s"),
+            "steps per second": last.get("env_steps_per_s"),
             **{f"config.{k}": _json(r.config.get(k)) for k in differing},
         })
     return out
@@ -683,6 +729,11 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
     cfg.validate()
     run_id = create_run(ws, actor, template=tmpl, config=cfg, dataset=dataset, episodes_file=episodes_file,
                         masks=masks, template_version=label, refuse_twin=True)
+    return _spawn_trainer(ws, run_id)
+
+
+def _spawn_trainer(ws: "Workspace", run_id: str) -> LaunchedRun:
+    """Start ``rwb train --resume RUN`` for ``run_id`` as a detached process and record it."""
     log_path = run_dir(ws, run_id) / "train.log"
     cmd = [sys.executable, "-m", "core.cli", "--workspace", str(ws.root), "train", "--resume", run_id, "--quiet"]
     root = import_root()  # the folder that holds the core package, for an uninstalled checkout
@@ -701,9 +752,59 @@ def launch_run(ws: "Workspace", actor: Actor, *, template: "Template | str | Pat
                                 start_new_session=True, env=env)
     # Record the child at once, so the page shows it running before it has opened the workspace.
     with ws.transaction() as conn:
-        conn.execute("UPDATE runs SET pid=?, host=?, started_at=? WHERE id=?",
+        conn.execute("UPDATE runs SET pid=?, host=?, started_at=COALESCE(started_at, ?) WHERE id=?",
                      (proc.pid, socket.gethostname(), _now_iso(), run_id))
     return LaunchedRun(run_id=run_id, pid=proc.pid, log=str(log_path))
+
+
+def resume_refusal(ws: "Workspace", run_id: str) -> str | None:
+    """Why ``run_id`` cannot be resumed now, in words; None when it can: it is stopped,
+    interrupted (its trainer process gone), or failed after a checkpoint."""
+    run = get_run(ws, run_id)
+    if run.status == "finished":
+        return f"run {run_id} has finished its planned steps; start a new run to train further"
+    if run.status == "running" and not run.interrupted:
+        return f"run {run_id} is training now; it can be resumed once it has stopped"
+    if run.status == "failed" and latest_checkpoint(ws, run_id) is None:
+        return f"run {run_id} failed before its first checkpoint: there is nothing to resume; start a new run"
+    return None
+
+
+def resume_run(ws: "Workspace", actor: Actor, run_id: str) -> LaunchedRun:
+    """Continue a stopped, interrupted or failed run from its last checkpoint, in a detached
+    background process (what ``rwb train --resume RUN --background`` does).  Needs ``train``.
+
+    Refused (:class:`ConflictError`, with :func:`resume_refusal`'s reason) while the run
+    trains, once it has finished, or when it failed before its first checkpoint.  The
+    refusal and the claim are one write transaction, so two resumes racing each other
+    cannot both start a trainer."""
+    authorize(ws, actor, "train")
+    with ws.transaction() as conn:
+        reason = resume_refusal(ws, run_id)
+        row = conn.execute("SELECT status, pid, heartbeat_at FROM runs WHERE id=?", (run_id,)).fetchone()
+        if reason is None and row[0] == "running" and row[1] is None and row[2] is not None \
+                and time.time() - float(row[2]) < LAUNCH_GRACE_S:
+            reason = f"run {run_id} is being resumed already; its trainer is starting"
+        if reason is not None:
+            raise ConflictError(reason)
+        # claimed: running, no trainer recorded yet (the spawn below records it)
+        conn.execute("UPDATE runs SET status='running', pid=NULL, host=NULL, stop_requested=0, ended_at=NULL, "
+                     "error=NULL, heartbeat_at=? WHERE id=?", (time.time(), run_id))
+    return _spawn_trainer(ws, run_id)
+
+
+def steps_progress(run: RunRecord) -> str:
+    """The run's environment steps, done against planned, in words.
+
+    A run trains whole updates (rollout batches of ``n_envs × rollout_len`` steps), so its
+    last update can run past the planned total: that is said, not hidden nor capped
+    (``40,960 steps done (planned 40,000; the last update runs whole batches)``)."""
+    done, planned = int(run.env_steps), int(run.total_steps)
+    if done > planned:
+        return f"{done:,} steps done (planned {planned:,}; the last update runs whole batches)"
+    if run.status == "finished" or done == planned:
+        return f"{done:,} steps done (planned {planned:,})"
+    return f"{done:,} of {planned:,} planned steps done"
 
 
 #: Environment variable that carries a launch token to the background trainer.

@@ -957,6 +957,10 @@ def split_episodes(tables: SimTables, heldout_fraction: float = 0.2, seed: int =
             members = np.array(groups[key])
             k = int(round(float(heldout_fraction) * len(members)))
             held.extend(rng.permutation(members)[:k].tolist())
+        if not held and tables.n_episodes > 1:
+            # every group too small to hold one out (one run per task type, say): draw over all
+            k = max(1, int(round(float(heldout_fraction) * tables.n_episodes)))
+            held = rng.permutation(tables.n_episodes)[:k].tolist()
         heldout[held] = True
     if heldout.all() or not heldout.any():
         raise InputError(f"{tables.n_episodes} episodes are too few for a held-out fraction of "

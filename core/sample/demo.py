@@ -172,7 +172,7 @@ def requests_from_episode(episode: "Episode", *, episode_id: str | None = None) 
 
 # --------------------------------------------------------------------------- the demo
 def _check_fresh(ws: "Workspace") -> None:
-    if multi_user(ws) or ws.datasets():
+    if multi_user(ws) or ws.datasets(include_archived=True):
         raise InputError(f"the demo needs a fresh workspace, and {ws.root} already has "
                          f"{'users' if multi_user(ws) else 'datasets'}: give another folder "
                          "(rwb demo --dir DIR), or --replace to recreate a previous demo workspace",

@@ -83,17 +83,22 @@ def ensure_samples(ws: Workspace) -> list[Any]:
     so a failure leaves the workspace empty and the next call tries again.  Seeding is
     part of setting the workspace up, so no acting user is checked (see
     :func:`core.data.importers.api.seed_file`)."""
-    if ws.datasets():
+    if ws.datasets(include_archived=True) or _had_datasets(ws):
         return []
     sources = sample_sources(ws)
     with ws.transaction() as conn:
         # Checked again under the write lock: two app sessions starting together
         # must not both import.
-        if conn.execute("SELECT 1 FROM datasets LIMIT 1").fetchone() is not None:
+        if conn.execute("SELECT 1 FROM datasets LIMIT 1").fetchone() is not None or _had_datasets(ws):
             return []
         results = [seed_file(ws, src.path, format="rwb", dataset=src.dataset) for src in sources]
     queue_sample_reviews(ws, [src.dataset for src in sources])
     return results
+
+
+def _had_datasets(ws: Workspace) -> bool:
+    """Whether someone deleted a dataset here: a workspace emptied on purpose is not new."""
+    return ws.conn.execute("SELECT 1 FROM dataset_events WHERE event = 'deleted' LIMIT 1").fetchone() is not None
 
 
 #: The principal that queues the sample workspace's review items (no person acts).

@@ -39,7 +39,7 @@ from core.data.importers import read_file
 from core.records.catalog import build_catalog, catalog_for_dataset
 
 #: Bump when the cached map layout (or the fidelity verdict's wording) changes.
-MAP_VERSION = 2
+MAP_VERSION = 3
 
 
 # --------------------------------------------------------------------------- t-SNE
@@ -259,6 +259,8 @@ class Fidelity:
     #: (request, tool context, trace: the inputs of the encoder's branches), when computed.
     part_margins: dict[str, float] | None = None
     verdict: str = ""
+    #: The verdict in plain words, without figures (what a page shows first).
+    summary: str = ""
     separates: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -374,6 +376,20 @@ def _advice(what: str, margins: dict[str, float] | None, intent_weak: bool) -> s
     return f"{advice}: the tool calls and their results look alike across {what}"
 
 
+def _plain_advice(what: str, margins: dict[str, float] | None, intent_weak: bool) -> str:
+    """:func:`_advice` without figures: what to look at, in the analyst's words."""
+    check_requests = "check that the users' requests are recorded in full (not cut short or empty)"
+    if intent_weak:
+        return f"the user's request adds little to the state: {check_requests}"
+    weak = [name for name, m in (margins or {}).items() if m < POOR_SILHOUETTE_MARGIN]
+    if not weak:
+        return f"{check_requests}, and whether the tool calls and their results differ across {what}"
+    said = " and ".join(PART_NAMES.get(n, n) for n in weak)
+    if "request" in weak:
+        return f"{said} tell little apart on {'its' if len(weak) == 1 else 'their'} own: {check_requests}"
+    return f"{said} tell little apart: the tool calls and their results look alike across {what}"
+
+
 def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | None = None, *,
                    label: str = "task_type", X_intent_off: np.ndarray | None = None,
                    parts: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None,
@@ -395,6 +411,8 @@ def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | No
     if len(classes) < 2 or len(idx) <= len(classes):
         fid.verdict = (f"cannot judge the encoding: the states carry {len(classes)} distinct "
                        f"{label} value(s); at least 2 are needed")
+        fid.summary = (f"Cannot judge whether the map tells {label.replace('_', ' ')}s apart: the steps "
+                       f"carry {len(classes)} of them, at least 2 are needed.")
         return fid
     Xs = np.asarray(X)[idx]
     rng = np.random.default_rng(seed)
@@ -420,6 +438,8 @@ def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | No
     if sil_margin >= GOOD_SILHOUETTE_MARGIN and knn_margin >= GOOD_KNN_MARGIN and not intent_weak:
         fid.separates = True
         fid.verdict = f"{what} separate well ({numbers})"
+        fid.summary = (f"The map tells {what} apart well: steps of the same {what[:-1]} lie together far "
+                       "more often than by chance.")
         return fid
     if parts:
         sub = _sample(len(idx), PART_SAMPLE, seed)
@@ -429,9 +449,13 @@ def state_fidelity(X: np.ndarray, labels: Sequence[Any], groups: np.ndarray | No
     if sil_margin < POOR_SILHOUETTE_MARGIN or knn_margin < POOR_KNN_MARGIN:
         fid.separates = False
         fid.verdict = f"{what} separate poorly ({numbers}) — {advice}"
+        fid.summary = (f"The map hardly tells {what} apart: "
+                       f"{_plain_advice(what, fid.part_margins, intent_weak)}.")
     else:
         fid.separates = None
         fid.verdict = f"{what} separate only partly ({numbers}) — {advice}"
+        fid.summary = (f"The map tells {what} apart only partly: "
+                       f"{_plain_advice(what, fid.part_margins, intent_weak)}.")
     return fid
 
 
@@ -478,6 +502,8 @@ class EntropyReport:
     n_invalid: int = 0
     mean_state_entropy: float | None = None
     verdict: str = ""
+    #: The verdict in plain words, without figures.
+    summary: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -518,6 +544,15 @@ def _entropy_verdict(overall: float, source: str) -> str:
     return f"entropy of {what} is {overall:.2f} nats (≥ {LOW_ENTROPY}): the actions are varied"
 
 
+def _entropy_summary(overall: float, source: str) -> str:
+    """:func:`_entropy_verdict` in plain words."""
+    who = "The agent" if source == "logged" else "The policy"
+    if overall < LOW_ENTROPY:
+        return (f"{who} keeps to a few actions (little variety): it explores narrowly — check whether "
+                "the action masks are too strict.")
+    return f"{who} uses a healthy variety of actions."
+
+
 def action_entropy(action_tokens: np.ndarray, tokens: Sequence[Any], clusters: np.ndarray | None = None) -> EntropyReport:
     """Entropy of logged actions: overall, per tool (over that tool's tokens) and per cluster.
 
@@ -550,7 +585,8 @@ def action_entropy(action_tokens: np.ndarray, tokens: Sequence[Any], clusters: n
     return EntropyReport(source="logged", n=float(len(a_ok)), overall=overall,
                          max_overall=float(math.log(max(n_actions, 1))), per_tool=per_tool,
                          per_cluster=per_cluster, conditional=conditional,
-                         n_invalid=int((~valid).sum()), verdict=_entropy_verdict(overall, "logged"))
+                         n_invalid=int((~valid).sum()), verdict=_entropy_verdict(overall, "logged"),
+                         summary=_entropy_summary(overall, "logged"))
 
 
 def policy_entropy(probs: np.ndarray, tokens: Sequence[Any], clusters: np.ndarray | None = None) -> EntropyReport:
@@ -591,7 +627,8 @@ def policy_entropy(probs: np.ndarray, tokens: Sequence[Any], clusters: np.ndarra
                          max_overall=float(math.log(max(n_actions, 1))), per_tool=per_tool,
                          per_cluster=per_cluster, conditional=conditional,
                          mean_state_entropy=float(state_h.mean()) if n else None,
-                         verdict=_entropy_verdict(overall, "policy"))
+                         verdict=_entropy_verdict(overall, "policy"),
+                         summary=_entropy_summary(overall, "policy"))
 
 
 def state_clusters(X: np.ndarray, k: int = 8, seed: int = 0, pca_dims: int = 50) -> np.ndarray:

@@ -14,8 +14,8 @@ May import: :mod:`core.rl` and everything below it; never :mod:`core.govern`.
 Details: docs/tuning.md (## The package's modules).
 """
 
-from core.tuning.apply import (AppliedStudy, ApplyCheck, NoFeasibleTrial, WeightApplication, WorseThanTemplate,
-                               apply_check, apply_study, list_applications)
+from core.tuning.apply import (PLAIN_FIGURES, AppliedStudy, ApplyCheck, HeldOutFigure, NoFeasibleTrial,
+                               WeightApplication, WorseThanTemplate, apply_check, apply_study, list_applications)
 from core.tuning.config import (CV_FOLDS, LABELS, METRICS, MIN_TASKS_WITH_BOTH, OBJECTIVES, OUTCOME_COMPONENTS,
                                 POLICY_DEFAULTS, SAMPLERS, SPLIT_FIELDS, ParamRange, SearchSpace, TuneConfig,
                                 outcome_readers, parse_bounds)
@@ -31,21 +31,24 @@ from core.tuning.objectives import (OutcomeObjective, OutcomeSplit, PolicyObject
                                     TuningObjective, policy_objective)
 from core.tuning.preferences import PreferenceLabel, add_preference, list_preferences, preference_pairs
 from core.tuning.problem import TuningProblem
-from core.tuning.records import (CONFIG_ATTR, RunningWorker, StudyRecord, StudyRun, get_study, list_studies,
-                                 load_study, running_worker, storage_for, study_runs)
-from core.tuning.report import StudyCharts, StudyReport, space_rows, study_fingerprint, study_report
+from core.tuning.records import (CONFIG_ATTR, RunningWorker, StudyRecord, StudyRun, fail_run, failure_text, get_study,
+                                 list_studies, load_study, running_worker, storage_for, study_runs)
+from core.tuning.report import (FIGURES, METRIC_CHOICES, StudyCharts, StudyReport, figure_name, space_rows,
+                                study_fingerprint, study_report)
 from core.tuning.reweighting import Combined, ReturnModel, matrix_layout
 from core.tuning.statistics import auc, kendall_tau, outcome_pairs, pair_agreement, soft_auc, task_pairs
 from core.tuning.storage import (BatchedTrialWriter, count_trials, default_storage_url, describe_url, driver_url,
                                  migrate_legacy_db, open_journal, open_rdb, open_storage, study_id)
 from core.tuning.studies import TrialRow, TuneResult, make_sampler, trial_row, tune
-from core.tuning.workers import CLI, LaunchedTuning, launch_tuning, stop_tuning, tuning_log
+from core.tuning.workers import CLI, LaunchedTuning, launch_tuning, stop_tuning, tuning_log, tuning_refusal
 
 __all__ = [
     "BatchedTrialWriter", "count_trials", "default_storage_url", "describe_url", "driver_url", "migrate_legacy_db",
     "open_journal", "open_rdb", "open_storage", "study_id",
     "AppliedStudy", "ApplyCheck", "CLI", "HeldOutReport", "MIN_TASKS_WITH_BOTH", "WorseThanTemplate",
     "apply_check", "primary_figures", "task_pairs", "with_people_labels",
+    "FIGURES", "HeldOutFigure", "METRIC_CHOICES", "PLAIN_FIGURES", "fail_run", "failure_text", "figure_name",
+    "tuning_refusal",
     "COMFORTABLE_LABELLED", "COMFORTABLE_PER_CLASS", "COMFORTABLE_TASKS", "CONFIG_ATTR",
     "CV_FOLDS", "Combined", "ExpectationConstraints", "LABELS", "Labels", "LaunchedTuning", "METRICS",
     "MIN_LABELLED", "MIN_PER_CLASS", "MIN_TASKS", "NoFeasibleTrial", "OBJECTIVES", "OUTCOME_COMPONENTS",

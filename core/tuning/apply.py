@@ -2,15 +2,16 @@
 version of the template it tuned (:func:`apply_study`), and the record of every such
 version (:func:`list_applications`).
 
-The guard (:func:`apply_check`): weights whose held-out figure (the study's primary figure on
-the tasks it never tuned on) is below the template's own on the same tasks are refused
-(:class:`WorseThanTemplate`) unless the caller confirms; the comparison and the decision are
-recorded with the version."""
+The guard (:func:`apply_check`): weights with a held-out figure (the study's primary figure, or
+the optimised figure, on the tasks it never tuned on) below the template's own on the same
+tasks are refused (:class:`WorseThanTemplate`, naming the drop) unless the caller confirms
+(``force``); the comparison and the decision are recorded with the version.  The new version is
+written onto the tuned version's text, so its comments and key order stay."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import optuna
@@ -19,7 +20,8 @@ from core.access.users import Actor, authorize
 from core.base.errors import ConflictError, InputError, RwbError
 from core.base.results import to_jsonable
 from core.rewards.template import parse_template
-from core.rewards.versions import diff_templates, save_template
+from core.rewards.template_text import edited_text
+from core.rewards.versions import diff_templates, list_versions, save_template
 from core.tuning.config import SearchSpace
 from core.tuning.heldout import primary_figures
 from core.tuning.records import finite, load_study, now_iso, storage_for, study_attrs
@@ -34,28 +36,108 @@ class NoFeasibleTrial(RwbError):
 
 
 class WorseThanTemplate(ConflictError):
-    """The weights' held-out figure is below the template's own on the same held-out tasks (the
-    caller did not confirm applying them anyway)."""
+    """A held-out figure of the weights is below the template's own on the same held-out episodes
+    and the caller did not confirm saving them anyway; ``check`` holds the comparison (its
+    :attr:`~ApplyCheck.question` is what to ask the person)."""
+
+    def __init__(self, message: str, *, check: "ApplyCheck"):
+        super().__init__(message)
+        self.check = check
+
+
+#: Plain names of the held-out figures the guard compares (the technical name goes beside it).
+PLAIN_FIGURES: dict[str, str] = {
+    "within_task": "how well it ranks each held-out task's successful runs above its failed ones",
+    "all_pairs": "how well it ranks successful held-out runs above failed ones",
+    "soft_within_task": "how well it ranks each held-out task's successful runs above its failed ones (smooth)",
+    "soft_auc": "how well it ranks successful held-out runs above failed ones (smooth)",
+    "auc": "how well it ranks successful held-out runs above failed ones",
+    "kendall_tau": "how well its order of the held-out runs follows their outcome",
+    "agreement": "how often it agrees with your preference labels on held-out pairs",
+    "success_rate": "how often a policy trained on it succeeds on held-out tasks",
+}
+
+
+@dataclass(frozen=True)
+class HeldOutFigure:
+    """One held-out figure of the trial ``apply`` would save, beside the template's own on the
+    same held-out episodes."""
+
+    #: The figure's key (within_task, all_pairs, soft_within_task, agreement, …)
+    key: str
+    #: Its technical name, as in messages ("held-out within-task AUC")
+    label: str
+    #: The trial's value and the template's (None: not measured)
+    trial: float | None
+    template: float | None
+
+    @property
+    def change(self) -> float | None:
+        """The trial's value less the template's (None when either is missing)."""
+        return None if self.trial is None or self.template is None else self.trial - self.template
 
 
 @dataclass(frozen=True)
 class ApplyCheck:
-    """How the held-out figure of the trial ``apply`` would save compares with the template's own."""
+    """How the held-out figures of the trial ``apply`` would save compare with the template's own
+    on the same held-out episodes (the tasks the study never tuned on)."""
 
     #: The study and the trial that would be applied
     study: str
     trial: int
-    #: The figure compared: within_task or all_pairs (outcome studies), agreement, success_rate
+    #: The figure named in messages: the first of :attr:`figures` that drops, else the first measured
+    #: (the study's primary held-out figure: within_task or all_pairs for outcome studies, agreement,
+    #: success_rate)
     metric: str
     #: What the figure is called in messages
     label: str
-    #: The trial's held-out figure and the template's own on the same held-out tasks (None: not measured)
+    #: The trial's value of that figure and the template's own on the same held-out episodes (None: not measured)
     figure: float | None
     template: float | None
     #: Held-out tasks with both outcomes (outcome studies; None elsewhere)
     tasks_with_both: int | None
-    #: The trial's figure is below the template's
+    #: Some compared figure of the trial is below the template's
     worse: bool
+    #: Every figure compared (the primary one first; outcome studies also compare the held-out
+    #: value of the objective the study optimised, the figure its page shows beside the best value)
+    figures: tuple[HeldOutFigure, ...] = ()
+    #: The version the study tuned ("finance_risk@1") and the one apply would write ("finance_risk@2")
+    template_label: str = "the template"
+    new_label: str = "a new version"
+
+    @property
+    def drop(self) -> float | None:
+        """How far the named figure is below the template's (None when it is not below)."""
+        change = None if self.figure is None or self.template is None else self.figure - self.template
+        return -change if change is not None and change < 0 else None
+
+    @property
+    def plain(self) -> str:
+        """One sentence in plain words: better or worse than the current template on the episodes
+        the study was not tuned on, with both figures rounded."""
+        what = PLAIN_FIGURES.get(self.metric, self.label)
+        if self.figure is None or self.template is None:
+            return (f"The tuned weights cannot be compared with {self.template_label} on the episodes they were "
+                    f"not tuned on ({what}: not measured)")
+        if self.worse:
+            return (f"Worse than the current template on episodes it was not tuned on: {what} is "
+                    f"{self.figure:.3f}, {self.template - self.figure:.3f} below {self.template_label}'s "
+                    f"{self.template:.3f}")
+        relation = "Better than" if self.figure > self.template else "As good as"
+        return (f"{relation} the current template on episodes it was not tuned on: {what} is {self.figure:.3f} "
+                f"against {self.template_label}'s {self.template:.3f}")
+
+    @property
+    def drop_sentence(self) -> str:
+        """The drop in one sentence: both figures and the difference, rounded."""
+        drop = self.drop if self.drop is not None else 0.0
+        return (f"The tuned weights score {_text(self.figure)} on held-out episodes ({self.label}), "
+                f"{drop:.3f} below {self.template_label}'s {_text(self.template)}.")
+
+    @property
+    def question(self) -> str:
+        """The confirmation a caller asks for before saving worse weights (names the drop)."""
+        return f"{self.drop_sentence} Save them anyway as {self.new_label}?"
 
     @property
     def message(self) -> str:
@@ -92,33 +174,58 @@ def _chosen_trial(st: optuna.Study, name: str, trial: int | None) -> optuna.tria
     return chosen
 
 
-def _compare(st: optuna.Study, attrs: dict[str, Any], chosen: optuna.trial.FrozenTrial) -> ApplyCheck:
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
+
+
+def _labels(ws: "Workspace", tinfo: dict[str, Any]) -> tuple[str, str]:
+    """("name@base", "name@next") of the template a study tuned and of the version apply would write."""
+    name, base = tinfo["name"], tinfo.get("version")
+    try:
+        latest = list_versions(ws, name)[-1].version
+    except InputError:  # a template file outside the workspace: its first saved version
+        latest = 0
+    return (f"{name}@{base}" if base is not None else name), f"{name}@{latest + 1}"
+
+
+def _compare(ws: "Workspace", st: optuna.Study, attrs: dict[str, Any], chosen: optuna.trial.FrozenTrial
+             ) -> ApplyCheck:
     objective = attrs["config"]["objective"]
     tasks = None
+    metric = attrs.get("metric", "value")
+    base_held = (((attrs.get("baseline") or {}).get("figures") or {}).get("held_out") or {})
+    figures: list[HeldOutFigure] = []
     if objective == "outcome":
-        metric, label, figure, template = primary_figures(attrs, chosen.user_attrs)
+        primary, label, figure, template = primary_figures(attrs, chosen.user_attrs)
         tasks = ((attrs.get("held_out") or {}).get("tasks_with_both"))
+        figures.append(HeldOutFigure(primary, label, figure, template))
+        # the optimised figure on the held-out episodes (what the page shows beside the best value)
+        figures.append(HeldOutFigure(metric, f"held-out {metric.replace('_', ' ')}",
+                                     _number(chosen.user_attrs.get("held_out")), _number(base_held.get(metric))))
     else:
-        metric = attrs.get("metric", "value")
-        label = f"held-out {metric}"
-        figure = chosen.user_attrs.get("held_out")
-        template = ((((attrs.get("baseline") or {}).get("figures") or {}).get("held_out") or {}).get(metric))
+        template = _number(base_held.get(metric))
         if template is None:  # the policy objective measures the template as its first trial
             base = [tr for tr in st.get_trials(deepcopy=False) if tr.user_attrs.get("baseline")
                     and tr.state == optuna.trial.TrialState.COMPLETE]
-            template = base[0].user_attrs.get("held_out") if base else None
-    worse = figure is not None and template is not None and figure < template
-    return ApplyCheck(study=st.study_name, trial=chosen.number, metric=metric, label=label, figure=figure,
-                      template=template, tasks_with_both=tasks, worse=worse)
+            template = _number(base[0].user_attrs.get("held_out")) if base else None
+        figures.append(HeldOutFigure(metric, f"held-out {metric.replace('_', ' ')}",
+                                     _number(chosen.user_attrs.get("held_out")), template))
+    drops = [f for f in figures if f.change is not None and f.change < 0]
+    # named: the first figure that drops (the primary one before the optimised one), else the first measured
+    named = drops[0] if drops else next((f for f in figures if f.change is not None), figures[0])
+    template_label, new_label = _labels(ws, attrs["template"])
+    return ApplyCheck(study=st.study_name, trial=chosen.number, metric=named.key, label=named.label,
+                      figure=named.trial, template=named.template, tasks_with_both=tasks, worse=bool(drops),
+                      figures=tuple(figures), template_label=template_label, new_label=new_label)
 
 
 def apply_check(ws: "Workspace", name: str, *, storage: str | None = None, trial: int | None = None
                 ) -> ApplyCheck:
-    """How the held-out figure of the trial :func:`apply_study` would save (the best feasible
-    one, or ``trial``) compares with the template's own on the same held-out tasks."""
+    """How the held-out figures of the trial :func:`apply_study` would save (the best feasible
+    one, or ``trial``) compare with the template's own on the same held-out episodes."""
     url = storage_for(ws, name, storage)
     st = load_study(ws, name, url)
-    return _compare(st, study_attrs(st), _chosen_trial(st, name, trial))
+    return _compare(ws, st, study_attrs(st), _chosen_trial(st, name, trial))
 
 
 @dataclass(frozen=True)
@@ -143,13 +250,14 @@ class AppliedStudy:
 
 
 def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None = None,
-                trial: int | None = None, message: str | None = None, confirm_worse: bool = False) -> AppliedStudy:
+                trial: int | None = None, message: str | None = None, force: bool = False) -> AppliedStudy:
     """Write a study's best feasible weights (or trial ``trial``'s) as a **new version** of
     the template it tuned, with the diff and the objective's figures recorded.
 
-    Weights whose held-out figure is below the template's own on the same held-out tasks
-    (:func:`apply_check`) are refused with :class:`WorseThanTemplate` unless ``confirm_worse``;
-    the comparison and the decision are recorded in the figures (``guard``).
+    Weights with a held-out figure below the template's own on the same held-out episodes
+    (:func:`apply_check`) are refused with :class:`WorseThanTemplate`, whose message names the
+    drop, unless ``force`` (the caller asked the person and they confirmed); the comparison
+    and the decision are recorded in the figures (``guard``).
 
     The save names the version the study started from, so it is refused
     (:class:`~core.rewards.versions.TemplateConflict`) when someone saved a newer version
@@ -159,11 +267,10 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
     st = load_study(ws, name, url)
     attrs = study_attrs(st)
     chosen = _chosen_trial(st, name, trial)
-    check = _compare(st, attrs, chosen)
-    if check.worse and not confirm_worse:
-        raise WorseThanTemplate(f"not applied: {check.message}, so these weights rank the runs of tasks they "
-                                "were not tuned on worse than the template does. Confirm to apply them anyway "
-                                "(rwb tune apply --confirm-worse; on the Tuning page, tick the confirm box)")
+    check = _compare(ws, st, attrs, chosen)
+    if check.worse and not force:
+        raise WorseThanTemplate(f"Not saved: {check.drop_sentence} Confirm to save them anyway as "
+                                f"{check.new_label} (rwb tune apply {name} --force).", check=check)
     if check.figure is None or check.template is None:
         decision = "applied without a comparison (a held-out figure was not measured)"
     elif check.worse:
@@ -189,14 +296,16 @@ def apply_study(ws: "Workspace", actor: Actor, name: str, *, storage: str | None
         "held_out_within": chosen.user_attrs.get("held_out_within"),
         "guard": {"metric": check.metric, "label": check.label, "trial": check.figure, "template": check.template,
                   "tasks_with_both": check.tasks_with_both, "worse": check.worse,
-                  "confirmed": bool(confirm_worse and check.worse), "decision": decision},
+                  "confirmed": bool(force and check.worse), "decision": decision,
+                  "figures": [asdict(f) for f in check.figures]},
         "constraints": dict(chosen.constraints), "baseline": attrs.get("baseline"),
         "split": attrs.get("split"), "data": {k: v for k, v in attrs["data"].items()},
         "base": {"name": tinfo["name"], "version": tinfo["version"], "sha256": tinfo["sha256"]}})
     held = figures["held_out"]
     text = message or (f"tuned by study {name} (trial {chosen.number}): {metric} {chosen.value:.3f} on the "
                        f"training split" + (f", {held:.3f} held out" if isinstance(held, (int, float)) else ""))
-    saved = save_template(ws, actor, tinfo["name"], new, tinfo["version"], text,
+    # written onto the tuned version's text: its comments and key order stay
+    saved = save_template(ws, actor, tinfo["name"], edited_text(tinfo["yaml"], new), tinfo["version"], text,
                           meta={"tuning": figures, "diff": diff})
     with ws.transaction() as conn:
         conn.execute("INSERT INTO tuning_applications(study, trial_number, template_name, base_version, version, "

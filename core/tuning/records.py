@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import optuna
 
-from core.base.errors import InputError
+from core.base.errors import InputError, RwbError
 from core.rl.runs import process_alive
 from core.tuning.storage import default_storage_url, describe_url, open_storage, study_id
 
@@ -130,6 +130,28 @@ def heartbeat(ws: "Workspace", run_id: int, done: int, best: float | None) -> bo
     return bool(row and row[0])
 
 
+def failure_text(exc: BaseException) -> str:
+    """Why a worker run failed, as the Studies list shows it: the message of an error meant for
+    the analyst (bad data, a refusal), else the exception's type and message."""
+    if isinstance(exc, InputError) and exc.field and not (exc.file or exc.line is not None or exc.record is not None):
+        return str(InputError(exc.reason, hint=exc.hint))   # the reason (and fix) without "field 'x':"
+    if isinstance(exc, RwbError):
+        return str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def fail_run(ws: "Workspace", run_id: int, exc: BaseException) -> None:
+    """Record worker run ``run_id`` as failed with the cause of ``exc``, unless it already ended
+    (a run that recorded its own end keeps it) or another process works it (its process id is
+    recorded and is not this one's: a mistyped run id must not end someone else's run)."""
+    with ws.transaction() as conn:
+        conn.execute("UPDATE tuning_runs SET status='failed', error=?, ended_at=?, heartbeat_at=? "
+                     "WHERE id=? AND status IN ('starting', 'running') AND (pid IS NULL OR pid=?)",
+                     (failure_text(exc), now_iso(), now_iso(), run_id, os.getpid()))
+
+
 def end_run(ws: "Workspace", run_id: int, status: str, *, done: int, best: float | None,
             per_min: float | None = None, error: str | None = None) -> None:
     """Record how worker run ``run_id`` ended (finished, stopped or failed) and its last figures."""
@@ -210,9 +232,17 @@ class StudyRecord:
     runs: int
     #: The latest of them; None before the first
     latest_run: StudyRun | None
-    #: ``running``, ``new`` (no run yet), ``interrupted`` (its last worker died) or how the
-    #: last run ended (``finished``, ``stopped``, ``failed``)
+    #: ``running``, ``new`` (no run yet), ``interrupted`` (its last worker died without
+    #: reporting) or how the last run ended (``finished``, ``stopped``, ``failed``)
     status: str
+    #: Why it is not running although it did not finish: the failed or stopped run's recorded
+    #: cause, or that the worker died without one; None while it runs, when new or finished
+    cause: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a worker tunes it now (the only state in which it can be stopped)."""
+        return self.status == "running"
 
 
 def list_studies(ws: "Workspace") -> list[StudyRecord]:
@@ -222,8 +252,10 @@ def list_studies(ws: "Workspace") -> list[StudyRecord]:
                            "rowid DESC").fetchall()
     for r in rows:
         runs = study_runs(ws, r[0])
+        status = _study_status(runs)
         out.append(StudyRecord(**dict(zip(_STUDY_COLUMNS, r)), runs=len(runs),
-                               latest_run=runs[-1] if runs else None, status=_study_status(runs)))
+                               latest_run=runs[-1] if runs else None, status=status,
+                               cause=_cause(status, runs[-1] if runs else None)))
     return out
 
 
@@ -240,6 +272,17 @@ def _study_status(runs: Sequence[StudyRun]) -> str:
         return "new"
     last = runs[-1]
     return "interrupted" if last.status in ("starting", "running") else last.status
+
+
+def _cause(status: str, last: StudyRun | None) -> str | None:
+    if last is None or status in ("running", "new", "finished"):
+        return None
+    if last.error:
+        return last.error
+    if status == "interrupted":
+        return ("its worker process ended without reporting why (killed, or the machine restarted); "
+                "the worker log may say more")
+    return None
 
 
 def get_study(ws: "Workspace", name: str) -> StudyRecord:

@@ -28,6 +28,53 @@ from core.tuning.storage import count_trials, describe_url, open_storage, study_
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
 
+#: Plain names of a study's figures (the key as in ``TuneResult.metric`` and the figures), each with
+#: the technical term and what good looks like, for a tooltip.
+FIGURES: dict[str, tuple[str, str]] = {
+    "soft_within_task": ("Ranks each task's successes above its failures",
+                         "Smooth within-task AUC: the share of (successful, failed) run pairs of the same task "
+                         "whose returns are in the right order, smoothed so the optimiser can follow it. "
+                         "0.5 is chance, 1 is perfect."),
+    "within_task": ("Ranks each task's successes above its failures",
+                    "Within-task AUC: the share of (successful, failed) run pairs of the same task whose returns "
+                    "are in the right order. 0.5 is chance, 1 is perfect."),
+    "soft_auc": ("Ranks successful runs above failed ones",
+                 "Smooth AUC over all pairs (soft_auc): the share of (successful, failed) run pairs whose returns "
+                 "are in the right order, smoothed so the optimiser can follow it. 0.5 is chance, 1 is perfect."),
+    "auc": ("Ranks successful runs above failed ones",
+            "AUC over all pairs: the share of (successful, failed) run pairs whose returns are in the right "
+            "order. 0.5 is chance, 1 is perfect."),
+    "all_pairs": ("Ranks successful runs above failed ones",
+                  "AUC over all pairs: the share of (successful, failed) run pairs whose returns are in the right "
+                  "order. 0.5 is chance, 1 is perfect."),
+    "kendall_tau": ("Order of returns follows the outcomes",
+                    "Kendall's τ-b between the returns and the outcome: −1 reversed, 0 unrelated, 1 the same order."),
+    "agreement": ("Agrees with your preference labels",
+                  "Share of the labelled pairs whose returns put the preferred episode first. 0.5 is chance, "
+                  "1 agrees with every label."),
+    "success_rate": ("Success of a short trained policy",
+                     "Share of held-out tasks that a short PPO run trained on these weights resolves. Higher is "
+                     "better."),
+}
+
+#: The page's names of the outcome objective's metric choices (the setting's value in the tooltip).
+METRIC_CHOICES: dict[str, str] = {
+    "within_task": "Within each task (recommended)",
+    "all_pairs": "Across all runs",
+    "soft_auc": "Across all runs (older name)",
+    "auc": "Across all runs, exact (not smooth)",
+    "kendall": "Rank correlation with the outcome",
+}
+
+
+def figure_name(key: str | None) -> tuple[str, str]:
+    """(plain label, technical term with what good looks like) of a figure key; the key itself
+    when it has no plain name."""
+    if not key:
+        return "Objective", "The study's objective value."
+    return FIGURES.get(key, (key.replace("_", " ").capitalize(), key))
+
+
 #: Trials whose parameter importances are computed (the most recent completed ones; slow on many).
 PLOT_IMPORTANCE_TRIALS = 300
 #: Trials drawn in the parallel coordinates (the best completed ones).
@@ -82,6 +129,9 @@ class StudyReport:
     held_out: dict[str, Any] | None = None
     #: what the analyst should know about the study (small labelled set, a fallback to all pairs, …)
     warnings: list[str] = field(default_factory=list)
+    #: why the study is not running although it did not finish (a failed run's cause, a worker
+    #: that died); None while it runs, when new or finished (:attr:`StudyRecord.cause`)
+    cause: str | None = None
 
 
 def study_fingerprint(ws: "Workspace", name: str, storage: str | None = None) -> tuple[int, str]:
@@ -103,12 +153,13 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
     if study_id(rdb, name) is None:
         # launched, the worker has not created it yet
         rec = get_study(ws, name)
+        waiting = ["the worker is preparing the study (scoring the data)"] if rec.status == "running" else \
+            ["no trial was run"]
         return StudyReport(name=name, storage=describe_url(url), status=rec.status, objective=rec.objective,
                            metric="", template={"name": rec.template_name, "version": rec.template_version},
                            data={"dataset": rec.dataset, "episodes_file": rec.episodes_file}, split={},
                            counts={}, best=None, baseline=None, weights=[], params=[], constraints=[], trials=[],
-                           runs=runs, charts=StudyCharts(), held_out_series={},
-                           notes=["the worker is preparing the study (scoring the data)"])
+                           runs=runs, charts=StudyCharts(), held_out_series={}, notes=waiting, cause=rec.cause)
     st = optuna.load_study(study_name=name, storage=rdb)
     attrs = study_attrs(st)
     trials = st.get_trials(deepcopy=False)
@@ -181,7 +232,7 @@ def study_report(ws: "Workspace", name: str, storage: str | None = None) -> Stud
         held_out_series=finite({"trial": [tr.number for tr in complete], "objective": [tr.value for tr in complete],
                                 "held-out AUC": [tr.user_attrs.get("held_out_auc") for tr in complete]}),
         held_out=finite(held_out_comparison(attrs, best, st.user_attrs.get(HELD_OUT_ATTR))),
-        warnings=list(attrs.get("warnings") or []))
+        warnings=list(attrs.get("warnings") or []), cause=listed.cause if listed else None)
 
 
 def held_out_comparison(attrs: dict[str, Any], best: dict[str, Any] | None, stored: dict[str, Any] | None

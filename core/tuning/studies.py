@@ -47,8 +47,8 @@ from core.tuning.objectives import (OutcomeObjective, PreferenceObjective, Tunin
                                     policy_objective)
 from core.tuning.preferences import preference_pairs
 from core.tuning.problem import TuningProblem
-from core.tuning.records import (CONFIG_ATTR, HELD_OUT_ATTR, end_run, finite, heartbeat, record_study, running_worker,
-                                 start_run)
+from core.tuning.records import (CONFIG_ATTR, HELD_OUT_ATTR, end_run, fail_run, failure_text, finite, heartbeat,
+                                 record_study, running_worker, start_run)
 from core.tuning.storage import BatchedTrialWriter, default_storage_url, describe_url, open_storage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,8 +141,27 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
     batches every ``flush_seconds``), or an SQLAlchemy URL (Optuna's RDB storage) or a
     journal file used directly (several workers may share it).  ``study``: its name (default: from the
     template, objective, data and settings, so a rerun continues it).  The first trial of a
-    new study is the template's own weights (the baseline).  Needs ``train``."""
-    authorize(ws, actor, "train")
+    new study is the template's own weights (the baseline).
+
+    A launched worker's run (``run_id``) that fails, before or during its trials, is recorded as
+    ``failed`` with the cause (:func:`~core.tuning.records.fail_run`).  Needs ``train``."""
+    try:
+        authorize(ws, actor, "train")
+        return _tune(ws, actor, template, dataset=dataset, episodes=episodes, frame=frame, config=config,
+                     trials=trials, storage=storage, study=study, bounds=bounds, fixed=fixed, timeout=timeout,
+                     flush_seconds=flush_seconds, run_id=run_id, progress=progress, groups=groups)
+    except BaseException as exc:
+        if run_id is not None:  # a launched worker: its run says why it ended, where the Studies list shows it
+            fail_run(ws, run_id, exc)
+        raise
+
+
+def _tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, dataset: str | None,
+          episodes: str | Path | None, frame: StepsFrame | None, config: TuneConfig | None, trials: int,
+          storage: str | None, study: str | None, bounds: Mapping[str, Any] | None, fixed: Sequence[str],
+          timeout: float | None, flush_seconds: float, run_id: int | None,
+          progress: Callable[[dict[str, Any]], None] | None, groups: np.ndarray | None) -> TuneResult:
+    """The body of :func:`tune` (the actor is authorised there)."""
     cfg = (config or TuneConfig()).validate()
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise InputError(f"trials must be a whole number ≥ 1, got {trials!r}", field="trials")
@@ -318,7 +337,7 @@ def tune(ws: "Workspace", actor: Actor, template: Template | str | Path, *, data
         working.optimize(run_objective, n_trials=trials, timeout=timeout, callbacks=[after_trial],
                          gc_after_trial=False, show_progress_bar=False)
     except BaseException as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error = "failed", failure_text(exc)
         raise
     finally:
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0

@@ -1,6 +1,7 @@
 """Studies as background workers: :func:`launch_tuning` starts ``rwb tune`` as a detached
-process that outlives the page (and the app) that started it, :func:`stop_tuning` asks the
-workers of a study to stop after their current trial, :func:`tuning_log` reads a worker's log."""
+process that outlives the page (and the app) that started it, after :func:`tuning_refusal`
+found nothing that refuses the data at once; :func:`stop_tuning` asks the workers of a study
+to stop after their current trial, :func:`tuning_log` reads a worker's log."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from core.base.errors import ConflictError, InputError
 from core.base.package_data import import_root
 from core.tuning.config import CV_FOLDS, SearchSpace, TuneConfig, outcome_readers
 from core.tuning.data import data_label, default_study_name, resolve_template_ref
+from core.tuning.labels import MIN_LABELLED
+from core.tuning.preferences import list_preferences
 from core.tuning.records import StudyRecord, end_run, get_study, now_iso, running_worker, stored_url, study_runs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +39,9 @@ def stop_tuning(ws: "Workspace", actor: Actor, name: str) -> StudyRecord:
     authorize(ws, actor, "train")
     runs = [r for r in study_runs(ws, name) if r.status in ("starting", "running")]
     if not runs:
-        raise ConflictError(f"study {name!r} has no running worker")
+        record = get_study(ws, name)
+        raise ConflictError(f"study {name!r} has no running worker: it is {record.status}"
+                            + (f" ({record.cause})" if record.cause else ""))
     with ws.transaction() as conn:
         for r in runs:
             conn.execute("UPDATE tuning_runs SET stop_requested=1 WHERE id=?", (r.id,))
@@ -45,6 +50,25 @@ def stop_tuning(ws: "Workspace", actor: Actor, name: str) -> StudyRecord:
             end_run(ws, r.id, "stopped", done=r.trials_done, best=r.best_value,
                     error="stopped while no worker process was running")
     return get_study(ws, name)
+
+
+def tuning_refusal(ws: "Workspace", dataset: str, objective: str = "outcome") -> str | None:
+    """Why a study of ``objective`` on ``dataset`` would be refused as soon as its worker reads
+    the data, in one sentence; None when nothing cheap to check refuses it (the worker checks
+    the rest, and a failure is recorded with its cause).  Reads the dataset's counts only."""
+    info = next((d for d in ws.datasets(include_archived=True) if d.name == dataset), None)
+    if info is None:
+        return f"there is no dataset {dataset!r} in this workspace"
+    if info.n_episodes < 2:
+        return (f"tuning needs at least two episodes: {dataset} has {info.n_episodes}. Import more episodes "
+                "into it, or pick a larger dataset")
+    if objective == "outcome" and info.n_episodes < MIN_LABELLED:
+        return (f"tuning towards outcomes needs at least {MIN_LABELLED} episodes with a known outcome: "
+                f"{dataset} has {info.n_episodes} episodes. Import more, or tune on preference labels")
+    if objective == "preferences" and not list_preferences(ws, dataset):
+        return (f"the preferences objective needs preference labels and {dataset} has none yet: add some "
+                "(this episode is better than that one) first")
+    return None
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,9 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
 
     It has its own session, so it survives the page that launched it (and the app); its
     output goes to ``artifacts/tuning/logs/``.  The study name is settled here, so the
-    page can watch it at once.  Needs ``train``."""
+    page can watch it at once.  Data that cannot be tuned (:func:`tuning_refusal`: one episode,
+    too few for the outcome objective, no preference labels) is refused before any worker
+    starts.  Needs ``train``."""
     authorize(ws, actor, "train")
     cfg = (config or TuneConfig()).validate()
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -79,6 +105,9 @@ def launch_tuning(ws: "Workspace", actor: Actor, template: str, *, dataset: str 
         raise InputError("give exactly one of a dataset or an episodes file", field="dataset")
     if dataset is not None:
         ws.require_dataset(dataset)
+        refusal = tuning_refusal(ws, dataset, cfg.objective)
+        if refusal is not None:  # refused here, at once, rather than by a worker a moment later
+            raise InputError(f"not started: {refusal}", field="dataset")
     space = SearchSpace.for_template(ref.template, bounds, fixed,
                                      exclude=outcome_readers(ref.template) if cfg.withholds else ())
     name = study or default_study_name(ref, cfg, data_label(dataset, episodes), space)

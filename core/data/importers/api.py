@@ -481,6 +481,10 @@ def _store(ws: Workspace, path: Path, sha: str, dataset: str | None, parsed: Par
             row = _already(conn, sha, dataset)  # checked again under the write lock
             if row is not None:
                 return _noop_result(row, dataset, path, sha)
+            archived = conn.execute("SELECT archived_at FROM datasets WHERE name=?", (dataset,)).fetchone()
+            if archived is not None and archived[0] is not None:
+                raise InputError(f"dataset '{dataset}' is archived: restore it first, or import into another "
+                                 "dataset", field="dataset")
             ws.ensure_dataset(conn, dataset, parsed.domain)
             taken = {r[0] for r in conn.execute("SELECT episode_id FROM episodes WHERE dataset=?",
                                                 (dataset,))}

@@ -33,6 +33,7 @@ from core.data.importers.base import (
     register,
 )
 from core.data.importers.chat import Conversation, convert_messages
+from core.data.task_criteria import TASK_ID_KEYS
 
 _TRUE_WORDS = frozenset({"true", "yes", "success", "succeeded", "resolved", "pass", "passed", "win"})
 _FALSE_WORDS = frozenset({"false", "no", "failure", "fail", "failed", "unresolved", "lose", "loss"})
@@ -68,8 +69,8 @@ def outcome_value(value: Any, doc: Document, rec: RawRecord, field: str) -> dict
         out: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for k, v in value.items():
-            if k in _OUTCOME_FLAGS and isinstance(v, bool):
-                out[_OUTCOME_FLAGS[k]] = v
+            if k in _OUTCOME_FLAGS and (isinstance(v, bool) or _zero_one(v)):
+                out[_OUTCOME_FLAGS[k]] = bool(v)
             elif k in _OUTCOME_NUMBERS and is_finite_number(v):
                 out[_OUTCOME_NUMBERS[k]] = float(v)
             elif k in _OUTCOME_FLAGS or k in _OUTCOME_NUMBERS:
@@ -85,24 +86,68 @@ def outcome_value(value: Any, doc: Document, rec: RawRecord, field: str) -> dict
                     rec, field)
 
 
+def _zero_one(value: Any) -> bool:
+    """A number that is 0 or 1 (not a bool: those are flags already)."""
+    return is_finite_number(value) and value in (0, 1)
+
+
+def _names_a_flag(key: str) -> bool:
+    """Whether a (dotted) key's last part says success: ``success``, ``outcome.resolved``…"""
+    return key.rsplit(".", 1)[-1].lower() in _OUTCOME_FLAGS
+
+
+def _logged_resolved(record: dict[str, Any], reward_key: str | None) -> Any:
+    """The record's own resolved field (``resolved`` or ``outcome.resolved``, true/false or 0/1)
+    when it has one besides ``reward_key``; None otherwise."""
+    for key in ("resolved", "outcome.resolved"):
+        if key == reward_key:
+            continue
+        value = get_path(record, key, None)
+        if isinstance(value, bool) or _zero_one(value):
+            return bool(value)
+    return None
+
+
 def record_outcome(record: dict[str, Any], reward_key: str | None, doc: Document,
                    rec: RawRecord, flag: bool = False) -> tuple[dict[str, Any], bool]:
-    """Outcome fields of a record and whether an outcome key was present; ``flag``: the
-    value at ``reward_key`` is a 0/1 success flag (see :func:`zero_one_key`)."""
+    """Outcome fields of a record and whether an outcome key was present.
+
+    A 0/1 value is a success flag, and sets ``resolved`` beside ``final_reward``, when the
+    key says so (``success``, ``resolved``, ``solved``) or ``flag`` says every value of
+    ``reward_key`` in the file is 0 or 1 (see :func:`zero_one_key`); a resolved field the
+    log has besides (``resolved``, ``outcome.resolved``) wins over the flag."""
     if reward_key is not None:
         value = get_path(record, reward_key, None)
         present = value is not None or _has_path(record, reward_key)
         fields = outcome_value(value, doc, rec, reward_key)
-        if flag and is_finite_number(value):
+        if _zero_one(value) and (flag or _names_a_flag(reward_key)):
             fields["resolved"] = bool(value)
-        return fields, present
-    out: dict[str, Any] = {}
-    present = False
-    for key in ("outcome", "success", "reward"):  # later keys win on the same field
-        if key in record:
-            present = True
-            out.update(outcome_value(record[key], doc, rec, key))
-    return out, present
+    else:
+        fields, present = {}, False
+        for key in ("outcome", "success", "reward"):  # later keys win on the same field
+            if key in record:
+                present = True
+                fields.update(outcome_value(record[key], doc, rec, key))
+                if key == "success" and _zero_one(record[key]):
+                    fields["resolved"] = bool(record[key])
+    logged = _logged_resolved(record, reward_key)
+    if logged is not None:
+        fields["resolved"] = logged
+    return fields, present
+
+
+def record_task_type(record: dict[str, Any]) -> str | None:
+    """The record's ``task_type``, else its task id (the first of
+    :data:`~core.data.task_criteria.TASK_ID_KEYS` it holds): episodes of one task then share
+    a task type, which the Episodes page filters by.  None when it has neither."""
+    for key in ("task_type", *TASK_ID_KEYS):
+        value = get_path(record, key, None)
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            continue
+        text = str(value).strip()
+        if text:
+            return text
+    return None
 
 
 def zero_one_key(doc: Document, key: str) -> bool:
@@ -217,12 +262,10 @@ class _ChatImporter(Importer):
         tools.extend(record_tools(record, "tools", doc, rec))
         tools.extend(record_tools(record, "functions", doc, rec))
         domain = record.get("domain")
-        task_type = record.get("task_type")
         body: dict[str, Any] = {
             "episode_id": record_id(record, options.id_key, doc, rec, _generated_id(doc, rec)),
             "domain": domain if isinstance(domain, str) and domain else "generic",
-            "task": {"query": conv.query,
-                     "task_type": task_type if isinstance(task_type, str) else None},
+            "task": {"query": conv.query, "task_type": record_task_type(record)},
             "steps": conv.steps,
             "outcome": outcome,
             "source": {"file": doc.name, "format": self.format, "line": rec.line,
@@ -367,7 +410,8 @@ class OpenAILegacyImporter(_ChatImporter):
             "episode_id": record_id(record, options.id_key, doc, rec,
                                     _generated_id(doc, rec) if many else doc.path.stem),
             "domain": "toolbench",
-            "task": {"query": query if isinstance(query, str) else conv.query},
+            "task": {"query": query if isinstance(query, str) else conv.query,
+                     "task_type": record_task_type(record)},
             "steps": conv.steps,
             "outcome": outcome,
             "source": {"file": doc.name, "format": self.format, "line": rec.line,
