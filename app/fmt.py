@@ -15,6 +15,8 @@ from numbers import Real
 MISSING = "—"
 #: Units :func:`number` writes itself: a share is a percentage of 1.
 SHARE_UNITS = ("share", "%")
+#: Counting units said in the singular for exactly one ("1 time", "1 episode").
+SINGULAR = {"times": "time", "episodes": "episode", "steps": "step", "items": "item", "trials": "trial"}
 
 
 def _is_missing(x: object) -> bool:
@@ -59,6 +61,8 @@ def number(x: object, unit: str | None = None, digits: int = 3) -> str:
         text = f"{int(x):,}"
     else:
         text = _rounded(float(x), digits)
+    if unit and float(x) == 1:
+        unit = SINGULAR.get(unit, unit)
     return f"{text} {unit}" if unit else text
 
 

@@ -9,6 +9,7 @@ from rwb_app import resources
 from rwb_app.fmt import number
 from rwb_app.glossary import help_for
 from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.verdicts import show_verdict
 from core.rl import runs, verdict
 
 USER_ERRORS = resources.USER_ERRORS
@@ -70,17 +71,7 @@ def _check(run_id: str) -> None:
 # --------------------------------------------------------------------------- the verdict
 kept = verdict.stored_verdict(ws, run_id)
 v = kept.verdict
-if v is None:
-    st.info("Not checked against the logs yet. **Check it against the logs** runs the four health checks and "
-            "plays the policy on held-out requests next to the logged behaviour (about half a minute).")
-else:
-    SHOW[v.overall](f"**{v.plain_overall.capitalize()}** · {v.headline}")
-    st.markdown("\n".join(f"- {line.sentence}" for line in (v.learning, v.better_than_logs, v.how_sure)))
-    st.markdown(f"**Next:** {v.next_step}")
-    if kept.stale:
-        st.warning(kept.note)
-    else:
-        st.caption(f"Judged on the checkpoint of update {v.checkpoint_update}, {v.computed_at}.")
+show_verdict(kept)
 st.button("Check it against the logs" if v is None else "Check again", key="diag_check",
           type="primary" if v is None or kept.stale else "secondary", on_click=_check, args=(run_id,),
           help="Runs the four-step diagnosis and the held-out evaluation together.")

@@ -20,8 +20,8 @@ PAGE_FILES = {"episodes": "episodes.py", "rewards": "reward_pyramid.py", "traini
 RUN_STATUS = {"running": "training now", "finished": "finished", "failed": "failed", "stopped": "stopped",
               "interrupted": "interrupted (its trainer stopped)"}
 
-st.title("Reward Workbench")
-st.markdown("The workbench turns your agent's recorded conversations into a reward you can check against real "
+st.title("Home")
+st.markdown("**Reward Workbench** turns your agent's recorded conversations into a reward you can check against real "
             "outcomes. It trains a policy on that reward and tells you in plain words whether it does better "
             "than the agent in the logs. Reviewers check risky steps and an approver hands the policy over to "
             "production, with every decision on record.")

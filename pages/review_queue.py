@@ -97,7 +97,7 @@ def _show_context(context: "ReviewContext") -> None:
     else:
         st.caption("No request was recorded for this conversation.")
 
-    st.markdown("#### What the agent wants to do")
+    st.markdown("#### What the policy proposes" if context.proposed_by_policy else "#### What the agent wants to do")
     st.code(context.call, language=None, wrap_lines=True)
     if context.arguments:
         st.markdown("**With these arguments**", help="The call's parameters as the agent gave them (JSON).")

@@ -10,6 +10,7 @@ from rwb_app import charts, resources
 from rwb_app.choices import dataset_select, template_select
 from rwb_app.fmt import number
 from rwb_app.messages import cli_equivalent, user_message
+from rwb_app.verdicts import show_verdict
 from core.rl import runs, verdict
 from core.base.errors import ConflictError
 
@@ -21,7 +22,6 @@ LAUNCH_NOTICE = "train_launch_notice"
 #: Episodes a dataset needs to train on: one to learn from, one held out to check against.
 MIN_EPISODES = 2
 SHOW = {"success": st.success, "warning": st.warning, "error": st.error, "info": st.info}
-VERDICT_SHOW = {"ok": st.success, "warn": st.warning, "fail": st.error}
 
 st.title("Training")
 st.caption("Train a policy against a reward template on a dataset: it trains in the background (it goes on "
@@ -168,17 +168,7 @@ def verdict_panel(run_id: str) -> None:
     if kept.latest_update is None:
         st.info("No checkpoint yet: the verdict comes once the run has saved its first policy.")
         return
-    if v is None:
-        st.info("Not checked against the logs yet. **Check it against the logs** runs the four health checks and "
-                "plays the policy on held-out requests next to the logged behaviour (about half a minute).")
-    else:
-        VERDICT_SHOW[v.overall](f"**{v.plain_overall.capitalize()}** · {v.headline}")
-        st.markdown("\n".join(f"- {line.sentence}" for line in (v.learning, v.better_than_logs, v.how_sure)))
-        st.markdown(f"**Next:** {v.next_step}")
-        if kept.stale:
-            st.warning(kept.note)
-        else:
-            st.caption(f"Judged on the checkpoint of update {v.checkpoint_update}, {v.computed_at}.")
+    show_verdict(kept)
     st.button("Check it against the logs" if v is None else "Check again", key=f"train_check_{run_id}",
               type="primary" if v is None or kept.stale else "secondary", on_click=_check, args=(run_id,),
               help="Runs the four-step diagnosis and the held-out evaluation together.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,6 +57,30 @@ def running_app(workspace: Path, log_path: Path, *, env: Mapping[str, str] | Non
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# --------------------------------------------------------------------------- the browser
+#: Debian's Chromium, headless, without a sandbox or background traffic (nothing is downloaded).
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+@contextlib.contextmanager
+def browser_tab(url: str, *, viewport: Mapping[str, int] | None = None, timeout_ms: int = 120_000) -> Iterator:
+    """A Playwright page in the system's Chromium, opened on ``url`` (closed at the end)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport=dict(viewport or {"width": 1500, "height": 1100}))
+            pg = context.new_page()
+            pg.set_default_timeout(timeout_ms)
+            pg.goto(url)
+            yield pg
+            context.close()
+        finally:
+            browser.close()
 
 
 # --------------------------------------------------------------------------- plain words

@@ -1,4 +1,4 @@
-"""The main path in a real browser: Playwright driving Debian's Chromium against ``rwb app``.
+"""A new analyst's day in a real browser: Playwright driving Debian's Chromium against ``rwb app``.
 
 The app runs as a subprocess (``rwb --workspace WS app --port FREE --headless``) on
 127.0.0.1 with a temp workspace in multi-user mode (admin ada, analyst ana, reviewer rae,
@@ -7,15 +7,21 @@ episodes of the ``noisy`` behaviour: detours, skipped checks, odd arguments) and
 finished training run on them (the demo's settings, 200k steps: about two minutes) whose L3
 curriculum queued high-risk actions for review.  In the browser:
 
-1. ana signs in, uploads a log file through the file chooser and sees it imported;
-2. on the Reward Pyramid page she moves a weight and the displayed totals change;
-3. on the Training page she launches a short run and its curves appear;
-4. on the Policies page she exports the finished run as a bundle and registers it;
-5. rae claims a review item and approves it;
-6. bob checks the promotion gate — the run beats the logged agent on its held-out requests
+1. ana signs in and Home says where the workspace stands and what to do next;
+2. she uploads her agent's log file through the file chooser and sees it imported;
+3. on the Reward Pyramid page she moves a weight and the displayed totals change, then
+   checks the reward against the recorded outcomes (Calibration);
+4. on the Tuning page she reads the study of the weights: tuned against the template on
+   episodes it was not tuned on, in plain words;
+5. on the Training page she launches a short run and its curves appear;
+6. on the Policies page she exports the finished run as a bundle and registers it: the hand-over;
+7. rae claims a review item, reads the request, the call's arguments and the reward's parts,
+   and approves it;
+8. bob checks the promotion gate — the run beats the logged agent on its held-out requests
    — approves (four-eyes: not ana) and promotes it into the policies folder;
-7. a production-style ``rwb serve decide`` serves a decision with the promoted policy, and
-   the Audit page shows its record.
+9. a production-style ``rwb serve decide`` serves a decision with the promoted policy, and
+   the Audit page shows its record beside the people's decisions (the approval among them);
+10. the State Explorer maps the agent's states.
 
 Every page is screenshotted into ``test-output/screens/`` (printed at the end).  The
 browser is the system's Chromium (``shutil.which("chromium")``, headless, no sandbox, no
@@ -270,6 +276,12 @@ def test_main_path_in_a_real_browser(page, workspace):
     _shot(pg, "00_sign_in")
     _sign_in(pg, "ana")
 
+    # 0. Home: where the workspace stands along the loop, and the next step as a link.
+    _open(pg, "Home")
+    _see(pg, "Next step")
+    _see(pg, "Where this workspace stands")
+    _shot(pg, "00_home")
+
     # 1. Import a file through the file chooser.
     _open(pg, "Episodes")
     _main(pg).get_by_role("tab", name="Import a file").click()
@@ -301,6 +313,15 @@ def test_main_path_in_a_real_browser(page, workspace):
     after = _metric(pg, "Mean episode return")
     assert after != before
     _shot(pg, "03_reward_pyramid")
+    # …and checks it against the recorded outcomes, task by task
+    _main(pg).get_by_role("tab", name="Calibration").click()
+    _see(pg, "Return ranks each task's successes first")
+    _shot(pg, "03_reward_vs_outcomes")
+
+    # 2b. Tuning: the study of the weights, judged on episodes it was not tuned on.
+    _open(pg, "Tuning")
+    _see(pg, re.compile(rf"{workspace['study']} · finished · tuned towards"))
+    _shot(pg, "03_tuning")
 
     # 3. Training: launch a short run and watch its curves appear.
     _open(pg, "Training")
@@ -335,6 +356,9 @@ def test_main_path_in_a_real_browser(page, workspace):
     _open(pg, "Review Queue")
     _main(pg).get_by_role("button", name="Claim next item").click()
     _see(pg, re.compile(r"Claimed item #\d+"))
+    _see(pg, "What the user asked")                      # the request, the call, the reward's parts
+    _see(pg, re.compile(r"What the (policy proposes|agent wants to do)"))
+    _see(pg, "What the reward says about this step")
     _main(pg).get_by_label("Comment").fill("reasonable exploration in this state")
     _main(pg).get_by_role("button", name="Approve: reasonable exploration").click()
     _see(pg, re.compile(r"Item #\d+ approved"))
@@ -357,7 +381,7 @@ def test_main_path_in_a_real_browser(page, workspace):
     _main(pg).get_by_role("button", name="Approve", exact=True).click()
     _see(pg, re.compile(r"Approved finance_risk \S+: it may now be promoted"))
     _main(pg).get_by_role("button", name="Promote", exact=True).click()
-    _see(pg, re.compile(r"Promoted finance_risk \S+: it is production now"))
+    _see(pg, re.compile(r"Promoted finance_risk \S+ into .*: it is production now"))
     production = _metric(pg, "Production")
     assert production != "—"
     index = json.loads((workspace["policies"] / "index.json").read_text())
@@ -376,26 +400,26 @@ def test_main_path_in_a_real_browser(page, workspace):
                             capture_output=True, text=True, timeout=300)
     assert served.returncode == 0, served.stderr
     _open(pg, "Audit")
-    _see(pg, "browser-1")
+    _main(pg).get_by_role("tab", name="Decisions served in production").click()
+    _see(pg, "First decision")
+    record = _main(pg).get_by_role("combobox", name="Record", exact=True).first
+    assert "browser-1" in (record.input_value() or ""), record.input_value()
     assert int(_metric(pg, "Records").replace(",", "")) >= 1
     _shot(pg, "09_audit")
+    _main(pg).get_by_role("tab", name="Decisions made in the workbench").click()
+    _see(pg, "Decisions shown")
+    # registered, approved, promoted, a review decided and the saved weights, at least
+    assert int(_metric(pg, "Decisions shown").replace(",", "")) >= 4
+    _shot(pg, "09_audit_people")
 
-    # 8. The other pages, with their data: the state map, the diagnosis of the fixture's run,
-    # and the tuning study the fixture ran.
+    # 8. The state map of the agent's logs (the run's verdict on Training and Diagnostics is
+    # tests/test_browser_training.py's).
     _open(pg, "State Explorer")
     _select(pg, "Reward template", "finance_risk")
     _fill(pg, "Points on the map", "1000")
     _main(pg).get_by_role("button", name="Map the states").click()
     _see(pg, re.compile(r"The map tells task types apart"))
     _shot(pg, "10_state_explorer")
-    _open(pg, "Diagnostics")
-    _select(pg, "Run", workspace["run_id"])
-    _main(pg).get_by_role("button", name="Check it against the logs").click()
-    _see(pg, re.compile(r"Better than the logs: (yes|no|unclear) — "))
-    _shot(pg, "11_diagnostics")
-    _open(pg, "Tuning")
-    _see(pg, re.compile(rf"{workspace['study']} · "))
-    _shot(pg, "12_tuning")
     errors = _main(pg).locator('[data-testid="stException"]')
     assert errors.count() == 0
     print(f"\nbrowser path: {time.perf_counter() - t0:.0f} s; screenshots in {SCREENS}")

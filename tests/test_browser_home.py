@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, _fill, _idle, _main, _metric, _open, _see, _select
+from test_browser import CHROMIUM, WAIT_MS, _fill, _idle, _main, _metric, _open, _see, _select
 from test_browser import _shot as page_shot
 
-from _browser import running_app
+from _browser import browser_tab, running_app
 
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -46,17 +46,9 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def page(workspace):
-    from playwright.sync_api import sync_playwright
-
     with running_app(workspace, workspace.parent / "app.log") as url:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1500, "height": 1100})
-            pg = context.new_page()
-            pg.set_default_timeout(WAIT_MS)
-            pg.goto(url)
+        with browser_tab(url, viewport={"width": 1500, "height": 1100}, timeout_ms=WAIT_MS) as pg:
             yield pg
-            browser.close()
 
 
 def _picked(pg, label: str) -> str:
@@ -88,7 +80,7 @@ def _use_the_workspace(root: Path, tmp: Path) -> str:
 def test_home_state_next_step_and_defaults(page, workspace):
     pg = page
     # 1. fresh: the root address opens Home
-    pg.locator("h1").filter(has_text="Reward Workbench").first.wait_for()
+    pg.locator("h1").filter(has_text="Home").first.wait_for()
     _idle(pg)
     assert pg.url.rstrip("/").endswith("/home")
     _see(pg, "Next step")
@@ -110,7 +102,7 @@ def test_home_state_next_step_and_defaults(page, workspace):
 
     # 3. used: a new session (reload) opens on the user's last dataset, not the newest
     pg.reload()
-    pg.locator("h1").filter(has_text="Reward Workbench").first.wait_for()
+    pg.locator("h1").filter(has_text="Home").first.wait_for()
     _idle(pg)
     _see(pg, f"Export run {run_id} and register it for approval")
     assert (_metric(pg, "Datasets"), _metric(pg, "Reward versions saved"), _metric(pg, "Training runs")) == \

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, _idle, _main, _open, _see
+from test_browser import CHROMIUM, WAIT_MS, _idle, _main, _open, _see
 from test_browser import _shot as page_shot
 
-from _browser import running_app
+from _browser import browser_tab, running_app
 
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -66,19 +66,10 @@ def workspace(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def page(workspace):
-    from playwright.sync_api import sync_playwright
-
     root = workspace["root"]
     with running_app(root, root.parent / "app.log", env={"RWB_POLICIES_DIR": str(root.parent / "policies")}) as url:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1500, "height": 1100})
-            pg = context.new_page()
-            pg.set_default_timeout(WAIT_MS)
-            pg.goto(url)
+        with browser_tab(url, viewport={"width": 1500, "height": 1100}, timeout_ms=WAIT_MS) as pg:
             yield pg
-            context.close()
-            browser.close()
 
 
 @pytest.mark.timeout(300)

@@ -146,7 +146,7 @@ def test_sign_in_survives_reload_and_typed_addresses(context, app_url, workspace
     # 1. No users: the local admin acts, on every page, the sign-in page included.
     first = context.new_page()
     first.goto(app_url)
-    _page_shows(first, "Reward Workbench", "Acting as local (admin)")
+    _page_shows(first, "Home", "Acting as local (admin)")
     assert first.url.rstrip("/").endswith("/home")
     first.goto(f"{app_url}/sign-in")
     _page_shows(first, "Sign in", "Acting as local (admin)")

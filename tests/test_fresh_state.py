@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 from _bundle_fixtures import module_hash_embedder, registry_figures, reseal, trained  # noqa: F401
 from _tuning_fixtures import FIN_FAST, finance_workspace
 from core.govern import registry
+from core.govern.policy_folder import promotion_target
 from core.rl import runs
 from core import tuning
 from core.govern.bundle import load_bundle
@@ -159,7 +160,8 @@ def test_promote_shows_production_and_the_installed_version(policy_ws, tmp_path)
     at = _policies_as(run, "bob", policies_name="fresh", policies_version="0.1.0")
     at.button(key="policies_promote").click().run()
     _ok(at)
-    assert [s.value for s in at.success] == ["Promoted fresh 0.1.0: it is production now."]
+    assert [s.value for s in at.success] == [
+        f"Promoted fresh 0.1.0 into {promotion_target().path}: it is production now."]
     assert read_index().policies["fresh"].active == "0.1.0"
     assert [m.value for m in at.metric if m.label == "Production"] == ["0.1.0"]
     assert any("active 0.1.0" in c.value for c in at.caption)

@@ -82,7 +82,7 @@ def _next_link(at: AppTest) -> tuple[str, str]:
 def test_fresh_sample_workspace_opens_on_home_and_says_import_your_own(sample_root, monkeypatch):
     at = _home(sample_root, monkeypatch)
     assert not at.exception, at.exception
-    assert [t.value for t in at.title] == ["Reward Workbench"]
+    assert [t.value for t in at.title] == ["Home"]
     assert "check against real outcomes" in at.markdown[0].value
     metrics = _metrics(at)
     assert metrics["Datasets"] == "2"

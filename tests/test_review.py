@@ -345,7 +345,7 @@ def test_cli_claim_decide_stats(tmp_path):
     assert list(context) == [
         "item", "request", "request_source", "call", "arguments", "arguments_note", "result",
         "steps_before", "steps_before_total", "components", "step_reward", "template",
-        "components_note", "rule", "similar", "reject_blocks"]
+        "components_note", "rule", "similar", "reject_blocks", "proposed_by_policy"]
     shown = context["item"]
     assert shown["events"][-1]["event"] == "decided"
     # the item's fields in this order, then its events

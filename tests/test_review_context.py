@@ -231,6 +231,29 @@ def test_a_training_item_names_the_repeat_threshold():
     assert "update 7" in rule.why and "3 times in a row" in rule.why
 
 
+def test_a_training_item_shows_the_policys_proposal_not_the_logged_call(ws):
+    """A run's item is the policy's own action in the state of a recorded step: the call under
+    review is that action, the logged call is named as what the agent did there instead, and
+    the reward is the simulator's for the proposal."""
+    step = _tool_steps(ws, "get_quote")[0] if _tool_steps(ws, "get_quote") else _tool_steps(ws)[0]
+    episode = ws.get_episode(DATASET, step.episode_id)
+    recorded = next(s for s in episode.steps if s.t == step.step_t)
+    item_id = review.enqueue(ws, LOCAL_ADMIN, review.ReviewRequest(
+        origin="training", reason="curriculum L3: the policy took the high-risk action while exploring",
+        state={"hour": 10.0}, token_id=7, token_name="A7T1", action_label="place_order(side=sell, …)",
+        tool="place_order", risk="high", reward_components={"risk": -0.5, "tool_validity": 1.0},
+        dataset=DATASET, run_id="run-x", episode_id=step.episode_id, step_t=step.step_t,
+        meta={"update": 5}))
+
+    c = review_context(ws, item_id)
+    assert c.call == "place_order(side=sell, …)" and c.arguments == "" and c.result is None
+    assert c.proposed_by_policy
+    assert "proposed action" in c.arguments_note and f"called {recorded.action.tool}(" in c.arguments_note
+    assert {x.name: x.value for x in c.components} == {"risk": -0.5, "tool_validity": 1.0}
+    assert "simulator's reward for the proposed action" in c.components_note
+    assert c.rule.name == "repeated_high_risk" and "once" in c.rule.why
+
+
 # --------------------------------------------------------------------------- the CLI
 def test_cli_review_show_prints_the_context(ws):
     step = _tool_steps(ws, "place_order")[0]

@@ -196,7 +196,7 @@ def test_run_verdict_is_kept_per_checkpoint_and_said_stale_after_a_newer_one(ws,
         raise AssertionError("computed again")
 
     monkeypatch.setattr(verdict, "diagnose", no)
-    monkeypatch.setattr(verdict, "evaluate", no)
+    monkeypatch.setattr("core.rl.evaluation.evaluate", no)
     assert verdict.run_verdict(ws, run_id) == v
     monkeypatch.undo()
     hash_embedder(monkeypatch)

@@ -131,6 +131,8 @@ class ReviewContext:
     similar: list[review.SimilarDecisions]
     #: What rejecting the item blocks, in words.
     reject_blocks: str
+    #: Whether the call is a training policy's own proposal (not a recorded or served call).
+    proposed_by_policy: bool = False
 
 
 # --------------------------------------------------------------------------- template
@@ -398,12 +400,26 @@ def review_context(ws: "Workspace", item_id: int, *, actor: Actor | None = None,
     else:
         note = (f"Step {item.step_t} of episode {item.episode_id} is not in dataset {item.dataset}: "
                 "nothing to score.")
+    # A training run's item is the policy's own proposal in the state of a recorded step: the
+    # call under review is the proposed action, and the logged call and its result are what
+    # the recorded agent did there instead.
+    proposal = item.origin == "training" and item.run_id is not None
+    if proposal and item.reward_components:
+        components, step_reward = _recorded_components(item), None
+        note = ("The simulator's reward for the proposed action, recorded when the item was queued "
+                "(the earlier steps are scored as logged).")
     if not components and item.reward_components:
         components = _recorded_components(item)
         note = ("The components recorded with the item when it was queued."
                 if item.origin == "serving" else f"{note} Shown: the components recorded when it was queued.")
 
-    if step is not None:
+    if proposal:
+        call = item.action_label or item.token_name or f"token {item.token_id}"
+        arguments, result = "", None
+        logged = "" if step is None else f"; the logged agent called {clip(_call_line(step), 200)} here instead"
+        arguments_note = ("the policy's proposed action, as its action token (… stands for arguments the token "
+                          f"leaves open){logged}")
+    elif step is not None:
         call, arguments, arguments_note = _call_line(step), _arguments(step), None
         result = _result(step)
     else:
@@ -431,4 +447,5 @@ def review_context(ws: "Workspace", item_id: int, *, actor: Actor | None = None,
         arguments_note=arguments_note, result=None if result is None else clip(result),
         steps_before=before[-MAX_STEPS_BEFORE:], steps_before_total=len(before),
         components=components, step_reward=step_reward, template=choice, components_note=note,
-        rule=rule, similar=review.similar_decisions(ws, item), reject_blocks=blocks)
+        rule=rule, similar=review.similar_decisions(ws, item), reject_blocks=blocks,
+        proposed_by_policy=proposal)

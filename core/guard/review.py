@@ -950,13 +950,15 @@ def flag_rule(item: ReviewItem, *, repeat_threshold: int | None = None,
     if name == "repeated_high_risk":
         repeats = _number_in(_IN_A_ROW, item.reason)
         value = repeats if repeats is not None else 1.0
-        need = "" if repeat_threshold is None else f" {repeat_threshold} times in a row sends it to a person."
+        need = ("" if repeat_threshold is None
+                else " Every such action goes to a person." if repeat_threshold == 1
+                else f" {repeat_threshold} times in a row sends it to a person.")
         update = item.meta.get("update")
         when = f" (training update {update})" if isinstance(update, int) else ""
         return FlagRule(
             name=name, title="Risky action repeated while training",
-            why=(f"While training{when} the policy took {action}, {risky}, "
-                 f"{int(value)} time{'s' if value != 1 else ''} in a row.{need}").strip(),
+            why=(f"While training{when} the policy took {action}, {risky},"
+                 + (" once" if value == 1 else f" {int(value)} times in a row") + f".{need}").strip(),
             measure="times in a row the policy took the same risky action", value=value,
             threshold=None if repeat_threshold is None else float(repeat_threshold), risk=risk, unit="times")
     if name == "sent_by_person":

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from core.rl.runs import open_run, run_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from core.records.store import Workspace
 
 #: Share of steps at the minimum reward above which rewards "flood" the floor.
@@ -211,6 +212,8 @@ def diagnose(ws: "Workspace", run_id: str, *, episodes: int = 512, seed: int = 0
     Returns a :class:`Diagnosis` whose overall verdict is the worst step's and whose next
     action is the first failing (else warning) step's; each step (:class:`DiagnosisCheck`)
     names its figure, unit and threshold and says what to do."""
+    import torch  # deferred: the pages read this module's records without loading torch
+
     from core.rl.rollouts import episode_stats  # deferred: loads gymnasium
     from core.state.statemap import (  # deferred: loads pandas
         GOOD_SILHOUETTE_MARGIN, POOR_SILHOUETTE_MARGIN, state_fidelity)
@@ -293,6 +296,8 @@ def _next_action(steps: list[DiagnosisCheck]) -> str:
 
 def _mean_allowed(tables: Any, episodes: torch.Tensor, seed: int) -> float:
     """Mean number of actions the masks allow per state, over random-in-mask rollouts."""
+    import torch  # deferred: the pages read this module's records without loading torch
+
     from core.rl.sim import BatchedSim, random_masked_actions  # deferred: loads gymnasium
 
     sim = BatchedSim(tables, 256, seed=seed, episodes=episodes)

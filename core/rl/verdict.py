@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from core.base.errors import ConflictError, InputError
 from core.base.results import to_jsonable
 from core.rl.doctor import LOW_ENTROPY, Diagnosis, DiagnosisCheck, Verdict, diagnose
-from core.rl.evaluation import EvaluationReport, evaluate
 from core.rl.runs import latest_checkpoint, run_dir, run_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.records.store import Workspace
+    from core.rl.evaluation import EvaluationReport
 
 #: Updates needed before the reward curve can show a trend.
 MIN_UPDATES = 4
@@ -385,6 +385,8 @@ def run_verdict(ws: "Workspace", run_id: str, *, evaluation: EvaluationReport | 
     if evaluation is not None and not evaluation.source.startswith("held-out split"):
         raise InputError(f"the verdict compares on the run's own held-out split, not on {evaluation.source}",
                          field="evaluation")
+    from core.rl.evaluation import evaluate  # deferred: loads torch, which the pages reading verdicts do not need
+
     diagnosis = diagnosis or diagnose(ws, run_id)
     why_missing = None
     if evaluation is None:
