@@ -76,8 +76,10 @@ elif fid.within_task_auc is None:
     fidelity.caption(f"Not measured: {fid.note}.")
 else:
     verdict = "good" if fid.within_task_auc >= GOOD_FIDELITY else "weak"
+    interval = ("" if fid.ci90 is None
+                else f", 90% interval {fmt.number(fid.ci90[0])}–{fmt.number(fid.ci90[1])}")
     fidelity.caption(f"{overview.reward.latest}: {verdict} (0.5 is chance, 1 perfect, good from "
-                     f"{GOOD_FIDELITY}); {fid.note}.")
+                     f"{GOOD_FIDELITY}){interval}; {fid.note}.")
 
 runs, queue, production = st.columns(3)
 runs.metric("Training runs", fmt.number(overview.runs.count), help=help_for("policy"))

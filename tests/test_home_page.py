@@ -144,6 +144,11 @@ def test_used_workspace_next_step_follows_the_role(used):
     overview = workspace_overview(ws, used.actor("bob"))
     assert overview.reward.latest == "finance_risk@1"
     assert overview.reward.fidelity is not None and overview.reward.fidelity.dataset == "finance"
+    fid = overview.reward.fidelity
+    # measured on the data the version is made for: said not to be held out, with its interval
+    if fid.within_task_auc is not None:
+        assert not fid.held_out and "not a held-out figure" in fid.note
+        assert fid.ci90 is not None and fid.ci90[0] <= fid.within_task_auc <= fid.ci90[1]
     assert overview.runs.latest_status == "finished" and overview.runs.finished_unregistered == ()
     assert overview.policies.approved == ("finance_risk@0.1.0",) and overview.policies.production == ()
     assert workspace_overview(ws, used.actor("rae")).next_step.page == "review"

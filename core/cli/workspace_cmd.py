@@ -141,8 +141,9 @@ def _print_overview(overview: "WorkspaceOverview") -> None:
     fid = r.fidelity
     if fid is not None and fid.within_task_auc is not None:
         verdict = "good" if fid.within_task_auc >= GOOD_FIDELITY else f"weak (good: {GOOD_FIDELITY} or more)"
+        interval = "" if fid.ci90 is None else f" (90% {fid.ci90[0]:.3f}–{fid.ci90[1]:.3f})"
         typer.echo(f"           ranks successes above failures of the same task: within-task AUC "
-                   f"{fid.within_task_auc:.3f}, {verdict} ({fid.note})")
+                   f"{fid.within_task_auc:.3f}{interval}, {verdict} ({fid.note})")
     elif fid is not None:
         typer.echo(f"           fidelity not measured: {fid.note}")
     runs = overview.runs

@@ -24,7 +24,8 @@ from core.govern.registry import list_versions
 from core.guard.review import stats as review_stats
 from core.rewards.api import load_frame, score
 from core.rewards.labels import dataset_outcomes
-from core.rewards.outcomes import tasks_with_both, within_task_auc
+from core.rewards.outcomes import fidelity as outcome_fidelity
+from core.rewards.outcomes import tasks_with_both
 from core.rl.runs import list_runs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,11 @@ class RewardFidelity:
     note: str
     #: Tasks with both a success and a failure (the pairs compared)
     tasks_with_both: int | None = None
+    #: 90% interval over resampled tasks, when measured here
+    ci90: tuple[float, float] | None = None
+    #: Whether the figure is on tasks the version was not tuned on (a tuning study's held-out
+    #: split); a figure measured on the dataset the version is made for is not
+    held_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,8 @@ def _fidelity(ws: "Workspace", spec: str, meta: dict[str, Any],
     if isinstance(held, (int, float)) and np.isfinite(held):
         data = tuning.get("data") or {}
         return RewardFidelity(float(held), data.get("dataset"),
-                              f"recorded by tuning study {tuning.get('study')} on held-out tasks")
+                              f"recorded by tuning study {tuning.get('study')} on held-out tasks",
+                              held_out=True)
     target = _fidelity_dataset(datasets, template_name(spec))
     if target is None:
         return RewardFidelity(None, None, "no dataset with outcomes to measure it on")
@@ -217,8 +224,13 @@ def _fidelity(ws: "Workspace", spec: str, meta: dict[str, Any],
     if not binary or both == 0:
         return RewardFidelity(None, target.name, f"{target.name} has no task with both a success and a "
                                                  "failure to compare", both)
-    value = within_task_auc(result.returns[known], labels[known], groups[known])
-    return RewardFidelity(float(value), target.name, f"measured on {target.name}", both)
+    within = outcome_fidelity(result.returns[known], labels[known], groups[known]).within_task
+    lo, hi = within.ci90
+    ci = (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
+    # the version may have been edited while looking at this very dataset: say so
+    return RewardFidelity(float(within.value), target.name,
+                          f"measured on {target.name}, the data it is made for (not a held-out figure)",
+                          both, ci)
 
 
 def _reward(ws: "Workspace", datasets: tuple[DatasetState, ...]) -> RewardState:
